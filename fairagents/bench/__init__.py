@@ -1,0 +1,16 @@
+"""Benchmarks behind ``fairagents bench …``: they measure, print a table, and emit JSON.
+
+Example:
+    >>> from fairagents.bench import BENCHMARKS
+    >>> sorted(BENCHMARKS)
+    ['scheduler']
+"""
+
+from __future__ import annotations
+
+from fairagents.bench import scheduler
+
+__all__ = ["BENCHMARKS"]
+
+#: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
+BENCHMARKS = {"scheduler": scheduler}

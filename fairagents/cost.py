@@ -1,0 +1,247 @@
+"""The cost model: unified tokens and the service an app or agent is charged.
+
+HMFS (eq. 1) makes tokens of different models comparable by scaling them with the
+model's embedding width and depth::
+
+    T(n, m) = n · d_model(m) / d_base · n_layers(m)
+
+and charges a request ``w_input · T(prompt) + w_output · T(generated)`` (VTC's 1:2
+weighting by default): the input when the request is dispatched, the output as it
+is generated.
+
+Example:
+    >>> import fairagents as fa
+    >>> cost = fa.UnifiedTokenCost({
+    ...     "chat": fa.ModelProfile(d_model=4096, n_layers=32),
+    ...     "vlm": fa.ModelProfile(d_model=2048, n_layers=24, modality=fa.Modality.VISION),
+    ... })
+    >>> cost.unified_tokens("chat", 10), cost.unified_tokens("vlm", 10)
+    (320.0, 120.0)
+    >>> cost.input_cost("chat", 10), cost.output_cost("chat", 10)
+    (320.0, 640.0)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from fairagents.constants import DEFAULT_D_BASE
+from fairagents.errors import InvalidParameterError, UnknownModelError
+from fairagents.identity import Modality
+
+__all__ = ["CostModel", "ModelProfile", "RawTokenCost", "UnifiedTokenCost", "service_bound"]
+
+
+def _check_count(n: int, what: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise InvalidParameterError(f"{what} must be an integer ≥ 0, got {n!r}")
+
+
+def _check_weight(value: float, what: str, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        bound = "≥ 0" if allow_zero else "> 0"
+        raise InvalidParameterError(f"{what} must be a finite number {bound}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """What the cost model knows of a model: its width, depth and modality.
+
+    Engines read these from the model's own config (``hidden_size``,
+    ``num_hidden_layers``); for a diffusion model they describe the denoiser.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.ModelProfile(d_model=2048, n_layers=16).scale(d_base=4096)
+        8.0
+    """
+
+    d_model: int
+    """Embedding (hidden) width of the model."""
+    n_layers: int
+    """Number of transformer layers."""
+    modality: Modality = Modality.TEXT
+    """What the model takes and gives."""
+
+    def __post_init__(self) -> None:
+        for what in ("d_model", "n_layers"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidParameterError(f"ModelProfile {what} must be an integer > 0, got {value!r}")
+        object.__setattr__(self, "modality", Modality(self.modality))
+
+    def scale(self, d_base: int = DEFAULT_D_BASE) -> float:
+        """Unified tokens per raw token: ``d_model / d_base · n_layers``."""
+        return self.d_model / d_base * self.n_layers
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What a policy charges for a request's tokens.
+
+    Contract: both methods are pure, return a finite float ≥ 0 that is
+    non-decreasing in ``n``, and raise :class:`~fairagents.UnknownModelError`
+    for a model they cannot price and :class:`~fairagents.InvalidParameterError`
+    for ``n < 0``. Policies rely on charges never being negative: their virtual
+    counters only grow.
+
+    Example:
+        >>> import fairagents as fa
+        >>> isinstance(fa.RawTokenCost(), fa.CostModel)
+        True
+    """
+
+    def input_cost(self, model: str, n: int) -> float:
+        """Charge for ``n`` prompt tokens on ``model``."""
+        ...
+
+    def output_cost(self, model: str, n: int) -> float:
+        """Charge for ``n`` generated tokens on ``model``."""
+        ...
+
+
+class UnifiedTokenCost:
+    """HMFS's cost: raw tokens scaled into unified tokens by each model's profile.
+
+    Args:
+        profiles: model name → :class:`ModelProfile`; more can be added with
+            :meth:`register` as models join the pool.
+        d_base: reference embedding width (HMFS's ``d_base``).
+        w_input: weight of a prompt token.
+        w_output: weight of a generated token.
+
+    Example:
+        >>> import fairagents as fa
+        >>> cost = fa.UnifiedTokenCost(d_base=128)
+        >>> cost.register("tiny", fa.ModelProfile(d_model=128, n_layers=2))
+        >>> cost.unified_tokens("tiny", 5), cost.output_cost("tiny", 5)
+        (10.0, 20.0)
+    """
+
+    __slots__ = ("_scale", "d_base", "profiles", "w_input", "w_output")
+
+    def __init__(
+        self,
+        profiles: Mapping[str, ModelProfile] | None = None,
+        *,
+        d_base: int = DEFAULT_D_BASE,
+        w_input: float = 1.0,
+        w_output: float = 2.0,
+    ) -> None:
+        if isinstance(d_base, bool) or not isinstance(d_base, int) or d_base <= 0:
+            raise InvalidParameterError(f"d_base must be an integer > 0, got {d_base!r}")
+        _check_weight(w_input, "w_input", allow_zero=True)
+        _check_weight(w_output, "w_output", allow_zero=True)
+        self.d_base = d_base
+        self.w_input = float(w_input)
+        self.w_output = float(w_output)
+        self.profiles: dict[str, ModelProfile] = {}
+        self._scale: dict[str, float] = {}
+        for name, profile in (profiles or {}).items():
+            self.register(name, profile)
+
+    def register(self, model: str, profile: ModelProfile) -> None:
+        """Add (or replace) the profile of ``model``."""
+        if not isinstance(profile, ModelProfile):
+            raise InvalidParameterError(f"profile of {model!r} must be a ModelProfile, got {profile!r}")
+        self.profiles[model] = profile
+        self._scale[model] = profile.scale(self.d_base)
+
+    def scale(self, model: str) -> float:
+        """Unified tokens per raw token of ``model``."""
+        try:
+            return self._scale[model]
+        except KeyError:
+            known = ", ".join(sorted(self._scale)) or "none"
+            raise UnknownModelError(f"unknown model {model!r}; known models: {known}") from None
+
+    def unified_tokens(self, model: str, n: int) -> float:
+        """``T(n, model)``: ``n`` raw tokens of ``model`` in unified tokens."""
+        if type(n) is not int or n < 0:  # the exact-type test keeps the hot path cheap
+            _check_count(n, "token count")
+        scale = self._scale.get(model)
+        return n * (scale if scale is not None else self.scale(model))
+
+    def input_cost(self, model: str, n: int) -> float:
+        """``w_input · T(n, model)``."""
+        return self.w_input * self.unified_tokens(model, n)
+
+    def output_cost(self, model: str, n: int) -> float:
+        """``w_output · T(n, model)``."""
+        # unified_tokens inlined: this runs for every streamed chunk of every request.
+        if type(n) is not int or n < 0:
+            _check_count(n, "token count")
+        scale = self._scale.get(model)
+        return self.w_output * n * (scale if scale is not None else self.scale(model))
+
+
+class RawTokenCost:
+    """VTC's cost: raw tokens, whatever the model (every model's scale is 1).
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.RawTokenCost().output_cost("any-model", 3)
+        6.0
+    """
+
+    __slots__ = ("w_input", "w_output")
+
+    def __init__(self, *, w_input: float = 1.0, w_output: float = 2.0) -> None:
+        _check_weight(w_input, "w_input", allow_zero=True)
+        _check_weight(w_output, "w_output", allow_zero=True)
+        self.w_input = float(w_input)
+        self.w_output = float(w_output)
+
+    def input_cost(self, model: str, n: int) -> float:
+        """``w_input · n``."""
+        if type(n) is not int or n < 0:
+            _check_count(n, "token count")
+        return self.w_input * n
+
+    def output_cost(self, model: str, n: int) -> float:
+        """``w_output · n``."""
+        if type(n) is not int or n < 0:
+            _check_count(n, "token count")
+        return self.w_output * n
+
+
+def service_bound(cost: CostModel, held: Mapping[str, int]) -> float:
+    """``U``, the unit of the fairness bound, in the cost model's units.
+
+    ``held`` maps each model to ``M``: the most tokens (prompts and outputs) it holds
+    in its running batch, i.e. its KV capacity in tokens, or the arbiter's in-flight
+    limit × the longest ``prompt + max_tokens`` if that is smaller.
+
+    Why this ``U``. A client is dispatched on a model only while its counter is the
+    lowest among the clients waiting for that model. Take two clients that stay
+    backlogged on the pool's models. From a client's last dispatch on, its counter can
+    still grow by that dispatch's input charge and by the output of its requests in
+    flight; on model ``m`` those requests hold at most ``M_m`` tokens, each charged at
+    most ``max(w_input, w_output)``. The arbiter runs models side by side, so a client
+    can have a batch in flight on each at once, and the bound sums over models::
+
+        U = Σ_m max(w_input, w_output) · T(M_m, m)
+
+    On one model with VTC's weights (``w_input ≤ w_output``) this is VTC's
+    ``max(w_input·L_input, w_output·M)`` (Sheng et al., OSDI'24, Thm. 4.4), since a
+    prompt never exceeds ``M``. Counters of backlogged clients then stay within
+    ``U / weight`` of each other, so the weight-normalised service two of them
+    receive over any interval differs by at most ``2U / min(weight)`` (``2U`` at
+    weight 1). The same holds between two agents of one app.
+
+    Example:
+        >>> import fairagents as fa
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> fa.service_bound(cost, {"chat": 1000})
+        2000.0
+    """
+    total = 0.0
+    for model, tokens in held.items():
+        _check_count(tokens, "M")
+        total += max(cost.input_cost(model, tokens), cost.output_cost(model, tokens))
+    return total

@@ -1,0 +1,123 @@
+"""The exception tree of fairagents.
+
+Every error fairagents raises on purpose derives from :class:`FairAgentsError`.
+Errors caused by the caller's input also derive from :class:`ValueError`, so
+retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
+``retry_if_not_exception_type(ValueError)``) do not retry them::
+
+    FairAgentsError
+    ├── BadInputError (also ValueError)      the request can never succeed as sent
+    │   ├── InvalidParameterError            a weight, token count, SLO or limit out of range
+    │   ├── UnknownModelError                no model of that name in the pool
+    │   ├── UnknownAppError                  no app of that name
+    │   ├── UnknownAgentError                no agent of that name in its app
+    │   └── ContextLengthError               the prompt does not fit the model's context
+    └── EngineError                          the engine serving a model failed
+
+Example:
+    >>> import fairagents as fa
+    >>> try:
+    ...     fa.App("driving", weight=0)
+    ... except ValueError as err:
+    ...     print(type(err).__name__, "-", err)
+    InvalidParameterError - app weight must be a finite number > 0, got 0
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadInputError",
+    "ContextLengthError",
+    "EngineError",
+    "FairAgentsError",
+    "InvalidParameterError",
+    "UnknownAgentError",
+    "UnknownAppError",
+    "UnknownModelError",
+]
+
+
+class FairAgentsError(Exception):
+    """Base class of every error fairagents raises on purpose.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.UnknownModelError, fa.FairAgentsError)
+        True
+    """
+
+
+class BadInputError(FairAgentsError, ValueError):
+    """The caller's input can never succeed as sent; nothing was charged or queued.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.BadInputError, ValueError)
+        True
+    """
+
+
+class InvalidParameterError(BadInputError):
+    """A parameter is out of range: a weight ≤ 0, a negative token count, an SLO ≤ 0.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.SLO(ttft=-1)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: SLO ttft must be a finite number of seconds > 0, got -1
+    """
+
+
+class UnknownModelError(BadInputError):
+    """No model of that name is in the pool (or has a cost profile).
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.UnifiedTokenCost({}).input_cost("chat", 10)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.UnknownModelError: unknown model 'chat'; known models: none
+    """
+
+
+class UnknownAppError(BadInputError):
+    """No app of that name has been declared.
+
+    Example:
+        >>> import fairagents as fa
+        >>> str(fa.UnknownAppError("unknown app 'x'"))
+        "unknown app 'x'"
+    """
+
+
+class UnknownAgentError(BadInputError):
+    """No agent of that name has been declared in its app.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.UnknownAgentError, ValueError)
+        True
+    """
+
+
+class ContextLengthError(BadInputError):
+    """The prompt (plus ``max_tokens``) is longer than the model's context.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.ContextLengthError, fa.BadInputError)
+        True
+    """
+
+
+class EngineError(FairAgentsError):
+    """The engine serving a model failed; the request did not complete.
+
+    Not a ``ValueError``: the same request may succeed once the engine is back.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.EngineError, ValueError)
+        False
+    """

@@ -1,0 +1,242 @@
+"""Who is calling: apps, agents, their SLOs, and identity bound from context.
+
+An :class:`App` is one multi-agent application (a tenant); an :class:`Agent` is a role
+inside it. Both carry a ``weight``: an app's share of the pool against other apps, an
+agent's share of its app against the app's other agents.
+
+Identity travels in a :mod:`contextvars` variable, bound by :func:`acting_as` (a
+context manager) or :func:`agent` (a decorator), so code deep inside an agent makes
+model calls without passing its identity along. Context variables follow asyncio
+tasks, so concurrent agents in one event loop keep their own identity.
+
+Example:
+    >>> import fairagents as fa
+    >>> driving = fa.App("driving", weight=2.0)
+    >>> planner = fa.Agent("planner", driving, slo=fa.SLO(ttft=1.0))
+    >>> with fa.acting_as(planner):
+    ...     fa.current_agent().key
+    ('driving', 'planner')
+    >>> fa.current_agent() is None
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import enum
+import functools
+import inspect
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fairagents.constants import DEFAULT_AGENT
+from fairagents.errors import InvalidParameterError
+
+__all__ = ["SLO", "Agent", "App", "Modality", "acting_as", "agent", "current_agent"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Modality(str, enum.Enum):
+    """What a model takes and gives.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.Modality("vision") is fa.Modality.VISION
+        True
+    """
+
+    TEXT = "text"
+    """Text in, text out (an LLM)."""
+    VISION = "vision"
+    """Images and text in, text out (a vision-language model)."""
+    IMAGE = "image"
+    """Text in, images out (a diffusion model)."""
+
+
+def _check_positive(value: float | None, what: str, unit: str = "number") -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError(f"{what} must be a finite {unit} > 0, got {value!r}")
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidParameterError(f"{what} name must be a non-empty string, got {name!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives of an agent (or an app's default), in seconds.
+
+    A request meets its SLO when every objective that is set is met.
+
+    Example:
+        >>> import fairagents as fa
+        >>> slo = fa.SLO(ttft=0.5, e2e=4.0)
+        >>> slo.met(ttft=0.3, tpot=0.05, e2e=3.0)
+        True
+        >>> slo.met(ttft=0.7, tpot=0.05, e2e=3.0)
+        False
+    """
+
+    ttft: float | None = None
+    """Time to first token (seconds)."""
+    tpot: float | None = None
+    """Mean time per output token after the first (seconds)."""
+    e2e: float | None = None
+    """End-to-end latency, arrival to last token (seconds)."""
+
+    def __post_init__(self) -> None:
+        for what in ("ttft", "tpot", "e2e"):
+            _check_positive(getattr(self, what), f"SLO {what}", "number of seconds")
+
+    def met(self, *, ttft: float, tpot: float | None, e2e: float) -> bool:
+        """Whether measured latencies (seconds) meet every objective that is set."""
+        if self.ttft is not None and ttft > self.ttft:
+            return False
+        if self.tpot is not None and tpot is not None and tpot > self.tpot:
+            return False
+        return self.e2e is None or e2e <= self.e2e
+
+
+@dataclass(frozen=True, slots=True)
+class App:
+    """One multi-agent application (a tenant) sharing the model pool.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.App("studio", weight=2.0).weight
+        2.0
+    """
+
+    name: str
+    """Unique name of the app."""
+    weight: float = 1.0
+    """Share of the pool relative to other apps (> 0)."""
+    slo: SLO | None = None
+    """Default SLO of the app's agents."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "app")
+        _check_positive(self.weight, "app weight")
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """A role inside an app: a LangGraph node, a decorated function.
+
+    Example:
+        >>> import fairagents as fa
+        >>> critic = fa.Agent("critic", fa.App("studio"))
+        >>> critic.key, critic.effective_slo
+        (('studio', 'critic'), None)
+    """
+
+    name: str
+    """Name of the agent, unique inside its app."""
+    app: App
+    """The app the agent belongs to."""
+    weight: float = 1.0
+    """Share of its app relative to the app's other agents (> 0)."""
+    slo: SLO | None = None
+    """The agent's SLO; falls back to the app's."""
+    key: tuple[str, str] = field(init=False, repr=False, compare=False)
+    """``(app name, agent name)``, the agent's identity in counters and stats."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "agent")
+        if not isinstance(self.app, App):
+            raise InvalidParameterError(f"agent app must be an App, got {self.app!r}")
+        _check_positive(self.weight, "agent weight")
+        object.__setattr__(self, "key", (self.app.name, self.name))
+
+    @property
+    def effective_slo(self) -> SLO | None:
+        """The agent's SLO, or its app's default when the agent has none."""
+        return self.slo if self.slo is not None else self.app.slo
+
+
+_current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar("fairagents_agent", default=None)
+
+
+def current_agent() -> Agent | None:
+    """The agent bound in the current context, or ``None``.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.current_agent() is None
+        True
+    """
+    return _current.get()
+
+
+@contextlib.contextmanager
+def acting_as(who: Agent) -> Iterator[Agent]:
+    """Bind ``who`` as the calling agent for the ``with`` block (nesting restores).
+
+    Example:
+        >>> import fairagents as fa
+        >>> a = fa.Agent("reader", fa.App("news"))
+        >>> with fa.acting_as(a) as bound:
+        ...     bound is fa.current_agent()
+        True
+    """
+    if not isinstance(who, Agent):
+        raise InvalidParameterError(f"acting_as takes an Agent, got {who!r}")
+    token = _current.set(who)
+    try:
+        yield who
+    finally:
+        _current.reset(token)
+
+
+def agent(app: str | App, name: str = DEFAULT_AGENT, *, weight: float = 1.0, slo: SLO | None = None) -> Callable[[F], F]:
+    """Decorate a function so that every model call made inside it acts as this agent.
+
+    Works on plain functions and coroutine functions (not generators: bind with
+    :func:`acting_as` inside those).
+    An app given by name gets weight 1 here; an arbiter that knows the app by that name
+    uses its own registered weights.
+
+    Example:
+        >>> import fairagents as fa
+        >>> @fa.agent(app="driving", name="planner")
+        ... def plan():
+        ...     return fa.current_agent().key
+        >>> plan()
+        ('driving', 'planner')
+    """
+    who = Agent(name, app if isinstance(app, App) else App(app), weight=weight, slo=slo)
+
+    def decorate(fn: F) -> F:
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            # A generator suspends with the binding still set in its caller's context,
+            # so identity would leak out between items; wrap the calls inside instead.
+            raise InvalidParameterError(
+                f"@agent cannot decorate the generator {fn.__qualname__}; use 'with acting_as(...)' inside it"
+            )
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with acting_as(who):
+                    return await fn(*args, **kwargs)
+
+            wrapper: Any = async_wrapper
+        else:
+
+            @functools.wraps(fn)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with acting_as(who):
+                    return fn(*args, **kwargs)
+
+            wrapper = sync_wrapper
+        wrapper.__fairagents_agent__ = who
+        return wrapper  # type: ignore[no-any-return]
+
+    return decorate

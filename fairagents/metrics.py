@@ -1,0 +1,375 @@
+"""What a run delivered, to whom: request records, service charges, and fairness metrics.
+
+The records are the same for the simulator and the live arbiter, so one set of
+metrics reads both. Service is always counted in unified tokens here, whatever the
+policy charged internally, so that policies are compared in one currency.
+
+Example:
+    >>> from fairagents.metrics import jain_index
+    >>> jain_index([1.0, 1.0, 1.0]), round(jain_index([1.0, 0.0]), 2)
+    (1.0, 0.5)
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fairagents.identity import SLO
+from fairagents.request import Outcome
+
+__all__ = [
+    "Charge",
+    "ClientStats",
+    "RequestRecord",
+    "backlog_intervals",
+    "client_stats",
+    "jain_index",
+    "max_service_gap",
+    "percentile",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """The life of one request (times in seconds on the run's clock).
+
+    Example:
+        >>> from fairagents.metrics import RequestRecord
+        >>> from fairagents import Outcome
+        >>> r = RequestRecord("r1", "app", "agent", "chat", arrival=0.0, dispatched=0.5,
+        ...                   first_token=0.7, finished=1.7, prompt_tokens=8, output_tokens=11,
+        ...                   outcome=Outcome.FINISHED)
+        >>> r.queue_wait, r.ttft, r.tpot, r.e2e
+        (0.5, 0.7, 0.1, 1.7)
+    """
+
+    id: str
+    app: str
+    agent: str
+    model: str
+    arrival: float
+    """When the request arrived."""
+    dispatched: float | None
+    """When it left the queue for its engine (``None`` if it never did)."""
+    first_token: float | None
+    """When its first output token was produced."""
+    finished: float
+    """When it ended, however it ended."""
+    prompt_tokens: int
+    """Prompt length (raw tokens)."""
+    output_tokens: int
+    """Output tokens actually generated (raw tokens)."""
+    outcome: Outcome
+    slo: SLO | None = None
+
+    @property
+    def queue_wait(self) -> float | None:
+        """Seconds between arrival and dispatch."""
+        return None if self.dispatched is None else self.dispatched - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds between arrival and the first output token."""
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean seconds per output token after the first."""
+        if self.first_token is None or self.output_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (self.output_tokens - 1)
+
+    @property
+    def e2e(self) -> float:
+        """Seconds between arrival and the end."""
+        return self.finished - self.arrival
+
+    def slo_met(self) -> bool | None:
+        """Whether a finished request met its SLO (``None`` without an SLO or if it did not finish)."""
+        if self.slo is None or self.outcome is not Outcome.FINISHED or self.first_token is None:
+            return None
+        return self.slo.met(ttft=self.first_token - self.arrival, tpot=self.tpot, e2e=self.e2e)
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """Service delivered to an agent at an instant, in unified tokens.
+
+    Example:
+        >>> from fairagents.metrics import Charge
+        >>> Charge(time=1.0, app="a", agent="t", amount=32.0).amount
+        32.0
+    """
+
+    time: float
+    """When (seconds)."""
+    app: str
+    agent: str
+    amount: float
+    """Unified tokens, input (at dispatch) or output (as generated) weights applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """Per-app or per-agent totals and latency percentiles of a run.
+
+    Example:
+        >>> from fairagents.metrics import ClientStats
+        >>> "service" in ClientStats.__slots__
+        True
+    """
+
+    name: str
+    """App name, or ``app/agent``."""
+    weight: float
+    service: float
+    """Unified tokens delivered."""
+    share: float
+    """Fraction of all service delivered in the run."""
+    weight_share: float
+    """Fraction the weights entitle it to, among the clients listed beside it."""
+    requests: int
+    """Requests that finished."""
+    cancelled: int
+    wait_p50: float
+    wait_p99: float
+    ttft_p50: float
+    ttft_p99: float
+    e2e_p50: float
+    slo_attainment: float | None
+    """Fraction of finished requests with an SLO that met it."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0–100, linear interpolation); NaN for no values.
+
+    Example:
+        >>> from fairagents.metrics import percentile
+        >>> percentile([1.0, 2.0, 3.0, 4.0], 50)
+        2.5
+    """
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index ``(Σx)² / (n·Σx²)``: 1 is equal, ``1/n`` is one-takes-all.
+
+    Example:
+        >>> from fairagents.metrics import jain_index
+        >>> round(jain_index([3.0, 1.0]), 3)
+        0.8
+    """
+    xs = list(values)
+    squares = sum(x * x for x in xs)
+    return 1.0 if not xs or squares == 0 else sum(xs) ** 2 / (len(xs) * squares)
+
+
+def backlog_intervals(
+    records: Iterable[RequestRecord], key: str = "app", models: Iterable[str] | None = None
+) -> dict[str, list[tuple[float, float]]]:
+    """When each client had a waiting request: merged ``[start, end)`` intervals.
+
+    ``key`` is ``"app"`` or ``"agent"`` (clients named ``app/agent``). A request waits
+    from arrival until dispatch (or until it ended, if it never was dispatched). With
+    ``models``, a client counts as backlogged only while it waits for every one of them.
+
+    Example:
+        >>> from fairagents.metrics import RequestRecord, backlog_intervals
+        >>> from fairagents import Outcome
+        >>> rec = lambda a, d: RequestRecord("r", "x", "t", "m", a, d, d, d + 1, 1, 1, Outcome.FINISHED)
+        >>> backlog_intervals([rec(0.0, 1.0), rec(0.5, 2.0), rec(3.0, 4.0)])
+        {'x': [(0.0, 2.0), (3.0, 4.0)]}
+    """
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        end = r.dispatched if r.dispatched is not None else r.finished
+        if end > r.arrival:
+            spans[(_client(r.app, r.agent, key), r.model)].append((r.arrival, end))
+    per_model = {k: _merge(v) for k, v in spans.items()}
+    clients = sorted({client for client, _ in per_model})
+    if models is None:
+        return {c: _merge([iv for (client, _), ivs in per_model.items() if client == c for iv in ivs]) for c in clients}
+    out = {}
+    for c in clients:
+        intervals: list[tuple[float, float]] | None = None
+        for m in models:
+            these = per_model.get((c, m), [])
+            intervals = these if intervals is None else _intersect(intervals, these)
+        if intervals:
+            out[c] = intervals
+    return out
+
+
+def max_service_gap(
+    records: Iterable[RequestRecord],
+    charges: Iterable[Charge],
+    weights: Mapping[str, float],
+    key: str = "app",
+    clients: Iterable[str] | None = None,
+    models: Iterable[str] | None = None,
+) -> float:
+    """Largest weight-normalised service difference between two backlogged clients.
+
+    For every pair of clients and every time span during which both stay backlogged,
+    the difference ``ΔS_x/w_x − ΔS_y/w_y`` of service received over any sub-interval
+    (closed, so a dispatch that ends a backlog counts); the maximum over all of them.
+    With ``key="agent"`` only agents of the same app are paired; with ``models``, a
+    client is backlogged only while it waits for every one of them (the condition of
+    the bound on a pool of several models). This is the quantity HMFS bounds by ``2U``.
+
+    Example:
+        >>> from fairagents.metrics import RequestRecord, Charge, max_service_gap
+        >>> from fairagents import Outcome
+        >>> recs = [RequestRecord(i, a, "t", "m", 0.0, 10.0, 10.0, 11.0, 1, 1, Outcome.FINISHED)
+        ...         for i, a in [("1", "x"), ("2", "y")]]
+        >>> charges = [Charge(1.0, "x", "t", 5.0), Charge(2.0, "y", "t", 2.0)]
+        >>> max_service_gap(recs, charges, {"x": 1.0, "y": 1.0})
+        5.0
+    """
+    records = list(records)
+    backlog = backlog_intervals(records, key, models)
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    per_client: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for c in charges:
+        per_client[_client(c.app, c.agent, key)].append((c.time, c.amount))
+    for client, events in per_client.items():
+        events.sort(key=lambda e: e[0])
+        times = [t for t, _ in events]
+        cumulative = list(itertools.accumulate(a for _, a in events))
+        series[client] = (times, cumulative)
+    names = sorted(backlog if clients is None else set(clients) & set(backlog))
+    worst = 0.0
+    for x, y in itertools.combinations(names, 2):
+        if key == "agent" and x.split("/", 1)[0] != y.split("/", 1)[0]:
+            continue
+        for start, end in _intersect(backlog[x], backlog[y]):
+            points = sorted(
+                {start, end}
+                | _times_within(series.get(x), start, end)
+                | _times_within(series.get(y), start, end)
+            )
+            diffs = [_served(series.get(x), start, False) / weights[x] - _served(series.get(y), start, False) / weights[y]]
+            diffs += [_served(series.get(x), t, True) / weights[x] - _served(series.get(y), t, True) / weights[y] for t in points]
+            worst = max(worst, max(diffs) - min(diffs))
+    return worst
+
+
+def client_stats(
+    records: Sequence[RequestRecord],
+    charges: Iterable[Charge],
+    weights: Mapping[str, float],
+    key: str = "app",
+    until: float | None = None,
+) -> list[ClientStats]:
+    """Per-app (or per-agent, named ``app/agent``) totals and percentiles of a run.
+
+    ``weights`` names the clients to list; an agent's ``weight_share`` is its share of
+    its own app. With ``until``, service counts only what was delivered up to then
+    (say, while traffic arrived), so shares show who got the pool under contention.
+
+    Example:
+        >>> from fairagents.metrics import RequestRecord, Charge, client_stats
+        >>> from fairagents import Outcome
+        >>> recs = [RequestRecord("1", "x", "t", "m", 0.0, 0.1, 0.2, 1.0, 1, 2, Outcome.FINISHED)]
+        >>> [s.share for s in client_stats(recs, [Charge(0.1, "x", "t", 4.0)], {"x": 1.0, "y": 1.0})]
+        [1.0, 0.0]
+    """
+    service: dict[str, float] = defaultdict(float)
+    for c in charges:
+        if until is None or c.time <= until:
+            service[_client(c.app, c.agent, key)] += c.amount
+    by_client: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        by_client[_client(r.app, r.agent, key)].append(r)
+    total = sum(service.values()) or 1.0
+
+    def group(name: str) -> str:
+        return name.split("/", 1)[0] if key == "agent" else ""
+
+    group_weight: dict[str, float] = defaultdict(float)
+    for name, w in weights.items():
+        group_weight[group(name)] += w
+    out = []
+    for name, weight in weights.items():
+        recs = by_client.get(name, [])
+        done = [r for r in recs if r.outcome is Outcome.FINISHED]
+        waits = [r.queue_wait for r in recs if r.queue_wait is not None]
+        ttfts = [r.ttft for r in done if r.ttft is not None]
+        slo = [met for r in done if (met := r.slo_met()) is not None]
+        out.append(
+            ClientStats(
+                name=name,
+                weight=weight,
+                service=service.get(name, 0.0),
+                share=service.get(name, 0.0) / total,
+                weight_share=weight / group_weight[group(name)],
+                requests=len(done),
+                cancelled=sum(r.outcome is Outcome.CANCELLED for r in recs),
+                wait_p50=percentile(waits, 50),
+                wait_p99=percentile(waits, 99),
+                ttft_p50=percentile(ttfts, 50),
+                ttft_p99=percentile(ttfts, 99),
+                e2e_p50=percentile([r.e2e for r in done], 50),
+                slo_attainment=sum(slo) / len(slo) if slo else None,
+            )
+        )
+    return out
+
+
+def _client(app: str, agent: str, key: str) -> str:
+    if key == "app":
+        return app
+    if key == "agent":
+        return f"{app}/{agent}"
+    raise ValueError(f"key must be 'app' or 'agent', got {key!r}")
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    intervals = sorted(intervals)
+    out: list[tuple[float, float]] = []
+    for start, end in intervals:
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        start, end = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if start < end:
+            out.append((start, end))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _times_within(series: tuple[list[float], list[float]] | None, start: float, end: float) -> set[float]:
+    if series is None:
+        return set()
+    times = series[0]
+    return set(times[bisect.bisect_left(times, start) : bisect.bisect_right(times, end)])
+
+
+def _served(series: tuple[list[float], list[float]] | None, t: float, inclusive: bool) -> float:
+    """Cumulative service up to ``t`` (charges at ``t`` included if ``inclusive``)."""
+    if series is None:
+        return 0.0
+    times, cumulative = series
+    i = bisect.bisect_right(times, t) if inclusive else bisect.bisect_left(times, t)
+    return cumulative[i - 1] if i else 0.0

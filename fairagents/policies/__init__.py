@@ -1,0 +1,59 @@
+"""Scheduling policies: which waiting request a model runs next.
+
+| name   | class          | what it does |
+| ------ | -------------- | ------------ |
+| `fcfs` | :class:`FCFS`  | arrival order (vLLM's default; the baseline) |
+| `rr`   | :class:`RoundRobin` | one dispatch per app in turn |
+| `vtc`  | :class:`VTC`   | flat virtual token counter per client, raw tokens |
+| `hmfs` | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens; the default |
+
+Example:
+    >>> import fairagents as fa
+    >>> sorted(fa.policies.POLICIES)
+    ['fcfs', 'hmfs', 'rr', 'vtc']
+    >>> fa.policies.make_policy("hmfs").name
+    'hmfs'
+"""
+
+from __future__ import annotations
+
+from fairagents.cost import CostModel
+from fairagents.errors import InvalidParameterError
+from fairagents.policies.base import BasePolicy, Policy
+from fairagents.policies.fcfs import FCFS
+from fairagents.policies.hmfs import HMFS
+from fairagents.policies.rr import RoundRobin
+from fairagents.policies.vtc import VTC
+
+__all__ = ["FCFS", "HMFS", "POLICIES", "VTC", "BasePolicy", "Policy", "RoundRobin", "make_policy"]
+
+#: Built-in policies by name.
+POLICIES: dict[str, type[BasePolicy]] = {cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS)}
+
+
+def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
+    """A policy from its name (or the policy itself, returned as is).
+
+    ``cost`` is the pool's unified-token cost model; a policy built by name gets it
+    if it charges unified tokens (``hmfs``) and keeps raw tokens otherwise (``vtc``
+    as in its paper; ``fcfs`` and ``rr`` do not count service). Build a policy
+    yourself for another combination, e.g. ``VTC(cost)`` for VTC on unified tokens.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.policies.make_policy("nope")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: unknown policy 'nope'; choose from fcfs, hmfs, rr, vtc
+    """
+    if isinstance(policy, str):
+        try:
+            cls = POLICIES[policy]
+        except KeyError:
+            raise InvalidParameterError(
+                f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}"
+            ) from None
+        return cls(cost) if cls.charges_unified_tokens else cls()
+    if isinstance(policy, Policy):
+        return policy
+    raise InvalidParameterError(f"policy must be a name or a Policy, got {policy!r}")

@@ -1,0 +1,166 @@
+"""Data structures the policies share: FIFO queues and virtual counters with lift.
+
+Everything here keeps a scheduling decision at O(log n) in the number of clients.
+The key trick: virtual counters never decrease (charges are ≥ 0 and the lift is a
+``max``), so a heap entry's stored counter is a lower bound on the client's current
+counter. A charge therefore only writes a dict; the heap re-keys a client lazily,
+when it reaches the top with a stale key.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+from fairagents.request import Request
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Fifo:
+    """Requests in arrival order, with O(1) removal from anywhere (lazily, by id)."""
+
+    __slots__ = ("_gone", "_queue")
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+        self._gone: set[str] = set()
+
+    def push(self, req: Request) -> None:
+        self._queue.append(req)
+
+    def head(self) -> Request | None:
+        queue, gone = self._queue, self._gone
+        while queue and gone and queue[0].id in gone:
+            gone.discard(queue.popleft().id)
+        return queue[0] if queue else None
+
+    def remove(self, req: Request) -> None:
+        if self._queue and self._queue[0] is req:
+            self._queue.popleft()
+        else:
+            self._gone.add(req.id)
+
+
+class LazyMinHeap(Generic[K]):
+    """The members of a set, ordered by a score that only grows.
+
+    Scores live in a dict shared with the owner (``scores``); the heap never needs
+    telling when one grows. Ties go to the member re-keyed least recently, which
+    makes equal counters take turns.
+    """
+
+    __slots__ = ("_heap", "_member", "_scores", "_seq")
+
+    def __init__(self, scores: dict[K, float]) -> None:
+        self._scores = scores
+        self._heap: list[tuple[float, int, K]] = []
+        self._member: dict[K, int] = {}  # member -> seq of its one live heap entry
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._member)
+
+    def __contains__(self, member: object) -> bool:
+        return member in self._member
+
+    def add(self, member: K) -> None:
+        self._seq += 1
+        self._member[member] = self._seq
+        heapq.heappush(self._heap, (self._scores[member], self._seq, member))
+        if len(self._heap) > 2 * len(self._member) + 64:
+            self._compact()
+
+    def discard(self, member: K) -> None:
+        self._member.pop(member, None)
+
+    def min(self) -> K | None:
+        heap, members, scores = self._heap, self._member, self._scores
+        while heap:
+            score, seq, member = heap[0]
+            if members.get(member) != seq:  # discarded, or re-added since
+                heapq.heappop(heap)
+                continue
+            current = scores[member]
+            if current != score:  # its counter grew: re-key it and look again
+                self._seq += 1
+                members[member] = self._seq
+                heapq.heapreplace(heap, (current, self._seq, member))
+                continue
+            return member
+        return None
+
+    def _compact(self) -> None:
+        live = [(self._scores[m], seq, m) for m, seq in self._member.items()]
+        heapq.heapify(live)
+        self._heap = live
+
+
+class CounterLevel(Generic[K]):
+    """Virtual counters of one level of clients, with VTC's counter lift.
+
+    A client is *active* while it has waiting requests. When it becomes active its
+    counter is lifted to ``max(own, min over active clients)``, or, if no client is
+    active, to ``max(own, counter of the client that left last)``: an idle client
+    cannot bank credit. Counters grow by ``charge / weight``.
+    """
+
+    __slots__ = ("_active", "_by_model", "_last_left", "_waiting", "_waiting_for", "counter", "inverse_weight")
+
+    def __init__(self) -> None:
+        self.counter: dict[K, float] = {}
+        self.inverse_weight: dict[K, float] = {}  # 1 / weight: charges multiply on the hot path
+        self._waiting: dict[K, int] = {}
+        self._waiting_for: dict[tuple[K, str], int] = {}
+        self._active: LazyMinHeap[K] = LazyMinHeap(self.counter)
+        self._by_model: dict[str, LazyMinHeap[K]] = {}
+        self._last_left: K | None = None
+
+    def enqueue(self, client: K, weight: float, model: str) -> None:
+        self.inverse_weight[client] = 1.0 / weight
+        waiting = self._waiting.get(client, 0)
+        if waiting == 0:
+            self.counter[client] = max(self.counter.get(client, 0.0), self._floor())
+            self._active.add(client)
+        self._waiting[client] = waiting + 1
+        key = (client, model)
+        for_model = self._waiting_for.get(key, 0)
+        if for_model == 0:
+            heap = self._by_model.get(model)
+            if heap is None:
+                heap = self._by_model[model] = LazyMinHeap(self.counter)
+            heap.add(client)
+        self._waiting_for[key] = for_model + 1
+
+    def dequeue(self, client: K, model: str) -> None:
+        key = (client, model)
+        for_model = self._waiting_for[key] - 1
+        if for_model:
+            self._waiting_for[key] = for_model
+        else:
+            del self._waiting_for[key]
+            self._by_model[model].discard(client)
+        waiting = self._waiting[client] - 1
+        if waiting:
+            self._waiting[client] = waiting
+        else:
+            del self._waiting[client]
+            self._active.discard(client)
+            self._last_left = client
+
+    def charge(self, client: K, amount: float) -> None:
+        self.counter[client] += amount * self.inverse_weight[client]
+
+    def lowest(self, model: str) -> K | None:
+        heap = self._by_model.get(model)
+        return heap.min() if heap is not None else None
+
+    def _floor(self) -> float:
+        lowest = self._active.min()
+        if lowest is not None:
+            return self.counter[lowest]
+        if self._last_left is not None:
+            return self.counter[self._last_left]
+        return 0.0

@@ -1,0 +1,167 @@
+"""The policy interface, and the bookkeeping every built-in policy shares.
+
+A policy decides which waiting request a model runs next. It is pure and
+synchronous: no asyncio, no clock of its own (``now`` comes in, in seconds), no
+engine calls. The same object then runs in microseconds under a unit test, in the
+simulator on a virtual clock, and inside the live arbiter.
+
+Example:
+    >>> import fairagents as fa
+    >>> policy = fa.policies.make_policy("fcfs")
+    >>> who = fa.Agent("a", fa.App("x"))
+    >>> req = fa.Request(id="r1", agent=who, model="chat", prompt_tokens=4, max_tokens=8, arrival=0.0)
+    >>> policy.on_arrival(req, now=0.0)
+    >>> policy.select("chat", now=0.0) is req
+    True
+    >>> policy.on_dispatch(req, now=0.0); policy.queued()
+    0
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar, Protocol, runtime_checkable
+
+from fairagents.cost import CostModel
+from fairagents.errors import InvalidParameterError
+from fairagents.request import Outcome, Request
+
+__all__ = ["BasePolicy", "Policy"]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Decides whose request a model runs next.
+
+    Contract, for anything that drives a policy (the simulator, the arbiter):
+
+    - ``on_arrival`` once per request, before anything else about it. A request
+      the policy cannot price (an unknown model) raises and is not queued.
+    - ``select(model, now)`` whenever ``model`` has room. It does not change what
+      is queued (calling it twice gives the same answer) and returns a waiting
+      request for ``model`` whenever there is one (work conservation).
+    - ``on_dispatch`` when a waiting request is handed to its engine: it leaves
+      the queue and its input is charged.
+    - ``on_progress`` as output is generated (``new_output_tokens`` ≥ 0 since the
+      last call): the output is charged as it happens, not at the end.
+    - ``on_finish`` exactly once when a request ends, waiting or running; a
+      waiting request that is cancelled leaves the queue uncharged.
+
+    Example:
+        >>> import fairagents as fa
+        >>> isinstance(fa.policies.HMFS(), fa.policies.Policy)
+        True
+    """
+
+    name: ClassVar[str]
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        """A request arrived; queue it."""
+        ...
+
+    def select(self, model: str, now: float) -> Request | None:
+        """The waiting request ``model`` should run next, or ``None`` if none waits."""
+        ...
+
+    def on_dispatch(self, req: Request, now: float) -> None:
+        """``req`` left the queue for its engine; charge its input."""
+        ...
+
+    def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
+        """``req`` generated ``new_output_tokens`` more tokens; charge them."""
+        ...
+
+    def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
+        """``req`` ended (finished, cancelled or failed), waiting or running."""
+        ...
+
+    def queued(self, model: str | None = None) -> int:
+        """Number of waiting requests, for one model or all."""
+        ...
+
+
+class BasePolicy(abc.ABC):
+    """Shared bookkeeping: which requests wait and run, charging through a cost model.
+
+    Subclasses implement the ordering (``_enqueue``, ``_dequeue``, ``select``) and,
+    if they keep counters, ``_charge``. The base class validates every transition
+    so that a driver bug surfaces as an error rather than a silent unfairness.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.policies.VTC, fa.policies.BasePolicy)
+        True
+    """
+
+    name: ClassVar[str]
+    #: Whether :func:`~fairagents.policies.make_policy` hands it the pool's unified cost model.
+    charges_unified_tokens: ClassVar[bool] = False
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._output_cost = cost.output_cost  # bound once: called for every streamed chunk
+        self._waiting: dict[str, Request] = {}
+        self._running: dict[str, Request] = {}
+        self._waiting_per_model: dict[str, int] = {}
+
+    # -- driver-facing -----------------------------------------------------
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        """Queue ``req``; raises (queuing nothing) if it cannot be priced or is a duplicate."""
+        if req.id in self._waiting or req.id in self._running:
+            raise InvalidParameterError(f"request id {req.id!r} is already queued or running")
+        self.cost.input_cost(req.model, req.prompt_tokens)  # raises UnknownModelError before queuing
+        self._waiting[req.id] = req
+        self._waiting_per_model[req.model] = self._waiting_per_model.get(req.model, 0) + 1
+        self._enqueue(req, now)
+
+    def on_dispatch(self, req: Request, now: float) -> None:
+        """Move ``req`` from the queue to running and charge its input."""
+        if self._waiting.pop(req.id, None) is None:
+            raise InvalidParameterError(f"request {req.id!r} is not waiting")
+        self._waiting_per_model[req.model] -= 1
+        self._dequeue(req, now, dispatched=True)
+        self._running[req.id] = req
+        self._charge(req, self.cost.input_cost(req.model, req.prompt_tokens), now)
+
+    def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
+        """Charge ``new_output_tokens`` of output to ``req``'s app and agent."""
+        if req.id not in self._running:
+            raise InvalidParameterError(f"request {req.id!r} is not running")
+        if new_output_tokens:  # the cost model rejects a negative or non-integer count
+            self._charge(req, self._output_cost(req.model, new_output_tokens), now)
+
+    def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
+        """Forget ``req``; a waiting one leaves the queue uncharged."""
+        if self._waiting.pop(req.id, None) is not None:
+            self._waiting_per_model[req.model] -= 1
+            self._dequeue(req, now, dispatched=False)
+        elif self._running.pop(req.id, None) is None:
+            raise InvalidParameterError(f"request {req.id!r} is neither waiting nor running")
+
+    def queued(self, model: str | None = None) -> int:
+        """Number of waiting requests, for one model or all."""
+        if model is None:
+            return len(self._waiting)
+        return self._waiting_per_model.get(model, 0)
+
+    def running(self) -> int:
+        """Number of dispatched requests that have not finished."""
+        return len(self._running)
+
+    @abc.abstractmethod
+    def select(self, model: str, now: float) -> Request | None:
+        """The waiting request ``model`` should run next, or ``None``."""
+
+    # -- subclass hooks ----------------------------------------------------
+
+    @abc.abstractmethod
+    def _enqueue(self, req: Request, now: float) -> None:
+        """Add a newly waiting request to the ordering structures."""
+
+    @abc.abstractmethod
+    def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
+        """Remove a request that stopped waiting: dispatched, or cancelled if not ``dispatched``."""
+
+    def _charge(self, req: Request, amount: float, now: float) -> None:
+        """Account ``amount`` of service to ``req``'s client(s); no-op by default."""

@@ -1,0 +1,121 @@
+"""Hierarchical Multi-modal Fair Scheduling (HMFS, Zhang & Hu 2025, Algorithm 1).
+
+Two levels of weighted virtual counters, both charged in unified tokens:
+
+- **apps**: ``C_a``, grown by ``charge / app.weight``;
+- **agents inside an app**: ``C_{a,t}``, grown by ``charge / agent.weight``.
+
+When a model has room, the app with the lowest counter among apps waiting for that
+model goes first, then the lowest-counter agent of that app waiting for it, then
+that agent's earliest request (Alg. 1, lines 20–22). Input is charged at dispatch
+(lines 23–24) and output as it streams (lines 27–28).
+
+Counter lift at both levels: an app that becomes active is lifted to
+``max(C_a, min C over active apps)`` (to the counter of the app that left last when
+none is active; lines 6–13), and an agent that becomes active inside its app is lifted
+the same way among the app's agents. The paper resets every agent of a returning app
+to ``C_a`` (line 14); lifting each agent as it becomes active keeps the same
+guarantee (no banked credit at either level) without touching every agent of the app,
+and also covers an agent that idles while its app stays busy, which line 14 misses.
+
+Guarantee (see :func:`fairagents.service_bound` for ``U``): two apps that stay
+backlogged receive weight-normalised service within ``2U`` of each other over any
+interval, and so do two agents of one app. Every decision costs O(log n) in the
+number of apps and agents.
+
+Example:
+    >>> import fairagents as fa
+    >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+    >>> policy = fa.policies.HMFS(cost)
+    >>> studio = fa.App("studio")
+    >>> writer, critic = fa.Agent("writer", studio), fa.Agent("critic", studio)
+    >>> for i, who in [("w1", writer), ("w2", writer), ("c1", critic)]:
+    ...     policy.on_arrival(fa.Request(id=i, agent=who, model="chat", prompt_tokens=10,
+    ...                                  max_tokens=4, arrival=0.0), now=0.0)
+    >>> policy.on_dispatch(policy.select("chat", now=0.0), now=0.0)
+    >>> policy.select("chat", now=0.0).id   # the writer paid; the critic goes next
+    'c1'
+    >>> policy.app_counters(), policy.agent_counters("studio")
+    ({'studio': 10.0}, {'writer': 10.0, 'critic': 0.0})
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from fairagents.cost import CostModel, UnifiedTokenCost
+from fairagents.policies._structures import CounterLevel, Fifo
+from fairagents.policies.base import BasePolicy
+from fairagents.request import Request
+
+__all__ = ["HMFS"]
+
+
+class HMFS(BasePolicy):
+    """The default policy: hierarchical (apps, then agents), weighted, unified tokens.
+
+    Args:
+        cost: how tokens are charged; a :class:`~fairagents.UnifiedTokenCost`
+            (empty by default: register each model's profile as it joins the pool).
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.policies.HMFS().name
+        'hmfs'
+    """
+
+    name: ClassVar[str] = "hmfs"
+    charges_unified_tokens: ClassVar[bool] = True
+
+    def __init__(self, cost: CostModel | None = None) -> None:
+        super().__init__(cost if cost is not None else UnifiedTokenCost())
+        self._apps: CounterLevel[str] = CounterLevel()
+        self._agents: dict[str, CounterLevel[str]] = {}
+        self._queues: dict[tuple[str, str, str], Fifo] = {}  # (app, agent, model) -> requests
+
+    def app_counters(self) -> dict[str, float]:
+        """Current counter ``C_a`` of each app seen so far (unified tokens / weight)."""
+        return dict(self._apps.counter)
+
+    def agent_counters(self, app: str) -> dict[str, float]:
+        """Current counter ``C_{a,t}`` of each agent of ``app`` seen so far."""
+        level = self._agents.get(app)
+        return dict(level.counter) if level is not None else {}
+
+    def select(self, model: str, now: float) -> Request | None:
+        app = self._apps.lowest(model)
+        if app is None:
+            return None
+        agent = self._agents[app].lowest(model)
+        return self._queues[(app, agent, model)].head()  # type: ignore[arg-type]
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        who = req.agent
+        app = who.app.name
+        key = (app, who.name, req.model)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = Fifo()
+        queue.push(req)
+        # Lift the app before its agent: an agent's lift compares only with its own app's agents.
+        self._apps.enqueue(app, who.app.weight, req.model)
+        agents = self._agents.get(app)
+        if agents is None:
+            agents = self._agents[app] = CounterLevel()
+        agents.enqueue(who.name, who.weight, req.model)
+
+    def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
+        who = req.agent
+        app = who.app.name
+        self._queues[(app, who.name, req.model)].remove(req)
+        self._apps.dequeue(app, req.model)
+        self._agents[app].dequeue(who.name, req.model)
+
+    def _charge(self, req: Request, amount: float, now: float) -> None:
+        # CounterLevel.charge at both levels, inlined: this runs for every streamed chunk.
+        who = req.agent
+        app = who.app.name
+        apps = self._apps
+        apps.counter[app] += amount * apps.inverse_weight[app]
+        agents = self._agents[app]
+        agents.counter[who.name] += amount * agents.inverse_weight[who.name]

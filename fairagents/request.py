@@ -1,0 +1,87 @@
+"""The request record that policies, the simulator and the arbiter pass around.
+
+Example:
+    >>> import fairagents as fa
+    >>> who = fa.Agent("planner", fa.App("driving"))
+    >>> req = fa.Request(id="r1", agent=who, model="chat", prompt_tokens=12, max_tokens=32, arrival=0.5)
+    >>> req.app, req.agent_key
+    ('driving', ('driving', 'planner'))
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent
+
+__all__ = ["Outcome", "Request"]
+
+
+class Outcome(str, enum.Enum):
+    """How a request left the system.
+
+    Example:
+        >>> import fairagents as fa
+        >>> fa.Outcome.CANCELLED.value
+        'cancelled'
+    """
+
+    FINISHED = "finished"
+    """It ran to completion."""
+    CANCELLED = "cancelled"
+    """The caller gave up: removed from the queue, or aborted in the engine."""
+    FAILED = "failed"
+    """The engine failed while it waited or ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One model call as the scheduler sees it.
+
+    Example:
+        >>> import fairagents as fa
+        >>> who = fa.Agent("critic", fa.App("studio"))
+        >>> fa.Request(id="r2", agent=who, model="chat", prompt_tokens=-1, max_tokens=8, arrival=0.0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: prompt_tokens must be an integer ≥ 0, got -1
+    """
+
+    id: str
+    """Unique id of the request."""
+    agent: Agent
+    """Who is calling (the agent, and through it the app)."""
+    model: str
+    """Name of the model in the pool."""
+    prompt_tokens: int
+    """Prompt length in the model's raw tokens (image tokens included)."""
+    max_tokens: int
+    """Most output tokens the request may generate (raw tokens; ≥ 1)."""
+    arrival: float
+    """Arrival time (seconds on the scheduler's clock)."""
+    payload: Any = field(default=None, compare=False, repr=False)
+    """What the engine needs to run it (messages, sampling parameters); opaque to policies."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 0:
+            raise InvalidParameterError(f"prompt_tokens must be an integer ≥ 0, got {self.prompt_tokens!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+        if not isinstance(self.arrival, int | float) or not math.isfinite(self.arrival):
+            raise InvalidParameterError(f"arrival must be a finite time in seconds, got {self.arrival!r}")
+        if not isinstance(self.agent, Agent):
+            raise InvalidParameterError(f"agent must be an Agent, got {self.agent!r}")
+
+    @property
+    def app(self) -> str:
+        """Name of the calling app."""
+        return self.agent.app.name
+
+    @property
+    def agent_key(self) -> tuple[str, str]:
+        """``(app name, agent name)``."""
+        return self.agent.key

@@ -1,0 +1,349 @@
+"""Play a workload through a policy and simulated engines on a virtual clock.
+
+This is the simulator: :class:`~fairagents.engines.SimEngine` models engines, the
+clock is virtual, and a run is deterministic. It exists to compare policies at scale
+and to test their guarantees; real serving goes through the arbiter and real engines.
+
+Example:
+    >>> import fairagents as fa
+    >>> from fairagents.simulation import Workload, simulate
+    >>> profile = fa.ModelProfile(d_model=4096, n_layers=1)
+    >>> a, b = fa.Agent("bot", fa.App("a")), fa.Agent("bot", fa.App("b"))
+    >>> work = Workload(seed=1).burst(a, "chat", n=40, prompt=32, output=16).burst(b, "chat", n=4, prompt=32, output=16)
+    >>> fair = simulate(work, "hmfs", {"chat": fa.engines.SimEngine(profile, max_running=4)})
+    >>> fcfs = simulate(work, "fcfs", {"chat": fa.engines.SimEngine(profile, max_running=4)})
+    >>> def b_done(result):  # when b's last request finished
+    ...     return max(r.finished for r in result.records if r.app == "b")
+    >>> b_done(fair) < b_done(fcfs) / 3
+    True
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fairagents.cost import UnifiedTokenCost, service_bound
+from fairagents.engines.sim import SimEngine
+from fairagents.errors import InvalidParameterError, UnknownAgentError, UnknownAppError, UnknownModelError
+from fairagents.identity import Agent, App
+from fairagents.metrics import Charge, ClientStats, RequestRecord, client_stats, jain_index, max_service_gap
+from fairagents.policies import Policy, make_policy
+from fairagents.request import Outcome, Request
+
+__all__ = ["SimRequest", "SimResult", "Workload", "simulate"]
+
+Length = int | tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request of a workload: who sends what to which model, and when.
+
+    Example:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import SimRequest
+        >>> SimRequest(at=0.0, agent=fa.Agent("a", fa.App("x")), model="chat",
+        ...            prompt_tokens=10, output_tokens=5).model
+        'chat'
+    """
+
+    at: float
+    """Arrival time (seconds)."""
+    agent: Agent
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+    """Tokens the simulated engine will generate (≥ 1)."""
+    max_tokens: int | None = None
+    """The request's ``max_tokens`` (≥ output_tokens); defaults to ``output_tokens``."""
+    cancel_at: float | None = None
+    """When the caller gives up, if it does."""
+
+
+class Workload:
+    """A list of timed requests, with builders for common shapes (deterministic by seed).
+
+    Lengths are an ``int`` or an inclusive ``(low, high)`` range drawn uniformly.
+
+    Example:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import Workload
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> work = Workload(seed=0).poisson(who, "chat", rate=10.0, until=1.0, prompt=(4, 8), output=4)
+        >>> 0 < len(work) < 30
+        True
+    """
+
+    def __init__(self, requests: list[SimRequest] | None = None, *, seed: int = 0) -> None:
+        self.requests: list[SimRequest] = list(requests or [])
+        self._rng = random.Random(seed)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def add(self, request: SimRequest) -> Workload:
+        """Append one request."""
+        self.requests.append(request)
+        return self
+
+    def burst(self, agent: Agent, model: str, *, n: int, at: float = 0.0, prompt: Length, output: Length) -> Workload:
+        """``n`` requests all arriving at ``at`` (a backlog)."""
+        for _ in range(n):
+            self.add(SimRequest(at, agent, model, self._draw(prompt), self._draw(output)))
+        return self
+
+    def poisson(
+        self, agent: Agent, model: str, *, rate: float, until: float, start: float = 0.0, prompt: Length, output: Length
+    ) -> Workload:
+        """Requests arriving as a Poisson process of ``rate`` per second over ``[start, until)``."""
+        if rate <= 0:
+            raise InvalidParameterError(f"rate must be > 0 requests per second, got {rate!r}")
+        t = start + self._rng.expovariate(rate)
+        while t < until:
+            self.add(SimRequest(t, agent, model, self._draw(prompt), self._draw(output)))
+            t += self._rng.expovariate(rate)
+        return self
+
+    def _draw(self, length: Length) -> int:
+        return length if isinstance(length, int) else self._rng.randint(*length)
+
+
+@dataclass
+class SimResult:
+    """What a simulated run delivered (times in virtual seconds, service in unified tokens).
+
+    Example:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import Workload, simulate
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> result = simulate(Workload().burst(who, "m", n=3, prompt=4, output=2), "vtc",
+        ...                   {"m": fa.engines.SimEngine(fa.ModelProfile(d_model=4096, n_layers=1))})
+        >>> [s.requests for s in result.app_stats()]
+        [3]
+    """
+
+    policy: str
+    records: list[RequestRecord]
+    charges: list[Charge]
+    apps: dict[str, App]
+    agents: dict[tuple[str, str], Agent]
+    cost: UnifiedTokenCost
+    bound: float
+    """``U`` of this run (:func:`~fairagents.service_bound`) from the engines' KV capacity."""
+    end: float
+    """Virtual time of the last event."""
+    idle_with_backlog: int
+    """Times a model was left with an empty batch while a request for it waited (0 is work-conserving)."""
+    dispatch_order: dict[str, list[str]] = field(default_factory=dict)
+    """Request ids per model, in dispatch order."""
+
+    def app_weights(self) -> dict[str, float]:
+        return {name: app.weight for name, app in self.apps.items()}
+
+    def agent_weights(self) -> dict[str, float]:
+        return {f"{a}/{t}": agent.weight for (a, t), agent in self.agents.items()}
+
+    def app_stats(self, until: float | None = None) -> list[ClientStats]:
+        """Per-app totals and percentiles (service delivered up to ``until``, if given)."""
+        return client_stats(self.records, self.charges, self.app_weights(), "app", until)
+
+    def agent_stats(self, until: float | None = None) -> list[ClientStats]:
+        """Per-agent totals and percentiles (agents named ``app/agent``)."""
+        return client_stats(self.records, self.charges, self.agent_weights(), "agent", until)
+
+    def max_app_gap(self, models: list[str] | None = None) -> float:
+        """Largest weight-normalised service gap between two backlogged apps (see :func:`max_service_gap`)."""
+        return max_service_gap(self.records, self.charges, self.app_weights(), "app", models=models)
+
+    def max_agent_gap(self, models: list[str] | None = None) -> float:
+        """Largest weight-normalised service gap between two backlogged agents of one app."""
+        return max_service_gap(self.records, self.charges, self.agent_weights(), "agent", models=models)
+
+    def jain(self, until: float | None = None) -> float:
+        """Jain's index of weight-normalised app service (up to ``until``, if given)."""
+        return jain_index(s.service / s.weight for s in self.app_stats(until))
+
+
+def simulate(
+    workload: Workload,
+    policy: str | Policy,
+    engines: Mapping[str, SimEngine],
+    *,
+    apps: Mapping[str, App] | None = None,
+    d_base: int | None = None,
+) -> SimResult:
+    """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
+
+    Args:
+        workload: the timed requests.
+        policy: a policy name (built with this run's unified cost) or a policy object.
+        engines: model name → simulated engine (not shared between models).
+        apps: if given, the only apps (and their agents, as :class:`Agent` objects in
+            the workload) allowed; otherwise every app in the workload is allowed.
+        d_base: ``d_base`` of the unified-token cost (default 4096).
+
+    Raises:
+        UnknownModelError, UnknownAppError, UnknownAgentError, ContextLengthError,
+        InvalidParameterError: for a bad workload, before anything runs.
+
+    Example:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import Workload, simulate
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> simulate(Workload().burst(who, "nope", n=1, prompt=1, output=1), "hmfs", {})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.UnknownModelError: unknown model 'nope'; known models: none
+    """
+    cost = UnifiedTokenCost({m: e.profile for m, e in engines.items()}, **({"d_base": d_base} if d_base else {}))
+    policy_obj = make_policy(policy, cost)
+    requests = _validate(workload, engines, apps)
+    run = _Run(policy_obj, engines, cost)
+    return run.play(requests)
+
+
+def _validate(
+    workload: Workload, engines: Mapping[str, SimEngine], apps: Mapping[str, App] | None
+) -> list[tuple[SimRequest, Request]]:
+    out = []
+    for i, item in enumerate(workload.requests):
+        if item.model not in engines:
+            known = ", ".join(sorted(engines)) or "none"
+            raise UnknownModelError(f"unknown model {item.model!r}; known models: {known}")
+        if apps is not None:
+            app = apps.get(item.agent.app.name)
+            if app is None:
+                raise UnknownAppError(f"unknown app {item.agent.app.name!r}")
+            if item.agent.app != app:
+                raise UnknownAgentError(f"agent {item.agent.name!r} does not belong to the declared app {app.name!r}")
+        max_tokens = item.output_tokens if item.max_tokens is None else item.max_tokens
+        req = Request(f"r{i}", item.agent, item.model, item.prompt_tokens, max_tokens, item.at)
+        if not 1 <= item.output_tokens <= max_tokens:
+            raise InvalidParameterError(f"output_tokens must be in [1, max_tokens={max_tokens}], got {item.output_tokens}")
+        engines[item.model].check(req)
+        out.append((item, req))
+    return out
+
+
+class _Run:
+    _STEP, _ARRIVAL, _CANCEL = 0, 1, 2  # order of events at the same instant
+
+    def __init__(self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost) -> None:
+        self.policy = policy
+        self.engines = engines
+        self.cost = cost
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.output: dict[str, int] = {}
+        self.produced: dict[str, int] = {}
+        self.dispatched: dict[str, float] = {}
+        self.first: dict[str, float] = {}
+        self.ended: set[str] = set()
+        self.records: list[RequestRecord] = []
+        self.charges: list[Charge] = []
+        self.order: dict[str, list[str]] = {m: [] for m in engines}
+        self.idle_with_backlog = 0
+
+    def push(self, t: float, kind: int, payload: object) -> None:
+        heapq.heappush(self.events, (t, kind, next(self.seq), payload))
+
+    def play(self, requests: list[tuple[SimRequest, Request]]) -> SimResult:
+        apps: dict[str, App] = {}
+        agents: dict[tuple[str, str], Agent] = {}
+        for item, req in requests:
+            apps[req.app] = req.agent.app
+            agents[req.agent_key] = req.agent
+            self.output[req.id] = item.output_tokens
+            self.push(item.at, self._ARRIVAL, req)
+            if item.cancel_at is not None:
+                self.push(max(item.cancel_at, item.at), self._CANCEL, req)
+        now = 0.0
+        while self.events:
+            now, kind, _, payload = heapq.heappop(self.events)
+            if kind == self._ARRIVAL:
+                req = payload  # type: ignore[assignment]
+                self.policy.on_arrival(req, now)
+                self._fill(req.model, now)
+            elif kind == self._STEP:
+                self._step_done(payload, now)  # type: ignore[arg-type]
+            else:
+                self._cancel(payload, now)  # type: ignore[arg-type]
+        bound = service_bound(self.cost, {m: e.kv_capacity for m, e in self.engines.items()})
+        return SimResult(
+            policy=self.policy.name,
+            records=self.records,
+            charges=self.charges,
+            apps=apps,
+            agents=agents,
+            cost=self.cost,
+            bound=bound,
+            end=now,
+            idle_with_backlog=self.idle_with_backlog,
+            dispatch_order=self.order,
+        )
+
+    def _fill(self, model: str, now: float) -> None:
+        """Dispatch into ``model``'s batch while it has room, then start a step."""
+        engine = self.engines[model]
+        if engine.busy:
+            return  # new requests join at the end of the step, as in continuous batching
+        policy = self.policy
+        while (req := policy.select(model, now)) is not None and engine.fits(req):
+            policy.on_dispatch(req, now)
+            engine.admit(req, self.output[req.id])
+            self.dispatched[req.id] = now
+            self.order[model].append(req.id)
+            self._charge(req, self.cost.input_cost(model, req.prompt_tokens), now)
+        end = engine.start_step(now)
+        if end is not None:
+            self.push(end, self._STEP, model)
+        elif policy.queued(model):
+            self.idle_with_backlog += 1
+
+    def _step_done(self, model: str, now: float) -> None:
+        for p in self.engines[model].finish_step(now):
+            req = p.request
+            self.policy.on_progress(req, p.new_tokens, now)
+            self._charge(req, self.cost.output_cost(model, p.new_tokens), now)
+            self.produced[req.id] = self.produced.get(req.id, 0) + p.new_tokens
+            if p.first:
+                self.first[req.id] = now
+            if p.finished:
+                self.policy.on_finish(req, Outcome.FINISHED, now)
+                self._record(req, Outcome.FINISHED, now)
+        self._fill(model, now)
+
+    def _cancel(self, req: Request, now: float) -> None:
+        if req.id in self.ended:
+            return
+        engine = self.engines[req.model]
+        engine.abort(req.id)  # no-op if it was still waiting
+        self.policy.on_finish(req, Outcome.CANCELLED, now)
+        self._record(req, Outcome.CANCELLED, now)
+        self._fill(req.model, now)
+
+    def _charge(self, req: Request, amount: float, now: float) -> None:
+        self.charges.append(Charge(now, req.app, req.agent.name, amount))
+
+    def _record(self, req: Request, outcome: Outcome, now: float) -> None:
+        self.ended.add(req.id)
+        self.records.append(
+            RequestRecord(
+                id=req.id,
+                app=req.app,
+                agent=req.agent.name,
+                model=req.model,
+                arrival=req.arrival,
+                dispatched=self.dispatched.get(req.id),
+                first_token=self.first.get(req.id),
+                finished=now,
+                prompt_tokens=req.prompt_tokens,
+                output_tokens=self.produced.get(req.id, 0),
+                outcome=outcome,
+                slo=req.agent.effective_slo,
+            )
+        )
