@@ -57,8 +57,8 @@ class Modality(str, enum.Enum):
     """Text in, images out (a diffusion model)."""
 
 
-def _check_positive(value: float | None, what: str, unit: str = "number") -> None:
-    if value is None:
+def _check_positive(value: float | None, what: str, unit: str = "number", *, optional: bool = False) -> None:
+    if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise InvalidParameterError(f"{what} must be a finite {unit} > 0, got {value!r}")
@@ -93,7 +93,7 @@ class SLO:
 
     def __post_init__(self) -> None:
         for what in ("ttft", "tpot", "e2e"):
-            _check_positive(getattr(self, what), f"SLO {what}", "number of seconds")
+            _check_positive(getattr(self, what), f"SLO {what}", "number of seconds", optional=True)
 
     def met(self, *, ttft: float, tpot: float | None, e2e: float) -> bool:
         """Whether measured latencies (seconds) meet every objective that is set."""

@@ -25,7 +25,7 @@ from fairagents.policies.hmfs import HMFS
 from fairagents.policies.rr import RoundRobin
 from fairagents.policies.vtc import VTC
 
-__all__ = ["FCFS", "HMFS", "POLICIES", "VTC", "BasePolicy", "Policy", "RoundRobin", "make_policy"]
+__all__ = ["BasePolicy", "FCFS", "HMFS", "POLICIES", "Policy", "RoundRobin", "VTC", "make_policy"]
 
 #: Built-in policies by name.
 POLICIES: dict[str, type[BasePolicy]] = {cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS)}

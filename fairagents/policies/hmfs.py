@@ -87,7 +87,7 @@ class HMFS(BasePolicy):
         if app is None:
             return None
         agent = self._agents[app].lowest(model)
-        return self._queues[(app, agent, model)].head()  # type: ignore[arg-type]
+        return self._queues[app, agent, model].head()  # type: ignore[index]
 
     def _enqueue(self, req: Request, now: float) -> None:
         who = req.agent

@@ -1,0 +1,31 @@
+import itertools
+
+import pytest
+
+import fairagents as fa
+
+_ids = itertools.count()
+
+
+def make_request(agent, model="m", prompt=10, max_tokens=8, arrival=0.0, id=None):
+    return fa.Request(
+        id=id or f"q{next(_ids)}", agent=agent, model=model, prompt_tokens=prompt, max_tokens=max_tokens, arrival=arrival
+    )
+
+
+@pytest.fixture
+def req():
+    return make_request
+
+
+@pytest.fixture
+def unit_cost():
+    """Unified cost where models 'm' and 'n' have scale 1 and 'big' scale 4."""
+    return fa.UnifiedTokenCost(
+        {
+            "m": fa.ModelProfile(d_model=64, n_layers=1),
+            "n": fa.ModelProfile(d_model=64, n_layers=1),
+            "big": fa.ModelProfile(d_model=128, n_layers=2),
+        },
+        d_base=64,
+    )

@@ -1,0 +1,117 @@
+"""Contract checks every built-in policy must pass."""
+
+import pytest
+
+import fairagents as fa
+from fairagents.policies import FCFS, HMFS, VTC, RoundRobin
+
+ALL = [FCFS, RoundRobin, VTC, HMFS]
+
+
+@pytest.fixture(params=ALL, ids=lambda cls: cls.name)
+def policy(request, unit_cost):
+    cls = request.param
+    return cls(unit_cost)
+
+
+def test_every_policy_satisfies_the_protocol(policy):
+    assert isinstance(policy, fa.policies.Policy)
+
+
+def test_select_is_a_pure_query(policy, req):
+    a = fa.Agent("t", fa.App("a"))
+    for _ in range(3):
+        policy.on_arrival(req(a), 0.0)
+    first = policy.select("m", 0.0)
+    assert policy.select("m", 0.0) is first
+    assert policy.queued("m") == 3
+
+
+def test_select_on_other_or_unknown_model_is_none(policy, req):
+    policy.on_arrival(req(fa.Agent("t", fa.App("a"))), 0.0)
+    assert policy.select("n", 0.0) is None
+    assert policy.select("nope", 0.0) is None
+
+
+def test_unknown_model_is_rejected_before_queueing(policy, req):
+    with pytest.raises(fa.UnknownModelError):
+        policy.on_arrival(req(fa.Agent("t", fa.App("a")), model="nope"), 0.0)
+    assert policy.queued() == 0
+
+
+def test_duplicate_id_is_rejected(policy, req):
+    r = req(fa.Agent("t", fa.App("a")))
+    policy.on_arrival(r, 0.0)
+    with pytest.raises(fa.InvalidParameterError, match="already"):
+        policy.on_arrival(r, 0.0)
+    assert policy.queued() == 1
+
+
+def test_transitions_are_checked(policy, req):
+    r = req(fa.Agent("t", fa.App("a")))
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_dispatch(r, 0.0)
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_progress(r, 1, 0.0)
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
+    policy.on_arrival(r, 0.0)
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_progress(r, 1, 0.0)  # not running yet
+    policy.on_dispatch(r, 0.0)
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_dispatch(r, 0.0)
+    policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
+
+
+@pytest.mark.parametrize("n", [-1, 2.5, True])
+def test_negative_or_non_integer_progress_is_rejected(policy, req, n):
+    r = req(fa.Agent("t", fa.App("a")))
+    policy.on_arrival(r, 0.0)
+    policy.on_dispatch(r, 0.0)
+    with pytest.raises(fa.InvalidParameterError):
+        policy.on_progress(r, n, 0.0)
+
+
+def test_cancelling_a_waiting_request_removes_it_anywhere_in_the_queue(policy, req):
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    reqs = [req(a), req(b), req(a), req(b)]
+    for r in reqs:
+        policy.on_arrival(r, 0.0)
+    policy.on_finish(reqs[2], fa.Outcome.CANCELLED, 0.0)
+    policy.on_finish(reqs[0], fa.Outcome.CANCELLED, 0.0)
+    seen = []
+    while (r := policy.select("m", 0.0)) is not None:
+        policy.on_dispatch(r, 0.0)
+        seen.append(r)
+    assert sorted(r.id for r in seen) == sorted([reqs[1].id, reqs[3].id])
+    assert policy.queued() == 0
+
+
+def test_every_request_is_dispatched_exactly_once(policy, req):
+    agents = [fa.Agent(f"t{i}", fa.App(f"a{i % 3}")) for i in range(6)]
+    reqs = [req(agents[i % 6], model="mn"[i % 2]) for i in range(60)]
+    for r in reqs:
+        policy.on_arrival(r, 0.0)
+    seen = []
+    for model in "mn":
+        while (r := policy.select(model, 0.0)) is not None:
+            assert r.model == model
+            policy.on_dispatch(r, 0.0)
+            policy.on_progress(r, 3, 0.0)
+            policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
+            seen.append(r.id)
+    assert sorted(seen) == sorted(r.id for r in reqs)
+
+
+def test_make_policy_by_name_and_object(unit_cost):
+    assert fa.policies.make_policy("hmfs", unit_cost).cost is unit_cost
+    assert isinstance(fa.policies.make_policy("vtc", unit_cost).cost, fa.RawTokenCost)  # VTC counts raw tokens
+    p = HMFS()
+    assert fa.policies.make_policy(p) is p
+    with pytest.raises(fa.InvalidParameterError):
+        fa.policies.make_policy(42)
+    with pytest.raises(fa.InvalidParameterError, match="unknown policy"):
+        fa.policies.make_policy("edf")

@@ -1,0 +1,240 @@
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fairagents as fa
+from fairagents.policies import HMFS, VTC
+
+
+def dispatch_next(p, model="m", now=0.0):
+    r = p.select(model, now)
+    p.on_dispatch(r, now)
+    return r
+
+
+def test_counts_unified_tokens(req, unit_cost):
+    p = HMFS(unit_cost)
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    ra, rb = req(a, model="big", prompt=10), req(b, model="m", prompt=10)
+    for r in (ra, rb):
+        p.on_arrival(r, 0.0)
+    for r in (ra, rb):
+        p.on_dispatch(r, 0.0)
+    assert p.app_counters() == {"a": 40.0, "b": 10.0}  # 'big' is 4x as wide and deep
+    p.on_progress(ra, 1, 0.1)
+    assert p.app_counters()["a"] == 48.0
+
+
+def test_app_then_agent_then_earliest_request(req, unit_cost):
+    p = HMFS(unit_cost)
+    studio, news = fa.App("studio"), fa.App("news")
+    writer, critic, reporter = fa.Agent("writer", studio), fa.Agent("critic", studio), fa.Agent("reporter", news)
+    w1, w2, c1, n1 = req(writer, id="w1"), req(writer, id="w2"), req(critic, id="c1"), req(reporter, id="n1")
+    for r in (w1, w2, c1, n1):
+        p.on_arrival(r, 0.0)
+    order = [dispatch_next(p).id for _ in range(4)]
+    # studio and news alternate (equal app counters); inside studio, writer and critic alternate
+    assert order[0] in ("w1", "n1")
+    assert set(order[:2]) == {"w1", "n1"} or set(order[:2]) == {"n1", "c1"}
+    assert order.index("w1") < order.index("w2")
+    assert order[-1] in ("w2", "c1")
+
+
+def test_hierarchy_shares_apps_equally_however_many_agents(req, unit_cost):
+    """An app of three agents gets the same as an app of one; flat VTC over agents gives it 3x."""
+
+    def share(policy):
+        big_app, small_app = fa.App("many"), fa.App("one")
+        agents = [fa.Agent(f"t{i}", big_app) for i in range(3)] + [fa.Agent("solo", small_app)]
+        for _ in range(30):
+            for a in agents:
+                policy.on_arrival(req(a, prompt=10), 0.0)
+        served = defaultdict(int)
+        for _ in range(40):
+            served[dispatch_next(policy).app] += 1
+        return served["many"] / served["one"]
+
+    assert share(HMFS(unit_cost)) == pytest.approx(1.0, abs=0.1)
+    assert share(VTC(unit_cost, client="agent")) == pytest.approx(3.0, abs=0.3)
+
+
+def test_app_and_agent_weights(req, unit_cost):
+    p = HMFS(unit_cost)
+    gold = fa.App("gold", weight=3.0)
+    big, small = fa.Agent("big", gold, weight=2.0), fa.Agent("small", gold)
+    plain = fa.Agent("t", fa.App("plain"))
+    for _ in range(40):
+        for a in (big, small, plain):
+            p.on_arrival(req(a, prompt=10), 0.0)
+    picks = [dispatch_next(p).agent.key for _ in range(48)]
+    by_app = defaultdict(int)
+    for app, _ in picks:
+        by_app[app] += 1
+    assert by_app == {"gold": 36, "plain": 12}
+    assert picks.count(("gold", "big")) == 24 and picks.count(("gold", "small")) == 12
+
+
+def test_lift_on_activation_at_both_levels(req, unit_cost):
+    p = HMFS(unit_cost)
+    a = fa.App("a")
+    x, y = fa.Agent("x", a), fa.Agent("y", a)
+    b = fa.Agent("t", fa.App("b"))
+    for _ in range(3):
+        p.on_arrival(req(x, prompt=50), 0.0)
+    p.on_arrival(req(b, prompt=20), 0.0)
+    dispatch_next(p)  # x (tie broken by arrival of the app), or b
+    dispatch_next(p)
+    counters = p.app_counters()
+    # y becomes active inside a busy app: lifted to x's counter, not 0
+    p.on_arrival(req(y, prompt=5), 1.0)
+    assert p.agent_counters("a")["y"] == p.agent_counters("a")["x"] == counters["a"]
+
+
+def test_lift_to_last_leaver_when_queue_is_empty(req, unit_cost):
+    p = HMFS(unit_cost)
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    ra = req(a, prompt=30)
+    p.on_arrival(ra, 0.0)
+    p.on_dispatch(ra, 0.0)
+    p.on_progress(ra, 5, 0.5)  # a keeps being charged after it left the queue
+    p.on_arrival(req(b, prompt=1), 1.0)
+    assert p.app_counters()["b"] == 40.0
+
+
+def test_returning_app_keeps_a_higher_counter(req, unit_cost):
+    """The lift is a max: an app that was served more than others does not get reset down."""
+    p = HMFS(unit_cost)
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    ra = req(a, prompt=100)
+    p.on_arrival(ra, 0.0)
+    p.on_dispatch(ra, 0.0)
+    p.on_finish(ra, fa.Outcome.FINISHED, 0.0)
+    p.on_arrival(req(b, prompt=1), 0.0)
+    p.on_arrival(req(a, prompt=1), 0.0)
+    assert p.app_counters() == {"a": 100.0, "b": 100.0}
+    assert dispatch_next(p).app in ("a", "b")
+
+
+def test_cancelled_waiting_request_costs_nothing(req, unit_cost):
+    p = HMFS(unit_cost)
+    a = fa.Agent("t", fa.App("a"))
+    r = req(a, prompt=100)
+    p.on_arrival(r, 0.0)
+    p.on_finish(r, fa.Outcome.CANCELLED, 0.1)
+    assert p.app_counters() == {"a": 0.0}
+    assert p.select("m", 0.2) is None
+
+
+def test_aborted_running_request_pays_only_what_it_produced(req, unit_cost):
+    p = HMFS(unit_cost)
+    a = fa.Agent("t", fa.App("a"))
+    r = req(a, prompt=10, max_tokens=100)
+    p.on_arrival(r, 0.0)
+    p.on_dispatch(r, 0.0)
+    p.on_progress(r, 4, 0.1)
+    p.on_finish(r, fa.Outcome.CANCELLED, 0.2)
+    assert p.app_counters() == {"a": 10.0 + 2 * 4}
+
+
+# -- against a brute-force reference --------------------------------------------
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "arrive", "arrive", "dispatch", "dispatch", "progress", "finish", "cancel"]),
+        st.integers(0, 5),  # agent index
+        st.sampled_from(["m", "big"]),
+        st.integers(0, 40),  # tokens
+    ),
+    max_size=120,
+)
+
+
+class Reference:
+    """HMFS written the obvious way: scan everything on every decision."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.capp = defaultdict(float)
+        self.cagent = defaultdict(float)
+        self.waiting = []
+        self.last_app = None
+        self.last_agent = {}
+
+    def arrive(self, r):
+        app, agent = r.app, r.agent_key
+        if not any(w.app == app for w in self.waiting):
+            active = {w.app for w in self.waiting}
+            floor = min((self.capp[x] for x in active), default=self.capp[self.last_app] if self.last_app else 0.0)
+            self.capp[app] = max(self.capp[app], floor)
+        if not any(w.agent_key == agent for w in self.waiting):
+            active = {w.agent_key for w in self.waiting if w.app == app}
+            last = self.last_agent.get(app)
+            floor = min((self.cagent[x] for x in active), default=self.cagent[last] if last else 0.0)
+            self.cagent[agent] = max(self.cagent[agent], floor)
+        self.waiting.append(r)
+
+    def leave(self, r):
+        self.waiting.remove(r)
+        if not any(w.app == r.app for w in self.waiting):
+            self.last_app = r.app
+        if not any(w.agent_key == r.agent_key for w in self.waiting):
+            self.last_agent[r.app] = r.agent_key
+
+    def charge(self, r, amount):
+        self.capp[r.app] += amount / r.agent.app.weight
+        self.cagent[r.agent_key] += amount / r.agent.weight
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0]), min_size=9, max_size=9))
+def test_matches_reference_decisions_and_counters(ops, weights):
+    cost = fa.UnifiedTokenCost(
+        {"m": fa.ModelProfile(d_model=64, n_layers=1), "big": fa.ModelProfile(d_model=128, n_layers=3)}, d_base=64
+    )
+    apps = [fa.App(f"a{i}", weight=weights[i]) for i in range(3)]
+    agents = [fa.Agent(f"t{i}", apps[i % 3], weight=weights[3 + i]) for i in range(6)]
+    p, ref = HMFS(cost), Reference(cost)
+    running = []
+    n = 0
+    for op, who, model, tokens in ops:
+        now = float(n)
+        n += 1
+        if op == "arrive":
+            r = fa.Request(f"r{n}", agents[who], model, tokens, 64, now)
+            p.on_arrival(r, now)
+            ref.arrive(r)
+        elif op == "dispatch":
+            chosen = p.select(model, now)
+            candidates = [w for w in ref.waiting if w.model == model]
+            if not candidates:
+                assert chosen is None
+                continue
+            assert chosen is not None and chosen.model == model
+            lowest_app = min(ref.capp[w.app] for w in candidates)
+            assert ref.capp[chosen.app] == lowest_app
+            in_app = [w for w in candidates if w.app == chosen.app]
+            assert ref.cagent[chosen.agent_key] == min(ref.cagent[w.agent_key] for w in in_app)
+            assert chosen is next(w for w in in_app if w.agent_key == chosen.agent_key)  # its earliest
+            p.on_dispatch(chosen, now)
+            ref.leave(chosen)
+            ref.charge(chosen, cost.input_cost(model, chosen.prompt_tokens))
+            running.append(chosen)
+        elif op == "progress" and running:
+            r = running[who % len(running)]
+            p.on_progress(r, tokens, now)
+            ref.charge(r, cost.output_cost(r.model, tokens))
+        elif op == "finish" and running:
+            p.on_finish(running.pop(who % len(running)), fa.Outcome.FINISHED, now)
+        elif op == "cancel" and ref.waiting:
+            r = ref.waiting[who % len(ref.waiting)]
+            p.on_finish(r, fa.Outcome.CANCELLED, now)
+            ref.leave(r)
+        assert p.queued() == len(ref.waiting)
+        for model_name in ("m", "big"):
+            assert (p.select(model_name, now) is None) == (not any(w.model == model_name for w in ref.waiting))
+        for app in apps:
+            assert p.app_counters().get(app.name, 0.0) == pytest.approx(ref.capp[app.name])
+            for name, value in p.agent_counters(app.name).items():
+                assert value == pytest.approx(ref.cagent[(app.name, name)])

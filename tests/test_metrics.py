@@ -1,0 +1,52 @@
+import math
+
+import pytest
+
+from fairagents import Outcome
+from fairagents.metrics import Charge, RequestRecord, backlog_intervals, client_stats, jain_index, max_service_gap, percentile
+
+
+def rec(app, arrival, dispatched, agent="t", model="m", finished=None, outcome=Outcome.FINISHED):
+    return RequestRecord(
+        f"{app}{arrival}{model}", app, agent, model, arrival, dispatched, dispatched,
+        finished if finished is not None else (dispatched or arrival) + 1, 1, 1, outcome,
+    )
+
+
+def test_percentile_and_jain():
+    assert math.isnan(percentile([], 50))
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1.0, 2.0, 3.0], 100) == 3.0
+    assert jain_index([]) == 1.0
+    assert jain_index([2.0, 2.0]) == 1.0
+    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+
+
+def test_backlog_of_cancelled_request_ends_when_it_ended():
+    r = rec("a", 0.0, None, finished=2.0, outcome=Outcome.CANCELLED)
+    assert backlog_intervals([r]) == {"a": [(0.0, 2.0)]}
+
+
+def test_backlog_on_every_model():
+    recs = [rec("a", 0.0, 4.0, model="m"), rec("a", 1.0, 2.0, model="n"), rec("a", 3.0, 5.0, model="n")]
+    assert backlog_intervals(recs, models=["m", "n"]) == {"a": [(1.0, 2.0), (3.0, 4.0)]}
+
+
+def test_gap_counts_only_joint_backlog():
+    recs = [rec("x", 0.0, 10.0), rec("y", 5.0, 10.0)]
+    charges = [Charge(1.0, "x", "t", 100.0), Charge(6.0, "x", "t", 3.0), Charge(7.0, "y", "t", 1.0)]
+    assert max_service_gap(recs, charges, {"x": 1.0, "y": 1.0}) == 3.0
+
+
+def test_gap_is_weight_normalised_and_agents_pair_within_an_app():
+    recs = [rec("x", 0.0, 10.0, agent="p"), rec("x", 0.0, 10.0, agent="q"), rec("y", 0.0, 10.0)]
+    charges = [Charge(1.0, "x", "p", 8.0), Charge(2.0, "x", "q", 2.0), Charge(3.0, "y", "t", 50.0)]
+    assert max_service_gap(recs, charges, {"x/p": 4.0, "x/q": 1.0, "y/t": 1.0}, key="agent") == 2.0
+
+
+def test_client_stats_window_and_shares():
+    recs = [rec("x", 0.0, 1.0), rec("y", 0.0, 2.0)]
+    charges = [Charge(1.0, "x", "t", 30.0), Charge(2.0, "y", "t", 10.0), Charge(9.0, "y", "t", 60.0)]
+    stats = {s.name: s for s in client_stats(recs, charges, {"x": 3.0, "y": 1.0}, until=5.0)}
+    assert stats["x"].share == 0.75 and stats["x"].weight_share == 0.75
+    assert stats["y"].wait_p50 == 2.0

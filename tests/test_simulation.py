@@ -1,0 +1,94 @@
+import pytest
+
+import fairagents as fa
+from fairagents.engines import SimEngine
+from fairagents.simulation import SimRequest, Workload, simulate
+
+PROFILE = fa.ModelProfile(d_model=4096, n_layers=1)
+
+
+def engines(**kwargs):
+    return {"m": SimEngine(PROFILE, **kwargs)}
+
+
+WHO = fa.Agent("t", fa.App("a"))
+
+
+def test_records_and_charges_add_up():
+    work = Workload().burst(WHO, "m", n=5, prompt=10, output=4)
+    result = simulate(work, "hmfs", engines(max_running=2))
+    assert len(result.records) == 5
+    assert all(r.outcome is fa.Outcome.FINISHED and r.output_tokens == 4 for r in result.records)
+    assert sum(c.amount for c in result.charges) == 5 * (10 + 2 * 4)
+    for r in result.records:
+        assert r.arrival <= r.dispatched < r.first_token <= r.finished
+
+
+def test_deterministic():
+    def run():
+        work = Workload(seed=7).poisson(WHO, "m", rate=50, until=1.0, prompt=(1, 50), output=(1, 20))
+        return simulate(work, "hmfs", engines(jitter=0.3, seed=2)).records
+
+    assert run() == run()
+
+
+def test_bad_workloads_fail_before_running():
+    with pytest.raises(fa.UnknownModelError):
+        simulate(Workload().burst(WHO, "x", n=1, prompt=1, output=1), "fcfs", engines())
+    with pytest.raises(fa.ContextLengthError):
+        simulate(Workload().burst(WHO, "m", n=1, prompt=100, output=10), "fcfs", engines(kv_capacity=64))
+    with pytest.raises(fa.UnknownAppError):
+        simulate(Workload().burst(WHO, "m", n=1, prompt=1, output=1), "fcfs", engines(), apps={"b": fa.App("b")})
+    with pytest.raises(fa.UnknownAgentError):
+        simulate(
+            Workload().burst(WHO, "m", n=1, prompt=1, output=1), "fcfs", engines(), apps={"a": fa.App("a", weight=2)}
+        )
+    with pytest.raises(fa.InvalidParameterError):
+        simulate(Workload([SimRequest(0.0, WHO, "m", 1, 5, max_tokens=3)]), "fcfs", engines())
+    with pytest.raises(fa.InvalidParameterError):
+        simulate(Workload(), "nope", engines())
+
+
+def test_cancel_while_waiting_costs_nothing_and_while_running_only_what_was_produced():
+    eng = engines(max_running=1, decode_base=0.01, decode_per_seq=0.0, prefill_per_token=0.0)
+    work = Workload(
+        [
+            SimRequest(0.0, WHO, "m", 10, 100),  # runs 1 s
+            SimRequest(0.0, WHO, "m", 10, 5, cancel_at=0.5),  # cancelled while waiting
+            SimRequest(0.0, fa.Agent("u", fa.App("b")), "m", 10, 100, cancel_at=1.055),  # cancelled mid-run
+        ]
+    )
+    result = simulate(work, "hmfs", eng)
+    by_id = {r.id: r for r in result.records}
+    assert by_id["r1"].outcome is fa.Outcome.CANCELLED and by_id["r1"].dispatched is None
+    assert by_id["r2"].outcome is fa.Outcome.CANCELLED and 0 < by_id["r2"].output_tokens < 100
+    charged_b = sum(c.amount for c in result.charges if c.app == "b")
+    assert charged_b == 10 + 2 * by_id["r2"].output_tokens
+    assert result.idle_with_backlog == 0
+
+
+def test_hmfs_protects_a_victim_that_fcfs_starves():
+    flood, victim = fa.Agent("t", fa.App("flood")), fa.Agent("t", fa.App("victim"))
+    work = Workload(seed=3).burst(flood, "m", n=200, prompt=(50, 100), output=(10, 40))
+    work.poisson(victim, "m", rate=5, until=5.0, prompt=(50, 100), output=(10, 40))
+
+    def victim_p99_wait(policy):
+        stats = {s.name: s for s in simulate(work, policy, engines(max_running=4)).app_stats()}
+        return stats["victim"].wait_p99
+
+    assert victim_p99_wait("hmfs") < victim_p99_wait("fcfs") / 5
+
+
+def test_workload_builders():
+    work = Workload(seed=1).burst(WHO, "m", n=3, at=2.0, prompt=(1, 5), output=2)
+    assert [r.at for r in work.requests] == [2.0] * 3
+    assert all(1 <= r.prompt_tokens <= 5 for r in work.requests)
+    with pytest.raises(fa.InvalidParameterError):
+        Workload().poisson(WHO, "m", rate=0, until=1.0, prompt=1, output=1)
+
+
+def test_slo_attainment_is_reported():
+    fast = fa.Agent("t", fa.App("a"), slo=fa.SLO(ttft=0.001))
+    result = simulate(Workload().burst(fast, "m", n=3, prompt=10, output=2), "fcfs", engines(max_running=1))
+    (stats,) = result.agent_stats()
+    assert stats.slo_attainment == 0.0
