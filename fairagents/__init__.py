@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from fairagents import engines, policies
+from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
 from fairagents.cost import CostModel, ModelProfile, RawTokenCost, UnifiedTokenCost, service_bound
 from fairagents.errors import (
     BadInputError,
@@ -17,19 +18,26 @@ from fairagents.errors import (
     EngineError,
     FairAgentsError,
     InvalidParameterError,
+    ShutdownError,
     UnknownAgentError,
     UnknownAppError,
     UnknownModelError,
 )
 from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
+from fairagents.reply import Reply, Timing, Usage
 from fairagents.request import Outcome, Request
+from fairagents.stats import ClientSnapshot, Stats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AgentHandle",
     "App",
+    "AppHandle",
+    "Arbiter",
     "BadInputError",
+    "ClientSnapshot",
     "ContextLengthError",
     "CostModel",
     "EngineError",
@@ -39,12 +47,17 @@ __all__ = [
     "ModelProfile",
     "Outcome",
     "RawTokenCost",
+    "Reply",
     "Request",
     "SLO",
+    "ShutdownError",
+    "Stats",
+    "Timing",
     "UnifiedTokenCost",
     "UnknownAgentError",
     "UnknownAppError",
     "UnknownModelError",
+    "Usage",
     "__version__",
     "acting_as",
     "agent",

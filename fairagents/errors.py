@@ -12,7 +12,8 @@ retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
     │   ├── UnknownAppError                  no app of that name
     │   ├── UnknownAgentError                no agent of that name in its app
     │   └── ContextLengthError               the prompt does not fit the model's context
-    └── EngineError                          the engine serving a model failed
+    ├── EngineError                          the engine serving a model failed
+    └── ShutdownError                        the arbiter is closing; the request did not run to the end
 
 Example:
     >>> import fairagents as fa
@@ -31,6 +32,7 @@ __all__ = [
     "EngineError",
     "FairAgentsError",
     "InvalidParameterError",
+    "ShutdownError",
     "UnknownAgentError",
     "UnknownAppError",
     "UnknownModelError",
@@ -119,5 +121,15 @@ class EngineError(FairAgentsError):
     Example:
         >>> import fairagents as fa
         >>> issubclass(fa.EngineError, ValueError)
+        False
+    """
+
+
+class ShutdownError(FairAgentsError):
+    """The arbiter is shutting down: the request was not admitted, or was aborted after the drain timeout.
+
+    Example:
+        >>> import fairagents as fa
+        >>> issubclass(fa.ShutdownError, ValueError)
         False
     """

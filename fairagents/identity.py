@@ -176,8 +176,10 @@ def current_agent() -> Agent | None:
 
 
 @contextlib.contextmanager
-def acting_as(who: Agent) -> Iterator[Agent]:
-    """Bind ``who`` as the calling agent for the ``with`` block (nesting restores).
+def acting_as(who: Any) -> Iterator[Agent]:
+    """Bind ``who`` (an :class:`Agent` or an arbiter's agent handle) as the calling agent.
+
+    Nesting restores the outer binding on exit.
 
     Example:
         >>> import fairagents as fa
@@ -186,8 +188,9 @@ def acting_as(who: Agent) -> Iterator[Agent]:
         ...     bound is fa.current_agent()
         True
     """
+    who = getattr(who, "identity", who)  # an arbiter's AgentHandle carries its Agent
     if not isinstance(who, Agent):
-        raise InvalidParameterError(f"acting_as takes an Agent, got {who!r}")
+        raise InvalidParameterError(f"acting_as takes an Agent or AgentHandle, got {who!r}")
     token = _current.set(who)
     try:
         yield who

@@ -1,4 +1,4 @@
-"""Helpers for testing code that uses fairagents: a fake clock and a decision recorder.
+"""Helpers for testing code that uses fairagents: a fake clock, a decision recorder, a fake engine.
 
 Also re-exports the simulator (:class:`~fairagents.engines.SimEngine`,
 :func:`~fairagents.simulation.simulate`) so tests of an app's scheduling need one import.
@@ -19,16 +19,20 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from fairagents.cost import ModelProfile
+from fairagents.engines.base import Delta, GenerationParams, Prompt
 from fairagents.engines.sim import SimEngine
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.policies.base import Policy
 from fairagents.request import Outcome, Request
 from fairagents.simulation import SimRequest, Workload, simulate
 
-__all__ = ["Decision", "FakeClock", "RecordingPolicy", "SimEngine", "SimRequest", "Workload", "simulate"]
+__all__ = ["Decision", "FakeClock", "FakeEngine", "RecordingPolicy", "SimEngine", "SimRequest", "Workload", "simulate"]
 
 
 class FakeClock:
@@ -106,3 +110,78 @@ class RecordingPolicy:
 
     def queued(self, model: str | None = None) -> int:
         return self.inner.queued(model)
+
+
+class FakeEngine:
+    """A test double of an engine: counts words as tokens and emits canned tokens on a timer.
+
+    It runs no model and is for testing code around the arbiter (fault handling,
+    cancellation, scheduling order) in milliseconds. Each request generates
+    ``min(max_tokens, tokens_per_reply)`` tokens, one every ``token_time`` seconds;
+    :meth:`fail` makes every running and future request fail like a crashed engine.
+
+    Example:
+        >>> from fairagents.testing import FakeEngine
+        >>> FakeEngine().prepare_chat([{"role": "user", "content": "two words"}]).n_tokens
+        3
+    """
+
+    def __init__(
+        self,
+        *,
+        tokens_per_reply: int = 8,
+        token_time: float = 0.0,
+        max_model_len: int = 4096,
+        profile: ModelProfile | None = None,
+    ) -> None:
+        self.profile = profile or ModelProfile(d_model=4096, n_layers=1)
+        self.max_model_len = max_model_len
+        self.tokens_per_reply = tokens_per_reply
+        self.token_time = token_time
+        self.healthy = True
+        self.started = False
+        self.running: set[str] = set()
+        self.max_running = 0
+        self.started_order: list[str] = []
+        self._aborted: set[str] = set()
+        self._failure: str | None = None
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
+        words = sum(len(str(m["content"]).split()) + 1 for m in messages)
+        return Prompt(token_ids=tuple(range(words)))
+
+    def fail(self, reason: str = "simulated crash") -> None:
+        """Make the engine fail: running requests raise, later ones too."""
+        self._failure = reason
+        self.healthy = False
+
+    async def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
+
+    async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
+        if self._failure is not None:
+            raise EngineError(f"engine failed: {self._failure}")
+        self.running.add(request_id)
+        self.started_order.append(request_id)
+        self.max_running = max(self.max_running, len(self.running))
+        try:
+            n = min(params.max_tokens, self.tokens_per_reply)
+            for i in range(n):
+                await asyncio.sleep(self.token_time)
+                if self._failure is not None:
+                    raise EngineError(f"engine failed: {self._failure}")
+                if request_id in self._aborted:
+                    yield Delta(0, "", "abort")
+                    return
+                last = i == n - 1
+                finish = ("length" if n == params.max_tokens else "stop") if last else None
+                yield Delta(1, f"t{i} ", finish)
+        finally:
+            self.running.discard(request_id)
+            self._aborted.discard(request_id)

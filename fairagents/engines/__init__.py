@@ -1,7 +1,8 @@
 """Engines that run model requests.
 
-For now: :class:`SimEngine`, a discrete-event simulator of a continuous-batching
-engine for benchmarks and tests (it serves no one).
+:class:`Engine` is the interface the arbiter drives. :class:`SimEngine` is a
+discrete-event simulator of a continuous-batching engine for benchmarks and tests
+(it serves no one).
 
 Example:
     >>> import fairagents as fa
@@ -11,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+from fairagents.engines.base import Delta, Engine, GenerationParams, Prompt
 from fairagents.engines.sim import SimEngine, SimProgress
 
-__all__ = ["SimEngine", "SimProgress"]
+__all__ = ["Delta", "Engine", "GenerationParams", "Prompt", "SimEngine", "SimProgress"]

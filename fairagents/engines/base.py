@@ -1,0 +1,149 @@
+"""The engine interface: what the arbiter needs from anything that runs a model.
+
+An engine turns a prepared prompt into a stream of :class:`Delta` events. The
+arbiter owns the queue and the order; the engine only runs what it is handed, so
+its own (FCFS) waiting queue stays short.
+
+Example:
+    >>> from fairagents.engines import Delta, GenerationParams
+    >>> GenerationParams(max_tokens=16).temperature
+    1.0
+    >>> Delta(new_tokens=2, text="hi").finish_reason is None
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from fairagents.cost import ModelProfile
+from fairagents.errors import InvalidParameterError
+
+__all__ = ["Delta", "Engine", "GenerationParams", "Prompt"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request made ready for an engine: its prompt tokens, and engine-specific data.
+
+    Example:
+        >>> from fairagents.engines import Prompt
+        >>> Prompt(token_ids=(1, 2, 3)).n_tokens
+        3
+    """
+
+    token_ids: Sequence[int]
+    """The prompt as the model's token ids (image tokens included)."""
+    data: Any = field(default=None, compare=False)
+    """Whatever else the engine needs (multimodal inputs); opaque to the arbiter."""
+
+    @property
+    def n_tokens(self) -> int:
+        """Prompt length in the model's raw tokens."""
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    """Sampling parameters of one request.
+
+    Example:
+        >>> from fairagents.engines import GenerationParams
+        >>> GenerationParams(max_tokens=0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: max_tokens must be an integer ≥ 1, got 0
+    """
+
+    max_tokens: int
+    """Most tokens to generate (≥ 1)."""
+    temperature: float = 1.0
+    """Sampling temperature (≥ 0; 0 is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    seed: int | None = None
+    """Seed of the request's sampler, for reproducible output."""
+    stop: tuple[str, ...] = ()
+    """Strings that end generation."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token (benchmarks)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidParameterError(f"temperature must be a finite number ≥ 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InvalidParameterError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What a request produced since the last event.
+
+    Example:
+        >>> from fairagents.engines import Delta
+        >>> Delta(new_tokens=1, text="!", finish_reason="length").finish_reason
+        'length'
+    """
+
+    new_tokens: int
+    """Output tokens generated since the last event (raw tokens, ≥ 0)."""
+    text: str = ""
+    """Text of those tokens."""
+    finish_reason: str | None = None
+    """Set on the last event: ``"stop"``, ``"length"`` or ``"abort"``."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Runs one model. The contract the arbiter relies on:
+
+    - ``profile`` and ``max_model_len`` are valid after ``await start()``.
+    - ``prepare_chat`` turns OpenAI-style messages into a :class:`Prompt`, raising a
+      :class:`~fairagents.BadInputError` for input it cannot take. It is synchronous
+      and may run in a worker thread.
+    - ``generate`` yields :class:`Delta` events for one request, the last with a
+      ``finish_reason``; it starts the request at once (no queueing of its own beyond
+      the engine's batch). Closing the iterator early aborts the request in the engine.
+    - ``abort`` ends a running request; its stream then ends with ``"abort"``.
+    - A failure of the engine itself raises :class:`~fairagents.EngineError` from
+      ``generate``; after that ``healthy`` is false.
+
+    Example:
+        >>> import fairagents as fa
+        >>> isinstance(object(), fa.engines.Engine)
+        False
+    """
+
+    profile: ModelProfile
+    max_model_len: int
+    healthy: bool
+
+    async def start(self) -> None:
+        """Load the model; idempotent."""
+        ...
+
+    async def stop(self) -> None:
+        """Release the model; idempotent."""
+        ...
+
+    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
+        """Apply the chat template and tokenize."""
+        ...
+
+    def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
+        """Run one request, streaming what it produces."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """End a running request early."""
+        ...

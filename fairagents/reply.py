@@ -1,0 +1,76 @@
+"""What a model call returns: the text, its usage in raw and unified tokens, and its timing.
+
+Example:
+    >>> from fairagents.reply import Reply, Timing, Usage
+    >>> reply = Reply(text="hi", finish_reason="stop", model="chat", request_id="r1",
+    ...               usage=Usage(prompt_tokens=3, completion_tokens=1, unified_tokens=5.0),
+    ...               timing=Timing(queue_wait=0.0, ttft=0.1, e2e=0.2))
+    >>> reply.usage.total_tokens
+    4
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Reply", "Timing", "Usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a call consumed.
+
+    Example:
+        >>> from fairagents.reply import Usage
+        >>> Usage(prompt_tokens=10, completion_tokens=5, unified_tokens=20.0).total_tokens
+        15
+    """
+
+    prompt_tokens: int
+    """Prompt length in the model's raw tokens."""
+    completion_tokens: int
+    """Tokens generated (raw)."""
+    unified_tokens: float
+    """What the call was charged: ``w_input·T(prompt) + w_output·T(completion)``."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens (raw)."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Latencies of a call, in seconds from its arrival at the arbiter.
+
+    Example:
+        >>> from fairagents.reply import Timing
+        >>> Timing(queue_wait=0.5, ttft=0.7, e2e=2.0).ttft
+        0.7
+    """
+
+    queue_wait: float
+    """Arrival to dispatch to the engine."""
+    ttft: float | None
+    """Arrival to the first output token (``None`` if none was produced)."""
+    e2e: float
+    """Arrival to the end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The result of a chat call.
+
+    Example:
+        >>> from fairagents.reply import Reply
+        >>> "text" in Reply.__slots__
+        True
+    """
+
+    text: str
+    finish_reason: str
+    """``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens``)."""
+    model: str
+    request_id: str
+    usage: Usage
+    timing: Timing

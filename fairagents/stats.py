@@ -1,0 +1,148 @@
+"""The arbiter's running account: service, outcomes and latencies per app and agent.
+
+Example:
+    >>> from fairagents.stats import Ledger
+    >>> ledger = Ledger()
+    >>> ledger.charge(0.0, "a", "t", 12.0)
+    >>> ledger.service_of("a")
+    12.0
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fairagents.metrics import Charge, RequestRecord, percentile
+from fairagents.request import Outcome
+
+__all__ = ["ClientSnapshot", "Ledger", "Stats"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSnapshot:
+    """One app's or agent's standing (service in unified tokens, times in seconds).
+
+    Example:
+        >>> from fairagents.stats import ClientSnapshot
+        >>> "weight_share" in ClientSnapshot.__slots__
+        True
+    """
+
+    weight: float
+    weight_share: float
+    """Its weight over the weights of its peers (all apps; or its app's agents)."""
+    service: float
+    """Unified tokens charged so far."""
+    share: float
+    """Its service over its peers' service."""
+    done: int
+    failed: int
+    cancelled: int
+    queued: int
+    in_flight: int
+    wait_p50: float
+    wait_p99: float
+    ttft_p50: float
+    ttft_p99: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of the arbiter: per app and per agent (agents keyed ``app/agent``).
+
+    Example:
+        >>> from fairagents.stats import Stats
+        >>> Stats(apps={}, agents={}).apps
+        {}
+    """
+
+    apps: dict[str, ClientSnapshot]
+    agents: dict[str, ClientSnapshot]
+
+
+class Ledger:
+    """Service charged and requests ended, kept for stats and fairness metrics.
+
+    Totals are exact for the arbiter's lifetime; percentiles and the charge log cover
+    the most recent ``keep`` records and charges, so memory stays bounded.
+
+    Example:
+        >>> from fairagents.stats import Ledger
+        >>> Ledger(keep=10).charges.maxlen
+        10
+    """
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.records: deque[RequestRecord] = deque(maxlen=keep)
+        self.charges: deque[Charge] = deque(maxlen=keep)
+        self._service: dict[tuple[str, str], float] = defaultdict(float)
+        self._outcomes: dict[tuple[str, str], dict[Outcome, int]] = defaultdict(lambda: dict.fromkeys(Outcome, 0))
+
+    def charge(self, now: float, app: str, agent: str, amount: float) -> None:
+        """Account ``amount`` unified tokens to an agent at ``now``."""
+        self._service[(app, agent)] += amount
+        self.charges.append(Charge(now, app, agent, amount))
+
+    def record(self, record: RequestRecord) -> None:
+        """Account a request that ended."""
+        self._outcomes[(record.app, record.agent)][record.outcome] += 1
+        self.records.append(record)
+
+    def service_of(self, app: str, agent: str | None = None) -> float:
+        """Unified tokens charged to an app (or one of its agents) so far."""
+        if agent is not None:
+            return self._service.get((app, agent), 0.0)
+        return sum(v for (a, _), v in self._service.items() if a == app)
+
+    def snapshot(
+        self,
+        app_weights: Mapping[str, float],
+        agent_weights: Mapping[tuple[str, str], float],
+        queued: Mapping[tuple[str, str], int],
+        in_flight: Mapping[tuple[str, str], int],
+    ) -> Stats:
+        """Per-app and per-agent standing of every declared app and agent."""
+        waits: dict[tuple[str, str], list[float]] = defaultdict(list)
+        ttfts: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for r in self.records:
+            if r.queue_wait is not None:
+                waits[(r.app, r.agent)].append(r.queue_wait)
+            if r.ttft is not None:
+                ttfts[(r.app, r.agent)].append(r.ttft)
+
+        def snap(keys: list[tuple[str, str]], weight: float, weight_sum: float, peer_service: float) -> ClientSnapshot:
+            service = sum(self._service.get(k, 0.0) for k in keys)
+            outcomes = [self._outcomes[k] for k in keys if k in self._outcomes]
+            w = [x for k in keys for x in waits.get(k, [])]
+            t = [x for k in keys for x in ttfts.get(k, [])]
+            return ClientSnapshot(
+                weight=weight,
+                weight_share=weight / weight_sum if weight_sum else 0.0,
+                service=service,
+                share=service / peer_service if peer_service else 0.0,
+                done=sum(o[Outcome.FINISHED] for o in outcomes),
+                failed=sum(o[Outcome.FAILED] for o in outcomes),
+                cancelled=sum(o[Outcome.CANCELLED] for o in outcomes),
+                queued=sum(queued.get(k, 0) for k in keys),
+                in_flight=sum(in_flight.get(k, 0) for k in keys),
+                wait_p50=percentile(w, 50),
+                wait_p99=percentile(w, 99),
+                ttft_p50=percentile(t, 50),
+                ttft_p99=percentile(t, 99),
+            )
+
+        by_app: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for key in agent_weights:
+            by_app[key[0]].append(key)
+        total_service = sum(self._service.get(k, 0.0) for k in agent_weights)
+        total_weight = sum(app_weights.values())
+        apps = {a: snap(by_app.get(a, []), w, total_weight, total_service) for a, w in app_weights.items()}
+        agents = {}
+        for app, keys in by_app.items():
+            app_service = sum(self._service.get(k, 0.0) for k in keys)
+            app_weight = sum(agent_weights[k] for k in keys)
+            for k in keys:
+                agents[f"{k[0]}/{k[1]}"] = snap([k], agent_weights[k], app_weight, app_service)
+        return Stats(apps=apps, agents=agents)

@@ -1,0 +1,237 @@
+"""The arbiter on a FakeEngine (a test double): API, identity, faults and bad input, in milliseconds."""
+
+import asyncio
+import contextlib
+
+import pytest
+
+import fairagents as fa
+from fairagents.testing import FakeEngine
+
+MSG = [{"role": "user", "content": "hello there"}]
+
+
+def make(policy="hmfs", in_flight=4, **engine_kw):
+    arbiter = fa.Arbiter(policy=policy, in_flight=in_flight, drain_timeout=1.0)
+    engine = FakeEngine(**engine_kw)
+    arbiter.add_model("chat", engine)
+    return arbiter, engine
+
+
+def nothing_happened(arbiter):
+    assert arbiter.policy.queued() == 0
+    assert not arbiter.ledger.charges and not arbiter.ledger.records
+
+
+async def test_chat_returns_text_usage_and_timing():
+    arbiter, _ = make(tokens_per_reply=5)
+    planner = arbiter.app("driving", weight=2.0).agent("planner", slo=fa.SLO(ttft=1.0))
+    async with arbiter:
+        reply = await planner.chat("chat", MSG, max_tokens=32)
+    assert reply.text == "t0 t1 t2 t3 t4 " and reply.finish_reason == "stop"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (3, 5)
+    assert reply.usage.unified_tokens == 3 + 2 * 5  # FakeEngine's profile has scale 1
+    assert 0 <= reply.timing.queue_wait <= reply.timing.ttft <= reply.timing.e2e
+    stats = arbiter.stats()
+    assert stats.apps["driving"].done == 1 and stats.apps["driving"].service == 13
+    assert stats.agents["driving/planner"].share == 1.0
+
+
+async def test_finish_reason_length_and_streaming():
+    arbiter, _ = make(tokens_per_reply=10)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        deltas = [d async for d in a.stream_chat("chat", MSG, max_tokens=3)]
+    assert [d.text for d in deltas] == ["t0 ", "t1 ", "t2 "]
+    assert deltas[-1].finish_reason == "length"
+
+
+async def test_identity_from_context_and_decorator():
+    arbiter, _ = make()
+    planner = arbiter.app("driving").agent("planner")
+
+    @fa.agent(app="driving", name="planner")
+    async def plan():
+        return await arbiter.chat("chat", MSG)
+
+    async with arbiter:
+        with fa.acting_as(planner):
+            await arbiter.chat("chat", MSG)
+        await plan()
+    assert arbiter.stats().agents["driving/planner"].done == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda ar, a: ar.chat("nope", MSG, agent=a), fa.UnknownModelError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=fa.Agent("t", fa.App("ghost"))), fa.UnknownAppError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=fa.Agent("ghost", fa.App("a"))), fa.UnknownAgentError),
+        (lambda ar, a: ar.chat("chat", MSG), fa.UnknownAgentError),  # nobody bound
+        (lambda ar, a: ar.chat("chat", [], agent=a), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", "hi", agent=a), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", [{"content": "x"}], agent=a), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=0), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=-5), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=a, temperature=-1), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=100), fa.ContextLengthError),
+        (lambda ar, a: ar.chat("chat", MSG, agent="planner"), fa.InvalidParameterError),
+    ],
+)
+async def test_bad_input_is_a_typed_value_error_and_costs_nothing(call, error):
+    arbiter, engine = make(max_model_len=64)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        with pytest.raises(error) as info:
+            await call(arbiter, a)
+        assert isinstance(info.value, ValueError)
+        nothing_happened(arbiter)
+        assert (await a.chat("chat", MSG, max_tokens=4)).usage.completion_tokens == 4  # others unaffected
+    assert engine.started_order and len(engine.started_order) == 1
+
+
+async def test_in_flight_limit_keeps_the_engine_queue_short():
+    arbiter, engine = make(in_flight=3, tokens_per_reply=4, token_time=0.001)
+    agents = [arbiter.app(f"a{i}").agent("t") for i in range(4)]
+    async with arbiter:
+        await asyncio.gather(*(a.chat("chat", MSG) for a in agents for _ in range(5)))
+    assert engine.max_running == 3
+
+
+async def test_hmfs_serves_a_victim_before_a_flood_backlog_and_fcfs_does_not():
+    async def victim_position(policy):
+        arbiter, engine = make(policy=policy, in_flight=1, tokens_per_reply=2, token_time=0.001)
+        flood, victim = arbiter.app("flood").agent("t"), arbiter.app("victim").agent("t")
+        async with arbiter:
+            tasks = [asyncio.create_task(flood.chat("chat", MSG)) for _ in range(20)]
+            await asyncio.sleep(0.005)
+            v = asyncio.create_task(victim.chat("chat", MSG))
+            await asyncio.gather(*tasks, v)
+        return engine.started_order.index((await v).request_id)
+
+    assert await victim_position("hmfs") <= 3
+    assert await victim_position("fcfs") == 20
+
+
+async def test_cancel_while_queued_leaves_the_queue_uncharged():
+    arbiter, engine = make(in_flight=1, tokens_per_reply=50, token_time=0.002)
+    a, b = arbiter.app("a").agent("t"), arbiter.app("b").agent("t")
+    async with arbiter:
+        first = asyncio.create_task(a.chat("chat", MSG))
+        await asyncio.sleep(0.005)
+        queued = asyncio.create_task(b.chat("chat", MSG))
+        await asyncio.sleep(0.005)
+        assert arbiter.stats().apps["b"].queued == 1
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert arbiter.stats().apps["b"].queued == 0 and arbiter.policy.queued() == 0
+        await first
+    assert arbiter.ledger.service_of("b") == 0.0
+    assert arbiter.stats().apps["b"].cancelled == 1
+    assert len(engine.started_order) == 1
+
+
+async def test_timeout_while_running_aborts_and_charges_only_what_was_produced():
+    arbiter, engine = make(in_flight=1, tokens_per_reply=1000, token_time=0.002)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await a.chat("chat", MSG, max_tokens=1000)
+        (record,) = arbiter.ledger.records
+        assert record.outcome is fa.Outcome.CANCELLED and 0 < record.output_tokens < 1000
+        assert arbiter.ledger.service_of("a") == 3 + 2 * record.output_tokens
+        assert engine.running == set()
+        # the slot was released: the next request runs at once
+        assert (await a.chat("chat", MSG, max_tokens=2)).usage.completion_tokens == 2
+
+
+async def test_breaking_out_of_a_stream_cancels_the_request():
+    arbiter, engine = make(in_flight=1, tokens_per_reply=100)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        async with contextlib.aclosing(a.stream_chat("chat", MSG, max_tokens=100)) as stream:
+            n = 0
+            async for _ in stream:
+                n += 1
+                if n == 3:
+                    break
+        (record,) = arbiter.ledger.records
+        assert record.outcome is fa.Outcome.CANCELLED and record.output_tokens == 3
+        assert arbiter.policy.running() == 0 and engine.running == set()
+
+
+async def test_engine_failure_fails_its_requests_and_spares_other_models():
+    arbiter = fa.Arbiter(in_flight=1)
+    broken, healthy = FakeEngine(tokens_per_reply=100, token_time=0.002), FakeEngine(tokens_per_reply=3)
+    arbiter.add_model("broken", broken)
+    arbiter.add_model("healthy", healthy)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        running = asyncio.create_task(a.chat("broken", MSG))
+        queued = asyncio.create_task(a.chat("broken", MSG))
+        await asyncio.sleep(0.01)
+        broken.fail()
+        for task in (running, queued):
+            with pytest.raises(fa.EngineError):
+                await task
+        with pytest.raises(fa.EngineError, match="down"):
+            await a.chat("broken", MSG)
+        assert (await a.chat("healthy", MSG)).usage.completion_tokens == 3
+    assert arbiter.stats().apps["a"].failed == 2
+
+
+async def test_exit_drains_then_aborts_the_rest_with_shutdown_error():
+    arbiter, engine = make(in_flight=1, tokens_per_reply=1000, token_time=0.002)
+    arbiter.drain_timeout = 0.05
+    a = arbiter.app("a").agent("t")
+    quick = long = None
+    async with arbiter:
+        long = asyncio.create_task(a.chat("chat", MSG, max_tokens=1000))
+        quick = asyncio.create_task(a.chat("chat", MSG, max_tokens=1000))
+        await asyncio.sleep(0.01)
+    for task in (long, quick):
+        with pytest.raises(fa.ShutdownError):
+            await task
+    assert engine.running == set() and not engine.started
+    with pytest.raises(fa.ShutdownError):
+        await a.chat("chat", MSG)
+
+
+async def test_exit_waits_for_work_that_finishes_in_time():
+    arbiter, _ = make(in_flight=1, tokens_per_reply=5, token_time=0.001)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        tasks = [asyncio.create_task(a.chat("chat", MSG)) for _ in range(3)]
+        await asyncio.sleep(0)
+    assert [t.result().usage.completion_tokens for t in tasks] == [5, 5, 5]
+
+
+def test_declarations_are_checked():
+    arbiter, _ = make()
+    app = arbiter.app("a", weight=2.0)
+    assert arbiter.app("a", weight=2.0).identity is app.identity
+    with pytest.raises(fa.InvalidParameterError):
+        arbiter.app("a", weight=3.0)
+    app.agent("t")
+    with pytest.raises(fa.InvalidParameterError):
+        app.agent("t", weight=5.0)
+    with pytest.raises(fa.InvalidParameterError):
+        arbiter.add_model("chat", FakeEngine())
+    with pytest.raises(fa.InvalidParameterError):
+        fa.Arbiter(in_flight=0)
+
+
+async def test_a_dropped_stream_is_cleaned_up_by_the_event_loop():
+    arbiter, engine = make(in_flight=1, tokens_per_reply=100)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        async for _ in a.stream_chat("chat", MSG, max_tokens=100):
+            break  # no aclosing: the loop's async-generator finalizer closes it
+        for _ in range(50):
+            if arbiter.ledger.records:
+                break
+            await asyncio.sleep(0.001)
+        assert arbiter.ledger.records[0].outcome is fa.Outcome.CANCELLED
+        assert engine.running == set()
