@@ -1,0 +1,204 @@
+"""VLLMEngine and the arbiter on a real in-process vLLM engine (the embedded tiny Llama)."""
+
+import asyncio
+
+import pytest
+
+import fairagents as fa
+from fairagents.engines import GenerationParams
+from fairagents.engines.vllm import VLLMEngine
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+MSG = [{"role": "user", "content": "plan a route through the city"}]
+
+
+class Shared:
+    """An arbiter over the session's engine that does not stop it on exit."""
+
+    def __init__(self, engine, **kwargs):
+        self.arbiter = fa.Arbiter(**kwargs)
+        self.arbiter.add_model("chat", engine)
+        self.engine = engine
+
+    async def __aenter__(self):
+        await self.arbiter.start()
+        return self.arbiter
+
+    async def __aexit__(self, *exc):
+        # drain like close(), but leave the shared engine running for the next test
+        stop = self.engine.stop
+        self.engine.stop = _noop
+        try:
+            await self.arbiter.close()
+        finally:
+            self.engine.stop = stop
+
+
+async def _noop():
+    return None
+
+
+async def test_profile_and_context_come_from_the_model(text_engine):
+    assert text_engine.profile == fa.ModelProfile(d_model=128, n_layers=2)
+    assert text_engine.max_model_len == 1024
+    prompt = text_engine.prepare_chat(MSG)
+    assert 5 < prompt.n_tokens < 40
+
+
+async def test_generate_streams_exactly_max_tokens(text_engine):
+    deltas = [d async for d in text_engine.generate("g1", text_engine.prepare_chat(MSG), GenerationParams(12, ignore_eos=True, seed=1))]
+    assert sum(d.new_tokens for d in deltas) == 12
+    assert deltas[-1].finish_reason == "length"
+    assert all(d.finish_reason is None for d in deltas[:-1])
+
+
+async def test_same_seed_same_text(text_engine):
+    async def once(rid):
+        return "".join([d.text async for d in text_engine.generate(rid, text_engine.prepare_chat(MSG), GenerationParams(16, seed=7, ignore_eos=True))])
+
+    assert await once("s1") == await once("s2")
+
+
+async def test_abort_ends_the_stream(text_engine):
+    stream = text_engine.generate("a1", text_engine.prepare_chat(MSG), GenerationParams(500, ignore_eos=True))
+    seen = 0
+    async for delta in stream:
+        seen += delta.new_tokens
+        if seen == 3:
+            await text_engine.abort("a1")
+        if delta.finish_reason:
+            break
+    assert delta.finish_reason == "abort" and seen < 20
+
+
+async def test_non_text_content_is_bad_input(text_engine):
+    with pytest.raises(fa.InvalidParameterError):
+        text_engine.prepare_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+async def test_chat_and_concurrent_streams_through_the_arbiter(text_engine):
+    async with Shared(text_engine) as arbiter:
+        agents = [arbiter.app(f"app{i}").agent("bot") for i in range(3)]
+
+        async def stream(agent):
+            deltas = [d async for d in agent.stream_chat("chat", MSG, max_tokens=20, ignore_eos=True, seed=3)]
+            return deltas
+
+        results = await asyncio.gather(*(stream(a) for a in agents for _ in range(4)))
+        assert all(sum(d.new_tokens for d in deltas) == 20 for deltas in results)
+        reply = await agents[0].chat("chat", MSG, max_tokens=8, ignore_eos=True)
+        assert reply.usage.completion_tokens == 8
+        assert reply.usage.prompt_tokens == text_engine.prepare_chat(MSG).n_tokens
+        scale = 128 / 4096 * 2
+        assert reply.usage.unified_tokens == pytest.approx(scale * (reply.usage.prompt_tokens + 2 * 8))
+        assert 0 <= reply.timing.queue_wait <= reply.timing.ttft <= reply.timing.e2e
+        stats = arbiter.stats()
+        assert [stats.apps[f"app{i}"].done for i in range(3)] == [5, 4, 4]
+
+
+async def test_identity_from_decorator_and_context(text_engine):
+    async with Shared(text_engine) as arbiter:
+        planner = arbiter.app("driving").agent("planner")
+
+        @fa.agent(app="driving", name="planner")
+        async def plan():
+            return await arbiter.chat("chat", MSG, max_tokens=4)
+
+        await plan()
+        with fa.acting_as(planner):
+            await arbiter.chat("chat", MSG, max_tokens=4)
+        assert arbiter.stats().agents["driving/planner"].done == 2
+
+
+async def test_prompt_longer_than_context_costs_nothing(text_engine):
+    async with Shared(text_engine) as arbiter:
+        a = arbiter.app("a").agent("t")
+        long = [{"role": "user", "content": "word " * 2000}]
+        with pytest.raises(fa.ContextLengthError):
+            await a.chat("chat", long)
+        with pytest.raises(fa.ContextLengthError):
+            await a.chat("chat", MSG, max_tokens=1020)
+        assert not arbiter.ledger.charges and arbiter.policy.queued() == 0
+
+
+async def test_cancel_aborts_in_the_engine_and_charges_only_produced_tokens(text_engine):
+    async with Shared(text_engine, in_flight=2) as arbiter:
+        a = arbiter.app("a").agent("t")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await a.chat("chat", MSG, max_tokens=900, ignore_eos=True)
+        (record,) = arbiter.ledger.records
+        assert record.outcome is fa.Outcome.CANCELLED and 0 < record.output_tokens < 900
+        scale = 128 / 4096 * 2
+        assert arbiter.ledger.service_of("a") == pytest.approx(scale * (record.prompt_tokens + 2 * record.output_tokens))
+        # no slot leaked: both slots serve at once again
+        replies = await asyncio.gather(*(a.chat("chat", MSG, max_tokens=5, ignore_eos=True) for _ in range(2)))
+        assert [r.usage.completion_tokens for r in replies] == [5, 5]
+        assert arbiter.policy.running() == 0
+
+
+@pytest.mark.parametrize("policy", ["hmfs", "fcfs"])
+async def test_fairness_on_the_real_engine(text_engine, policy):
+    """Equal weights, one app sends 10x: HMFS keeps the gap within 2U; FCFS lets it grow with the flood."""
+
+    async def run(flood_size):
+        async with Shared(text_engine, policy=policy, in_flight=4) as arbiter:
+            flood, victim = arbiter.app("flood").agent("bot"), arbiter.app("victim").agent("bot")
+            call = dict(max_tokens=24, ignore_eos=True)
+            tasks = [asyncio.create_task(flood.chat("chat", MSG, **call)) for _ in range(flood_size)]
+            await asyncio.sleep(0.05)
+            tasks += [asyncio.create_task(victim.chat("chat", MSG, **call)) for _ in range(flood_size // 10)]
+            await asyncio.gather(*tasks)
+            records, charges = list(arbiter.ledger.records), list(arbiter.ledger.charges)
+            longest = max(r.prompt_tokens for r in records) + 24
+            bound = arbiter.bound(longest)
+        from fairagents.metrics import max_service_gap
+
+        return max_service_gap(records, charges, {"flood": 1.0, "victim": 1.0}), bound
+
+    gap, bound = await run(60)
+    if policy == "hmfs":
+        assert gap <= 2 * bound
+    else:
+        bigger, _ = await run(120)
+        assert gap > 2 * bound and bigger > 1.5 * gap
+
+
+async def test_a_model_that_cannot_load_is_an_engine_error():
+    engine = VLLMEngine(model="/nonexistent/model", kv_cache_bytes=2**20)
+    with pytest.raises(fa.EngineError):
+        await engine.start()
+    assert not engine.healthy
+
+
+async def test_engine_failure_fails_requests_and_spares_other_models(text_engine):
+    broken = VLLMEngine(kv_cache_bytes=16 * 2**20, max_model_len=512)
+    arbiter = fa.Arbiter(in_flight=2)
+    arbiter.add_model("broken", broken)
+    arbiter.add_model("chat", text_engine)
+    a = arbiter.app("a").agent("t")
+    await arbiter.start()
+    try:
+        assert (await a.chat("broken", MSG, max_tokens=3)).usage.completion_tokens == 3
+
+        def crash():
+            raise RuntimeError("simulated device fault")
+
+        running = [asyncio.create_task(a.chat("broken", MSG, max_tokens=400, ignore_eos=True)) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        broken._engine.step = crash  # the engine thread's next step fails
+        for task in running:
+            with pytest.raises(fa.EngineError):
+                await asyncio.wait_for(task, 30)
+        assert not broken.healthy
+        with pytest.raises(fa.EngineError):
+            await a.chat("broken", MSG)
+        assert (await a.chat("chat", MSG, max_tokens=3)).usage.completion_tokens == 3
+    finally:
+        text_engine_stop = text_engine.stop
+        text_engine.stop = _noop
+        try:
+            await arbiter.close()
+        finally:
+            text_engine.stop = text_engine_stop
