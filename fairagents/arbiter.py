@@ -59,8 +59,8 @@ __all__ = ["DEFAULT_IN_FLIGHT", "AgentHandle", "AppHandle", "Arbiter"]
 
 log = structlog.get_logger("fairagents.arbiter")
 
-#: Requests a model runs at once unless told otherwise (chosen with ``fairagents bench overhead``).
-DEFAULT_IN_FLIGHT = 16
+#: Requests a model runs at once when neither the call nor the engine says (``fairagents bench overhead``).
+DEFAULT_IN_FLIGHT = 32
 
 Messages = Sequence[dict[str, Any]]
 
@@ -148,7 +148,11 @@ class Arbiter:
 
     Args:
         policy: a policy name (``"hmfs"``, ``"vtc"``, ``"rr"``, ``"fcfs"``) or object.
-        in_flight: default per-model limit on requests handed to the engine at once.
+        in_flight: per-model limit on requests handed to the engine at once, for models
+            added without their own. Unset, each model takes its engine's batch capacity
+            (``max_num_seqs``) when the engine has one, else :data:`DEFAULT_IN_FLIGHT`:
+            lower wastes throughput, higher only moves the queue into the engine's FCFS
+            order (``fairagents bench overhead`` measures both ends).
         d_base: ``d_base`` of unified tokens.
         w_input: weight of a prompt token in service.
         w_output: weight of a generated token in service.
@@ -166,14 +170,15 @@ class Arbiter:
         self,
         policy: str | Policy = "hmfs",
         *,
-        in_flight: int = DEFAULT_IN_FLIGHT,
+        in_flight: int | None = None,
         d_base: int = DEFAULT_D_BASE,
         w_input: float = 1.0,
         w_output: float = 2.0,
         drain_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        _check_limit(in_flight)
+        if in_flight is not None:
+            _check_limit(in_flight)
         self.cost = UnifiedTokenCost(d_base=d_base, w_input=w_input, w_output=w_output)
         self.policy = make_policy(policy, self.cost)
         self.in_flight = in_flight
@@ -242,8 +247,11 @@ class Arbiter:
         self._closing = False
         log.info("fairagents.arbiter.started", models=self.models, policy=self.policy.name)
 
-    async def close(self, timeout: float | None = None) -> None:
-        """Stop admitting, let accepted work finish for ``timeout`` s, abort the rest, stop engines."""
+    async def close(self, timeout: float | None = None, *, stop_engines: bool = True) -> None:
+        """Stop admitting, let accepted work finish for ``timeout`` s, abort the rest, stop engines.
+
+        With ``stop_engines=False`` the engines keep running, for another arbiter to use.
+        """
         if not self._started:
             return
         self._closing = True
@@ -263,7 +271,8 @@ class Arbiter:
             with contextlib.suppress(TimeoutError):
                 self._idle.clear()
                 await asyncio.wait_for(self._idle.wait(), 5.0) if self._tickets else None
-        await asyncio.gather(*(m.engine.stop() for m in self._models.values()), return_exceptions=True)
+        if stop_engines:
+            await asyncio.gather(*(m.engine.stop() for m in self._models.values()), return_exceptions=True)
         self._started = False
         log.info("fairagents.arbiter.closed")
 
@@ -350,10 +359,7 @@ class Arbiter:
         a model holds at most ``limit × max_request_tokens`` tokens (and at most its
         context × limit) in flight.
         """
-        held = {
-            m.name: min(self._limit(m), 10**9) * min(max_request_tokens, m.engine.max_model_len)
-            for m in self._models.values()
-        }
+        held = {m.name: self._limit(m) * min(max_request_tokens, m.engine.max_model_len) for m in self._models.values()}
         return service_bound(self.cost, held)
 
     # -- internals -----------------------------------------------------------------
@@ -366,7 +372,16 @@ class Arbiter:
         return m
 
     def _limit(self, m: _Model) -> int:
-        return m.limit if m.limit is not None else self.in_flight
+        if m.limit is not None:
+            return m.limit
+        if self.in_flight is not None:
+            return self.in_flight
+        capacity = getattr(m.engine, "max_num_seqs", None)
+        return capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
+
+    def in_flight_limit(self, model: str) -> int:
+        """The in-flight limit ``model`` runs under."""
+        return self._limit(self._model(model))
 
     def _resolve(self, who: AgentHandle | Agent | None) -> Agent:
         if who is None:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 
+import structlog
 from rich.console import Console
 
 __all__ = ["build_parser", "main"]
@@ -21,11 +25,20 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairagents``."""
     parser = argparse.ArgumentParser(prog="fairagents", description="Fair model serving for multi-agent apps.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine and arbiter events to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run several apps on a shared pool and show who got what")
-    demo.add_argument("--policy", action="append", help="policy to compare (repeatable; default: fcfs, vtc, hmfs)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo = commands.add_parser("demo", help="run several apps on a shared real engine and show who got what")
+    demo.add_argument("--policy", action="append", help="policy to compare (repeatable; default: fcfs and hmfs)")
+    demo.add_argument("--seconds", type=float, default=12.0, help="load duration per policy (real engines)")
+    demo.add_argument("--out", default="fairagents-demo.png", help="where to write the plot (real engines)")
+    demo.add_argument("--model", help="model folder or name to serve instead of the embedded tiny model")
+    demo.add_argument("--simulated", action="store_true", help="run the three-model scenario on the simulator instead")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the simulated scenario")
+
+    models = commands.add_parser("models", help="the embedded default models")
+    model_commands = models.add_subparsers(dest="models_command", required=True)
+    model_commands.add_parser("build", help="build the embedded models now (otherwise built on first use)")
 
     bench = commands.add_parser("bench", help="run a benchmark; prints a table (or JSON)")
     benches = bench.add_subparsers(dest="benchmark", required=True)
@@ -34,17 +47,51 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--policies", nargs="+", default=["hmfs", "vtc"], choices=["hmfs", "vtc"])
     sched.add_argument("--decisions", type=int, default=200_000, help="decisions timed per cell")
     sched.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    over = benches.add_parser("overhead", help="arbiter vs direct engine throughput and TTFT; in-flight limit sweep")
+    over.add_argument("--model", help="model to serve instead of the embedded tiny model")
+    over.add_argument("--callers", type=int, default=32)
+    over.add_argument("--per-caller", type=int, default=3)
+    over.add_argument("--max-tokens", type=int, default=64)
+    over.add_argument("--rounds", type=int, default=2)
+    over.add_argument("--sweep", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
+    over.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    """The CLI is an application: it, not the library, decides where logs go (stderr)."""
+    level = logging.INFO if verbose else logging.WARNING
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(level))
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout for tables and JSON
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    if not verbose:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fairagents`` command."""
     args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
     console = Console(width=None if sys.stdout.isatty() else 110)
     if args.command == "demo":
-        from fairagents import demo
+        if args.simulated:
+            from fairagents import scenarios
 
-        demo.main(console, policies=args.policy or ["fcfs", "vtc", "hmfs"], seed=args.seed)
+            scenarios.main(console, policies=args.policy or ["fcfs", "vtc", "hmfs"], seed=args.seed)
+        else:
+            from fairagents import demo
+
+            demo.main(console, policies=args.policy or ["fcfs", "hmfs"], seconds=args.seconds, out=args.out, model=args.model)
+        return 0
+    if args.command == "models":
+        from fairagents.models import ensure_default_models
+
+        for kind, path in ensure_default_models().items():
+            console.print(f"{kind}: {path}")
         return 0
     if args.command == "bench" and args.benchmark == "scheduler":
         from fairagents.bench import scheduler
@@ -54,6 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
         else:
             console.print(scheduler.render(result))
+        return 0
+    if args.command == "bench" and args.benchmark == "overhead":
+        from fairagents.bench import overhead
+
+        result = overhead.run(args.model, args.callers, args.per_caller, args.max_tokens, args.rounds, args.sweep)
+        if args.json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            for table in overhead.render(result):
+                console.print(table)
         return 0
     raise AssertionError(f"unhandled command {args}")
 

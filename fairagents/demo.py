@@ -1,105 +1,159 @@
-"""The main demo: three apps share a text, a vision and an image model — on the simulator.
+"""The main demo: several apps share one real vLLM engine, one of them flooding it.
 
-Real engines are not wired into the demo yet, so it runs on
-:class:`~fairagents.engines.SimEngine` on a virtual clock and says so in its output.
-One app floods the text model; the table shows what each policy gives each app and
-agent against what its weight entitles it to.
+Three apps of different weights run their agents concurrently against the embedded
+tiny model (random weights: the text is gibberish; serving, batching, token counts
+and timings are real). ``flood`` keeps ten times the requests of any other agent in
+flight. The demo runs the same load under each policy, prints per app and per agent
+the share of service against the share its weight entitles it to, with wait and TTFT
+percentiles, and plots each app's service over time.
 
 Example:
-    >>> from fairagents.demo import scenario
-    >>> workload, engines = scenario(seed=0)
-    >>> sorted(engines)
-    ['image', 'text', 'vision']
+    >>> from fairagents.demo import AGENTS
+    >>> sorted({app for app, *_ in AGENTS})
+    ['driving', 'flood', 'studio']
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from fairagents.cost import ModelProfile
-from fairagents.engines.sim import SimEngine
-from fairagents.identity import SLO, Agent, App, Modality
-from fairagents.simulation import SimResult, Workload, simulate
+from fairagents.arbiter import Arbiter
+from fairagents.engines.base import Engine
+from fairagents.stats import ClientSnapshot, Stats
 
-__all__ = ["main", "scenario"]
+__all__ = ["AGENTS", "APPS", "main", "run"]
 
-PROFILES = {
-    "text": ModelProfile(d_model=4096, n_layers=32),
-    "vision": ModelProfile(d_model=2048, n_layers=24, modality=Modality.VISION),
-    "image": ModelProfile(d_model=1152, n_layers=28, modality=Modality.IMAGE),
-}
-
-
-DURATION = 60.0
-"""Seconds of traffic; shares count the service delivered while traffic arrives."""
-
-
-def scenario(seed: int = 0) -> tuple[Workload, dict[str, SimEngine]]:
-    """Three apps over 60 virtual seconds; ``flood`` sends ten times what the others send."""
-    driving = App("driving", weight=2.0)
-    studio = App("studio", weight=1.0)
-    flood = App("flood", weight=1.0)
-    perception = Agent("perception", driving, slo=SLO(ttft=0.5))
-    planner = Agent("planner", driving, weight=2.0, slo=SLO(ttft=1.0))
-    writer = Agent("writer", studio)
-    illustrator = Agent("illustrator", studio)
-    chatty = Agent("chatty", flood)
-    work = Workload(seed=seed)
-    work.poisson(perception, "vision", rate=4.0, until=DURATION, prompt=(300, 600), output=(16, 48))
-    work.poisson(planner, "text", rate=3.0, until=DURATION, prompt=(200, 800), output=(64, 192))
-    work.poisson(writer, "text", rate=3.0, until=DURATION, prompt=(100, 400), output=(128, 256))
-    # An image request's tokens are latent tokens per denoising step (see the cost docs).
-    work.poisson(illustrator, "image", rate=1.0, until=DURATION, prompt=(16, 64), output=(64, 128))
-    work.poisson(chatty, "text", rate=30.0, until=DURATION, prompt=(200, 800), output=(64, 192))
-    engines = {
-        name: SimEngine(profile, max_running=16, kv_capacity=16_384, jitter=0.1, seed=seed)
-        for name, profile in PROFILES.items()
-    }
-    return work, engines
+#: Requests the engine runs at once: fewer than the callers of any app's fair share, so every app stays
+#: backlogged and its weight decides (the engine's own batch capacity would leave the light apps demand-limited).
+IN_FLIGHT = 16
+#: app → weight.
+APPS = {"driving": 2.0, "studio": 1.0, "flood": 1.0}
+#: (app, agent, agent weight, concurrent callers, max_tokens, prompt).
+AGENTS = [
+    ("driving", "planner", 2.0, 6, 48, "Plan a safe route from the depot to the harbour avoiding the closed bridge."),
+    ("driving", "perception", 1.0, 6, 24, "Describe the obstacles ahead: a cyclist, a parked van, a red light."),
+    ("studio", "writer", 1.0, 6, 64, "Write the opening paragraph of a story about a lighthouse keeper."),
+    ("studio", "critic", 1.0, 6, 32, "Critique this paragraph for pacing and imagery in two sentences."),
+    ("flood", "chatty", 1.0, 60, 32, "Tell me something. Anything. Then tell me more."),
+]
 
 
-def _table(result: SimResult) -> Table:
-    apps = result.app_stats(until=DURATION)
-    table = Table(title=f"policy {result.policy}: Jain's index of weighted app service {result.jain(DURATION):.3f}")
-    for column in ("app / agent", "weight", "served", "done", "wait p50", "wait p99", "TTFT p99", "SLO met"):
-        table.add_column(column, justify="left" if column == "app / agent" else "right")
-    agents = result.agent_stats(until=DURATION)
-    for app in apps:
-        table.add_row(
-            f"[bold]{app.name}[/]", f"{app.weight_share:.0%}", f"{app.share:.0%}", str(app.requests),
-            f"{app.wait_p50:.2f}s", f"{app.wait_p99:.2f}s", f"{app.ttft_p99:.2f}s", _slo(app.slo_attainment),
+async def run(
+    engine: Engine, policy: str, seconds: float, in_flight: int | None = None
+) -> tuple[Stats, list[tuple[float, str, str, float]]]:
+    """Run the demo load for ``seconds`` under ``policy``; stats and (seconds, app, agent, service) charges."""
+    arbiter = Arbiter(policy=policy, **({"in_flight": in_flight} if in_flight else {}))
+    arbiter.add_model("chat", engine)
+    handles = {name: arbiter.app(name, weight=w) for name, w in APPS.items()}
+    await arbiter.start()
+    start = time.monotonic()
+    deadline = start + seconds
+
+    async def caller(app: str, agent: str, weight: float, max_tokens: int, prompt: str) -> None:
+        who = handles[app].agent(agent, weight=weight)
+        messages = [{"role": "user", "content": prompt}]
+        while time.monotonic() < deadline:
+            await who.chat("chat", messages, max_tokens=max_tokens)
+
+    try:
+        await asyncio.gather(
+            *(caller(app, agent, w, max_tokens, prompt) for app, agent, w, n, max_tokens, prompt in AGENTS for _ in range(n))
         )
-        for s in agents:
-            if s.name.startswith(f"{app.name}/"):
-                table.add_row(
-                    f"  {s.name.split('/', 1)[1]}", f"{s.weight_share:.0%}", f"{s.service / max(app.service, 1e-9):.0%}",
-                    str(s.requests), f"{s.wait_p50:.2f}s", f"{s.wait_p99:.2f}s", f"{s.ttft_p99:.2f}s",
-                    _slo(s.slo_attainment),
-                )
-    return table
+    finally:
+        await arbiter.close(stop_engines=False)
+    charges = [(c.time - start, c.app, c.agent, c.amount) for c in arbiter.ledger.charges]
+    return arbiter.stats(), charges
 
 
-def _slo(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]], seconds: float) -> Table:
+    """Per app and agent: weight share, share of the service delivered while the load ran, latencies."""
+    served: dict[str, float] = defaultdict(float)
+    for t, app, agent, amount in charges:
+        if t <= seconds:  # after the deadline only the flood's leftovers drain
+            served[app] += amount
+            served[f"{app}/{agent}"] += amount
+    total = sum(served[app] for app in stats.apps) or 1.0
+    t = Table(title=f"policy {policy}")
+    for column in ("app / agent", "weight", "served", "done", "wait p50", "wait p99", "TTFT p50", "TTFT p99"):
+        t.add_column(column, justify="left" if column == "app / agent" else "right")
+    for app, s in stats.apps.items():
+        t.add_row(f"[bold]{app}[/]", *_cells(s, served[app] / total))
+        for key, a in stats.agents.items():
+            if key.startswith(f"{app}/"):
+                t.add_row(f"  {key.split('/', 1)[1]}", *_cells(a, served[key] / (served[app] or 1.0)))
+    return t
 
 
-def main(console: Console, policies: Sequence[str] = ("fcfs", "vtc", "hmfs"), seed: int = 0) -> dict[str, SimResult]:
-    """Run the scenario under each policy and print a table per policy."""
+def _cells(c: ClientSnapshot, share: float) -> list[str]:
+    return [f"{c.weight_share:.0%}", f"{share:.0%}", str(c.done), f"{c.wait_p50:.2f}s", f"{c.wait_p99:.2f}s",
+            f"{c.ttft_p50:.2f}s", f"{c.ttft_p99:.2f}s"]
+
+
+def plot(runs: dict[str, list[tuple[float, str, str, float]]], out: Path) -> Path:
+    """Each app's cumulative service over time, one panel per policy, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), sharey=True, squeeze=False)
+    for ax, (policy, charges) in zip(axes[0], runs.items(), strict=True):
+        series: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+        totals: dict[str, float] = defaultdict(float)
+        for t, app, _, amount in sorted(charges):
+            totals[app] += amount
+            series[app][0].append(t)
+            series[app][1].append(totals[app])
+        for app in APPS:
+            xs, ys = series.get(app, ([], []))
+            ax.plot(xs, ys, label=f"{app} (weight {APPS[app]:g})")
+        ax.set_title(f"policy {policy}")
+        ax.set_xlabel("seconds")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("service (unified tokens)")
+    axes[0][-1].legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+async def _main(console: Console, policies: Sequence[str], seconds: float, out: Path, model: str | None) -> dict[str, Stats]:
+    from fairagents.engines.vllm import VLLMEngine
+
     console.print(
-        "[bold yellow]SIMULATED[/]: this demo runs on SimEngine, a discrete-event simulator on a virtual "
-        "clock (60 s of traffic, three models), not on real engines."
+        f"fairagents demo: {len(APPS)} apps, {len(AGENTS)} agents ('flood' keeps 10x the requests in flight) on a real "
+        f"in-process vLLM engine serving {model or 'the embedded tiny model (random weights: gibberish text, real serving)'}; "
+        f"{seconds:g} s per policy, {IN_FLIGHT} requests in flight."
     )
-    results = {}
-    for name in policies:
-        workload, engines = scenario(seed)
-        results[name] = result = simulate(workload, name, engines)
-        console.print(_table(result))
-    console.print(
-        f"served: an app's share of all service (unified tokens) delivered in the first {DURATION:.0f} s; an "
-        "agent's share of its app's. weight: what the weights entitle it to while everyone is backlogged; "
-        "an app that asks for less leaves the rest to the others (work conservation)."
-    )
+    engine = VLLMEngine(model, kv_cache_bytes=256 * 2**20, max_model_len=1024 if model is None else None)
+    await engine.start()
+    results, runs = {}, {}
+    try:
+        for policy in policies:
+            stats, charges = await run(engine, policy, seconds, IN_FLIGHT)
+            results[policy], runs[policy] = stats, charges
+            console.print(table(policy, stats, charges, seconds))
+    finally:
+        await engine.stop()
+    console.print(f"served: share of the service (unified tokens) delivered while the load ran; an agent's share "
+                  f"is of its app's. weight: what the weights entitle it to. Each app's service over time: {plot(runs, out)}")
     return results
+
+
+def main(
+    console: Console,
+    policies: Sequence[str] = ("fcfs", "hmfs"),
+    seconds: float = 12.0,
+    out: str | Path = "fairagents-demo.png",
+    model: str | None = None,
+) -> dict[str, Stats]:
+    """Run the demo under each policy; print the tables and write the plot."""
+    return asyncio.run(_main(console, policies, seconds, Path(out), model))

@@ -3,14 +3,14 @@
 Example:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['scheduler']
+    ['overhead', 'scheduler']
 """
 
 from __future__ import annotations
 
-from fairagents.bench import scheduler
+from fairagents.bench import overhead, scheduler
 
 __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
-BENCHMARKS = {"scheduler": scheduler}
+BENCHMARKS = {"overhead": overhead, "scheduler": scheduler}

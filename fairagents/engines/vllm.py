@@ -76,7 +76,8 @@ class VLLMEngine:
         max_model_len: context length; ``None`` takes the model's own.
         kv_cache_bytes: KV cache size. Always set: otherwise vLLM on CPU tries to
             reserve most of the machine's memory.
-        max_num_seqs: most sequences vLLM batches at once.
+        max_num_seqs: most sequences vLLM batches at once; the arbiter's in-flight limit
+            for this model defaults to it, so vLLM's own FCFS queue stays empty.
         dtype: weights' dtype (``"float32"`` on CPU).
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
 
@@ -93,13 +94,14 @@ class VLLMEngine:
         *,
         max_model_len: int | None = None,
         kv_cache_bytes: int = 256 * 2**20,
-        max_num_seqs: int = 256,
+        max_num_seqs: int = 32,
         dtype: str = "float32",
         engine_args: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes <= 0:
             raise InvalidParameterError(f"kv_cache_bytes must be an integer > 0, got {kv_cache_bytes!r}")
         self.model = None if model is None else str(model)
+        self.max_num_seqs = max_num_seqs
         self.healthy = True
         self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
         self.max_model_len = max_model_len or 0

@@ -26,17 +26,7 @@ class Shared:
         return self.arbiter
 
     async def __aexit__(self, *exc):
-        # drain like close(), but leave the shared engine running for the next test
-        stop = self.engine.stop
-        self.engine.stop = _noop
-        try:
-            await self.arbiter.close()
-        finally:
-            self.engine.stop = stop
-
-
-async def _noop():
-    return None
+        await self.arbiter.close(stop_engines=False)  # the next test uses the engine too
 
 
 async def test_profile_and_context_come_from_the_model(text_engine):
@@ -196,9 +186,5 @@ async def test_engine_failure_fails_requests_and_spares_other_models(text_engine
             await a.chat("broken", MSG)
         assert (await a.chat("chat", MSG, max_tokens=3)).usage.completion_tokens == 3
     finally:
-        text_engine_stop = text_engine.stop
-        text_engine.stop = _noop
-        try:
-            await arbiter.close()
-        finally:
-            text_engine.stop = text_engine_stop
+        await arbiter.close(stop_engines=False)
+        await broken.stop()
