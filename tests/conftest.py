@@ -1,6 +1,7 @@
 import itertools
 
 import pytest
+import structlog
 
 import fairagents as fa
 
@@ -29,3 +30,11 @@ def unit_cost():
         },
         d_base=64,
     )
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging_config():
+    """The CLI configures structlog as an application does; undo it after a test that ran it."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
