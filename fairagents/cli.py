@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     sched = benches.add_parser("scheduler", help="scheduling decisions per second by number of agents")
     sched.add_argument("--agents", type=int, nargs="+", default=[10, 1_000, 10_000])
     sched.add_argument("--policies", nargs="+", default=["hmfs", "vtc"], choices=["hmfs", "vtc"])
-    sched.add_argument("--decisions", type=int, default=200_000, help="decisions timed per cell")
+    sched.add_argument("--decisions", type=int, default=50_000, help="decisions timed per run")
+    sched.add_argument("--repeats", type=int, default=5, help="runs per cell; the best is reported")
     sched.add_argument("--json", action="store_true", help="print JSON instead of a table")
     over = benches.add_parser("overhead", help="arbiter vs direct engine throughput and TTFT; in-flight limit sweep")
     over.add_argument("--model", help="model to serve instead of the embedded tiny model")
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench" and args.benchmark == "scheduler":
         from fairagents.bench import scheduler
 
-        result = scheduler.run(agents=args.agents, policies=args.policies, decisions=args.decisions)
+        result = scheduler.run(agents=args.agents, policies=args.policies, decisions=args.decisions, repeats=args.repeats)
         if args.json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
         else:

@@ -98,6 +98,16 @@ class LazyMinHeap(Generic[K]):
         self._heap = live
 
 
+class _ForModel(Generic[K]):
+    """The clients of a level waiting for one model, and how many requests each has waiting."""
+
+    __slots__ = ("heap", "waiting")
+
+    def __init__(self, scores: dict[K, float]) -> None:
+        self.heap: LazyMinHeap[K] = LazyMinHeap(scores)
+        self.waiting: dict[K, int] = {}
+
+
 class CounterLevel(Generic[K]):
     """Virtual counters of one level of clients, with VTC's counter lift.
 
@@ -107,15 +117,14 @@ class CounterLevel(Generic[K]):
     cannot bank credit. Counters grow by ``charge / weight``.
     """
 
-    __slots__ = ("_active", "_by_model", "_last_left", "_waiting", "_waiting_for", "counter", "inverse_weight")
+    __slots__ = ("_active", "_last_left", "_models", "_waiting", "counter", "inverse_weight")
 
     def __init__(self) -> None:
         self.counter: dict[K, float] = {}
         self.inverse_weight: dict[K, float] = {}  # 1 / weight: charges multiply on the hot path
         self._waiting: dict[K, int] = {}
-        self._waiting_for: dict[tuple[K, str], int] = {}
         self._active: LazyMinHeap[K] = LazyMinHeap(self.counter)
-        self._by_model: dict[str, LazyMinHeap[K]] = {}
+        self._models: dict[str, _ForModel[K]] = {}
         self._last_left: K | None = None
 
     def enqueue(self, client: K, weight: float, model: str) -> None:
@@ -125,23 +134,22 @@ class CounterLevel(Generic[K]):
             self.counter[client] = max(self.counter.get(client, 0.0), self._floor())
             self._active.add(client)
         self._waiting[client] = waiting + 1
-        key = (client, model)
-        for_model = self._waiting_for.get(key, 0)
-        if for_model == 0:
-            heap = self._by_model.get(model)
-            if heap is None:
-                heap = self._by_model[model] = LazyMinHeap(self.counter)
-            heap.add(client)
-        self._waiting_for[key] = for_model + 1
+        for_model = self._models.get(model)
+        if for_model is None:
+            for_model = self._models[model] = _ForModel(self.counter)
+        n = for_model.waiting.get(client, 0)
+        if n == 0:
+            for_model.heap.add(client)
+        for_model.waiting[client] = n + 1
 
     def dequeue(self, client: K, model: str) -> None:
-        key = (client, model)
-        for_model = self._waiting_for[key] - 1
-        if for_model:
-            self._waiting_for[key] = for_model
+        for_model = self._models[model]
+        n = for_model.waiting[client] - 1
+        if n:
+            for_model.waiting[client] = n
         else:
-            del self._waiting_for[key]
-            self._by_model[model].discard(client)
+            del for_model.waiting[client]
+            for_model.heap.discard(client)
         waiting = self._waiting[client] - 1
         if waiting:
             self._waiting[client] = waiting
@@ -154,8 +162,8 @@ class CounterLevel(Generic[K]):
         self.counter[client] += amount * self.inverse_weight[client]
 
     def lowest(self, model: str) -> K | None:
-        heap = self._by_model.get(model)
-        return heap.min() if heap is not None else None
+        for_model = self._models.get(model)
+        return for_model.heap.min() if for_model is not None else None
 
     def _floor(self) -> float:
         lowest = self._active.min()

@@ -71,7 +71,7 @@ class HMFS(BasePolicy):
         super().__init__(cost if cost is not None else UnifiedTokenCost())
         self._apps: CounterLevel[str] = CounterLevel()
         self._agents: dict[str, CounterLevel[str]] = {}
-        self._queues: dict[tuple[str, str, str], Fifo] = {}  # (app, agent, model) -> requests
+        self._queues: dict[str, dict[str, dict[str, Fifo]]] = {}  # app -> agent -> model -> requests
 
     def app_counters(self) -> dict[str, float]:
         """Current counter ``C_a`` of each app seen so far (unified tokens / weight)."""
@@ -87,15 +87,15 @@ class HMFS(BasePolicy):
         if app is None:
             return None
         agent = self._agents[app].lowest(model)
-        return self._queues[app, agent, model].head()  # type: ignore[index]
+        return self._queues[app][agent][model].head()  # type: ignore[index]
 
     def _enqueue(self, req: Request, now: float) -> None:
         who = req.agent
         app = who.app.name
-        key = (app, who.name, req.model)
-        queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = Fifo()
+        try:
+            queue = self._queues[app][who.name][req.model]
+        except KeyError:
+            queue = self._queues.setdefault(app, {}).setdefault(who.name, {}).setdefault(req.model, Fifo())
         queue.push(req)
         # Lift the app before its agent: an agent's lift compares only with its own app's agents.
         self._apps.enqueue(app, who.app.weight, req.model)
@@ -107,7 +107,7 @@ class HMFS(BasePolicy):
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
         who = req.agent
         app = who.app.name
-        self._queues[(app, who.name, req.model)].remove(req)
+        self._queues[app][who.name][req.model].remove(req)
         self._apps.dequeue(app, req.model)
         self._agents[app].dequeue(who.name, req.model)
 
