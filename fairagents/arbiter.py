@@ -6,7 +6,7 @@ room under its in-flight limit: the engine's own (FCFS) queue stays short, so th
 order stays with the policy. Input is charged at dispatch and output per streamed
 chunk, in unified tokens.
 
-Example:
+Examples:
     >>> import asyncio
     >>> import fairagents as fa
     >>> from fairagents.testing import FakeEngine
@@ -98,7 +98,7 @@ class _Model:
 class AgentHandle:
     """An agent declared on an arbiter; makes calls as itself.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> planner = fa.Arbiter().app("driving").agent("planner", weight=2.0)
         >>> planner.identity.key, planner.identity.weight
@@ -124,7 +124,7 @@ class AgentHandle:
 class AppHandle:
     """An app declared on an arbiter; declares its agents.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> studio = fa.Arbiter().app("studio", weight=3.0)
         >>> studio.identity.weight, studio.agent("writer").identity.app is studio.identity
@@ -160,7 +160,7 @@ class Arbiter:
             aborting the rest with :class:`~fairagents.ShutdownError`.
         clock: time source in seconds (injectable for tests).
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.Arbiter(policy="vtc").policy.name
         'vtc'
@@ -301,8 +301,8 @@ class Arbiter:
         """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
 
         Raises:
-            UnknownModelError, UnknownAppError, UnknownAgentError, InvalidParameterError,
-            ContextLengthError: bad input; nothing was charged or queued.
+            BadInputError: bad input (an unknown model, app or agent; invalid messages or
+                parameters; a prompt longer than the context): nothing was charged or queued.
             EngineError: the model's engine failed.
             ShutdownError: the arbiter closed before the request finished.
         """

@@ -1,6 +1,6 @@
 """The ``fairagents`` command line.
 
-Example:
+Examples:
     >>> from fairagents.cli import build_parser
     >>> build_parser().parse_args(["bench", "scheduler", "--json"]).json
     True

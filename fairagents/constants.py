@@ -2,7 +2,7 @@
 
 Kept in one place so an integration and the server agree on the spelling.
 
-Example:
+Examples:
     >>> from fairagents import constants
     >>> constants.METADATA_AGENT
     'fairagents_agent'

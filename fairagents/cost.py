@@ -9,7 +9,7 @@ and charges a request ``w_input · T(prompt) + w_output · T(generated)`` (VTC's
 weighting by default): the input when the request is dispatched, the output as it
 is generated.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> cost = fa.UnifiedTokenCost({
     ...     "chat": fa.ModelProfile(d_model=4096, n_layers=32),
@@ -55,7 +55,7 @@ class ModelProfile:
     Engines read these from the model's own config (``hidden_size``,
     ``num_hidden_layers``); for a diffusion model they describe the denoiser.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.ModelProfile(d_model=2048, n_layers=16).scale(d_base=4096)
         8.0
@@ -90,7 +90,7 @@ class CostModel(Protocol):
     for ``n < 0``. Policies rely on charges never being negative: their virtual
     counters only grow.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> isinstance(fa.RawTokenCost(), fa.CostModel)
         True
@@ -115,7 +115,7 @@ class UnifiedTokenCost:
         w_input: weight of a prompt token.
         w_output: weight of a generated token.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> cost = fa.UnifiedTokenCost(d_base=128)
         >>> cost.register("tiny", fa.ModelProfile(d_model=128, n_layers=2))
@@ -183,7 +183,7 @@ class UnifiedTokenCost:
 class RawTokenCost:
     """VTC's cost: raw tokens, whatever the model (every model's scale is 1).
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.RawTokenCost().output_cost("any-model", 3)
         6.0
@@ -234,7 +234,7 @@ def service_bound(cost: CostModel, held: Mapping[str, int]) -> float:
     receive over any interval differs by at most ``2U / min(weight)`` (``2U`` at
     weight 1). The same holds between two agents of one app.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
         >>> fa.service_bound(cost, {"chat": 1000})

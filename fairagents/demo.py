@@ -7,7 +7,7 @@ flight. The demo runs the same load under each policy, prints per app and per ag
 the share of service against the share its weight entitles it to, with wait and TTFT
 percentiles, and plots each app's service over time.
 
-Example:
+Examples:
     >>> from fairagents.demo import AGENTS
     >>> sorted({app for app, *_ in AGENTS})
     ['driving', 'flood', 'studio']

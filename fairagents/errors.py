@@ -15,7 +15,7 @@ retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
     ├── EngineError                          the engine serving a model failed
     └── ShutdownError                        the arbiter is closing; the request did not run to the end
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> try:
     ...     fa.App("driving", weight=0)
@@ -42,7 +42,7 @@ __all__ = [
 class FairAgentsError(Exception):
     """Base class of every error fairagents raises on purpose.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.UnknownModelError, fa.FairAgentsError)
         True
@@ -52,7 +52,7 @@ class FairAgentsError(Exception):
 class BadInputError(FairAgentsError, ValueError):
     """The caller's input can never succeed as sent; nothing was charged or queued.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.BadInputError, ValueError)
         True
@@ -62,7 +62,7 @@ class BadInputError(FairAgentsError, ValueError):
 class InvalidParameterError(BadInputError):
     """A parameter is out of range: a weight ≤ 0, a negative token count, an SLO ≤ 0.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.SLO(ttft=-1)
         Traceback (most recent call last):
@@ -74,7 +74,7 @@ class InvalidParameterError(BadInputError):
 class UnknownModelError(BadInputError):
     """No model of that name is in the pool (or has a cost profile).
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.UnifiedTokenCost({}).input_cost("chat", 10)
         Traceback (most recent call last):
@@ -86,7 +86,7 @@ class UnknownModelError(BadInputError):
 class UnknownAppError(BadInputError):
     """No app of that name has been declared.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> str(fa.UnknownAppError("unknown app 'x'"))
         "unknown app 'x'"
@@ -96,7 +96,7 @@ class UnknownAppError(BadInputError):
 class UnknownAgentError(BadInputError):
     """No agent of that name has been declared in its app.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.UnknownAgentError, ValueError)
         True
@@ -106,7 +106,7 @@ class UnknownAgentError(BadInputError):
 class ContextLengthError(BadInputError):
     """The prompt (plus ``max_tokens``) is longer than the model's context.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.ContextLengthError, fa.BadInputError)
         True
@@ -118,7 +118,7 @@ class EngineError(FairAgentsError):
 
     Not a ``ValueError``: the same request may succeed once the engine is back.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.EngineError, ValueError)
         False
@@ -128,7 +128,7 @@ class EngineError(FairAgentsError):
 class ShutdownError(FairAgentsError):
     """The arbiter is shutting down: the request was not admitted, or was aborted after the drain timeout.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.ShutdownError, ValueError)
         False

@@ -9,7 +9,7 @@ context manager) or :func:`agent` (a decorator), so code deep inside an agent ma
 model calls without passing its identity along. Context variables follow asyncio
 tasks, so concurrent agents in one event loop keep their own identity.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> driving = fa.App("driving", weight=2.0)
     >>> planner = fa.Agent("planner", driving, slo=fa.SLO(ttft=1.0))
@@ -43,7 +43,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Modality(str, enum.Enum):
     """What a model takes and gives.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.Modality("vision") is fa.Modality.VISION
         True
@@ -75,7 +75,7 @@ class SLO:
 
     A request meets its SLO when every objective that is set is met.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> slo = fa.SLO(ttft=0.5, e2e=4.0)
         >>> slo.met(ttft=0.3, tpot=0.05, e2e=3.0)
@@ -108,7 +108,7 @@ class SLO:
 class App:
     """One multi-agent application (a tenant) sharing the model pool.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.App("studio", weight=2.0).weight
         2.0
@@ -130,7 +130,7 @@ class App:
 class Agent:
     """A role inside an app: a LangGraph node, a decorated function.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> critic = fa.Agent("critic", fa.App("studio"))
         >>> critic.key, critic.effective_slo
@@ -167,7 +167,7 @@ _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar("fairage
 def current_agent() -> Agent | None:
     """The agent bound in the current context, or ``None``.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.current_agent() is None
         True
@@ -181,7 +181,7 @@ def acting_as(who: Any) -> Iterator[Agent]:
 
     Nesting restores the outer binding on exit.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> a = fa.Agent("reader", fa.App("news"))
         >>> with fa.acting_as(a) as bound:
@@ -206,7 +206,7 @@ def agent(app: str | App, name: str = DEFAULT_AGENT, *, weight: float = 1.0, slo
     An app given by name gets weight 1 here; an arbiter that knows the app by that name
     uses its own registered weights.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> @fa.agent(app="driving", name="planner")
         ... def plan():

@@ -4,7 +4,7 @@ The records are the same for the simulator and the live arbiter, so one set of
 metrics reads both. Service is always counted in unified tokens here, whatever the
 policy charged internally, so that policies are compared in one currency.
 
-Example:
+Examples:
     >>> from fairagents.metrics import jain_index
     >>> jain_index([1.0, 1.0, 1.0]), round(jain_index([1.0, 0.0]), 2)
     (1.0, 0.5)
@@ -38,7 +38,7 @@ __all__ = [
 class RequestRecord:
     """The life of one request (times in seconds on the run's clock).
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import RequestRecord
         >>> from fairagents import Outcome
         >>> r = RequestRecord("r1", "app", "agent", "chat", arrival=0.0, dispatched=0.5,
@@ -100,7 +100,7 @@ class RequestRecord:
 class Charge:
     """Service delivered to an agent at an instant, in unified tokens.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import Charge
         >>> Charge(time=1.0, app="a", agent="t", amount=32.0).amount
         32.0
@@ -118,7 +118,7 @@ class Charge:
 class ClientStats:
     """Per-app or per-agent totals and latency percentiles of a run.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import ClientStats
         >>> "service" in ClientStats.__slots__
         True
@@ -148,7 +148,7 @@ class ClientStats:
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0–100, linear interpolation); NaN for no values.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import percentile
         >>> percentile([1.0, 2.0, 3.0, 4.0], 50)
         2.5
@@ -165,7 +165,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 def jain_index(values: Iterable[float]) -> float:
     """Jain's fairness index ``(Σx)² / (n·Σx²)``: 1 is equal, ``1/n`` is one-takes-all.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import jain_index
         >>> round(jain_index([3.0, 1.0]), 3)
         0.8
@@ -184,7 +184,7 @@ def backlog_intervals(
     from arrival until dispatch (or until it ended, if it never was dispatched). With
     ``models``, a client counts as backlogged only while it waits for every one of them.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import RequestRecord, backlog_intervals
         >>> from fairagents import Outcome
         >>> rec = lambda a, d: RequestRecord("r", "x", "t", "m", a, d, d, d + 1, 1, 1, Outcome.FINISHED)
@@ -228,7 +228,7 @@ def max_service_gap(
     client is backlogged only while it waits for every one of them (the condition of
     the bound on a pool of several models). This is the quantity HMFS bounds by ``2U``.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import RequestRecord, Charge, max_service_gap
         >>> from fairagents import Outcome
         >>> recs = [RequestRecord(i, a, "t", "m", 0.0, 10.0, 10.0, 11.0, 1, 1, Outcome.FINISHED)
@@ -278,7 +278,7 @@ def client_stats(
     its own app. With ``until``, service counts only what was delivered up to then
     (say, while traffic arrived), so shares show who got the pool under contention.
 
-    Example:
+    Examples:
         >>> from fairagents.metrics import RequestRecord, Charge, client_stats
         >>> from fairagents import Outcome
         >>> recs = [RequestRecord("1", "x", "t", "m", 0.0, 0.1, 0.2, 1.0, 1, 2, Outcome.FINISHED)]

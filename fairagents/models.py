@@ -9,7 +9,7 @@ timings are real. Models are built once into ``$FAIRAGENTS_HOME/models`` (defaul
 Building needs ``torch``, ``transformers`` and ``tokenizers`` (the ``cpu`` or ``gpu``
 extra).
 
-Example:
+Examples:
     >>> from fairagents import models
     >>> models.home().name
     'fairagents'

@@ -1,6 +1,6 @@
 """What a model call returns: the text, its usage in raw and unified tokens, and its timing.
 
-Example:
+Examples:
     >>> from fairagents.reply import Reply, Timing, Usage
     >>> reply = Reply(text="hi", finish_reason="stop", model="chat", request_id="r1",
     ...               usage=Usage(prompt_tokens=3, completion_tokens=1, unified_tokens=5.0),
@@ -20,7 +20,7 @@ __all__ = ["Reply", "Timing", "Usage"]
 class Usage:
     """Tokens a call consumed.
 
-    Example:
+    Examples:
         >>> from fairagents.reply import Usage
         >>> Usage(prompt_tokens=10, completion_tokens=5, unified_tokens=20.0).total_tokens
         15
@@ -43,7 +43,7 @@ class Usage:
 class Timing:
     """Latencies of a call, in seconds from its arrival at the arbiter.
 
-    Example:
+    Examples:
         >>> from fairagents.reply import Timing
         >>> Timing(queue_wait=0.5, ttft=0.7, e2e=2.0).ttft
         0.7
@@ -61,7 +61,7 @@ class Timing:
 class Reply:
     """The result of a chat call.
 
-    Example:
+    Examples:
         >>> from fairagents.reply import Reply
         >>> "text" in Reply.__slots__
         True

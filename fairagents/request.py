@@ -1,6 +1,6 @@
 """The request record that policies, the simulator and the arbiter pass around.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> who = fa.Agent("planner", fa.App("driving"))
     >>> req = fa.Request(id="r1", agent=who, model="chat", prompt_tokens=12, max_tokens=32, arrival=0.5)
@@ -24,7 +24,7 @@ __all__ = ["Outcome", "Request"]
 class Outcome(str, enum.Enum):
     """How a request left the system.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.Outcome.CANCELLED.value
         'cancelled'
@@ -42,7 +42,7 @@ class Outcome(str, enum.Enum):
 class Request:
     """One model call as the scheduler sees it.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> who = fa.Agent("critic", fa.App("studio"))
         >>> fa.Request(id="r2", agent=who, model="chat", prompt_tokens=-1, max_tokens=8, arrival=0.0)

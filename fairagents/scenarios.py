@@ -5,7 +5,7 @@ It runs on :class:`~fairagents.engines.SimEngine` on a virtual clock (``fairagen
 the real engines of this machine would take hours for. One app floods the text model;
 the table shows what each policy gives each app and agent against its weight.
 
-Example:
+Examples:
     >>> from fairagents.scenarios import scenario
     >>> workload, engines = scenario(seed=0)
     >>> sorted(engines)

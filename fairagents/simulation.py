@@ -4,7 +4,7 @@ This is the simulator: :class:`~fairagents.engines.SimEngine` models engines, th
 clock is virtual, and a run is deterministic. It exists to compare policies at scale
 and to test their guarantees; real serving goes through the arbiter and real engines.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> from fairagents.simulation import Workload, simulate
     >>> profile = fa.ModelProfile(d_model=4096, n_layers=1)
@@ -43,7 +43,7 @@ Length = int | tuple[int, int]
 class SimRequest:
     """One request of a workload: who sends what to which model, and when.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> from fairagents.simulation import SimRequest
         >>> SimRequest(at=0.0, agent=fa.Agent("a", fa.App("x")), model="chat",
@@ -69,7 +69,7 @@ class Workload:
 
     Lengths are an ``int`` or an inclusive ``(low, high)`` range drawn uniformly.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> from fairagents.simulation import Workload
         >>> who = fa.Agent("a", fa.App("x"))
@@ -116,7 +116,7 @@ class Workload:
 class SimResult:
     """What a simulated run delivered (times in virtual seconds, service in unified tokens).
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> from fairagents.simulation import Workload, simulate
         >>> who = fa.Agent("a", fa.App("x"))
@@ -187,10 +187,10 @@ def simulate(
         d_base: ``d_base`` of the unified-token cost (default 4096).
 
     Raises:
-        UnknownModelError, UnknownAppError, UnknownAgentError, ContextLengthError,
-        InvalidParameterError: for a bad workload, before anything runs.
+        BadInputError: a bad workload (an unknown model or app, a request that does not
+            fit its engine, invalid lengths), before anything runs.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> from fairagents.simulation import Workload, simulate
         >>> who = fa.Agent("a", fa.App("x"))

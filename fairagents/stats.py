@@ -1,6 +1,6 @@
 """The arbiter's running account: service, outcomes and latencies per app and agent.
 
-Example:
+Examples:
     >>> from fairagents.stats import Ledger
     >>> ledger = Ledger()
     >>> ledger.charge(0.0, "a", "t", 12.0)
@@ -24,7 +24,7 @@ __all__ = ["ClientSnapshot", "Ledger", "Stats"]
 class ClientSnapshot:
     """One app's or agent's standing (service in unified tokens, times in seconds).
 
-    Example:
+    Examples:
         >>> from fairagents.stats import ClientSnapshot
         >>> "weight_share" in ClientSnapshot.__slots__
         True
@@ -52,7 +52,7 @@ class ClientSnapshot:
 class Stats:
     """A snapshot of the arbiter: per app and per agent (agents keyed ``app/agent``).
 
-    Example:
+    Examples:
         >>> from fairagents.stats import Stats
         >>> Stats(apps={}, agents={}).apps
         {}
@@ -68,7 +68,7 @@ class Ledger:
     Totals are exact for the arbiter's lifetime; percentiles and the charge log cover
     the most recent ``keep`` records and charges, so memory stays bounded.
 
-    Example:
+    Examples:
         >>> from fairagents.stats import Ledger
         >>> Ledger(keep=10).charges.maxlen
         10

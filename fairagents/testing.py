@@ -3,7 +3,7 @@
 Also re-exports the simulator (:class:`~fairagents.engines.SimEngine`,
 :func:`~fairagents.simulation.simulate`) so tests of an app's scheduling need one import.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> from fairagents.testing import FakeClock, RecordingPolicy
     >>> clock = FakeClock()
@@ -38,7 +38,7 @@ __all__ = ["Decision", "FakeClock", "FakeEngine", "RecordingPolicy", "SimEngine"
 class FakeClock:
     """A clock that moves only when told; call it for the time in seconds.
 
-    Example:
+    Examples:
         >>> from fairagents.testing import FakeClock
         >>> clock = FakeClock(start=10.0)
         >>> clock.advance(2.5); clock()
@@ -62,7 +62,7 @@ class FakeClock:
 class Decision:
     """One dispatch a policy made.
 
-    Example:
+    Examples:
         >>> from fairagents.testing import Decision
         >>> Decision(1.0, "m", "r1", "a", "t").app
         'a'
@@ -78,7 +78,7 @@ class Decision:
 class RecordingPolicy:
     """Wraps a policy and records every dispatch, in order.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> from fairagents.testing import RecordingPolicy
         >>> RecordingPolicy(fa.policies.FCFS()).name
@@ -120,7 +120,7 @@ class FakeEngine:
     ``min(max_tokens, tokens_per_reply)`` tokens, one every ``token_time`` seconds;
     :meth:`fail` makes every running and future request fail like a crashed engine.
 
-    Example:
+    Examples:
         >>> from fairagents.testing import FakeEngine
         >>> FakeEngine().prepare_chat([{"role": "user", "content": "two words"}]).n_tokens
         3

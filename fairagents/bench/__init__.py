@@ -1,6 +1,6 @@
 """Benchmarks behind ``fairagents bench …``: they measure, print a table, and emit JSON.
 
-Example:
+Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
     ['overhead', 'scheduler']

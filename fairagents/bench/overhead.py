@@ -17,7 +17,7 @@ Two measurements on one real engine, in one run:
    capacity (``max_num_seqs``); the table also names the smallest limit within 3% of
    the best throughput.
 
-Example:
+Examples:
     >>> from fairagents.bench import overhead
     >>> overhead.SWEEP
     (2, 4, 8, 16, 32, 64)

@@ -12,7 +12,7 @@ finish, so Python object construction is not in the numbers. Each cell is the be
 of ``repeats`` runs (as ``timeit`` does): on a shared machine the slower runs
 measure the neighbours.
 
-Example:
+Examples:
     >>> from fairagents.bench import scheduler
     >>> result = scheduler.run(agents=(10,), policies=("hmfs",), decisions=2_000, repeats=1)
     >>> result["hmfs"]["10"] > 0

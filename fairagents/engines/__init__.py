@@ -4,7 +4,7 @@
 discrete-event simulator of a continuous-batching engine for benchmarks and tests
 (it serves no one).
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> fa.engines.SimEngine(fa.ModelProfile(d_model=64, n_layers=2)).max_running
     16

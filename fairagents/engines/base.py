@@ -4,7 +4,7 @@ An engine turns a prepared prompt into a stream of :class:`Delta` events. The
 arbiter owns the queue and the order; the engine only runs what it is handed, so
 its own (FCFS) waiting queue stays short.
 
-Example:
+Examples:
     >>> from fairagents.engines import Delta, GenerationParams
     >>> GenerationParams(max_tokens=16).temperature
     1.0
@@ -29,7 +29,7 @@ __all__ = ["Delta", "Engine", "GenerationParams", "Prompt"]
 class Prompt:
     """A request made ready for an engine: its prompt tokens, and engine-specific data.
 
-    Example:
+    Examples:
         >>> from fairagents.engines import Prompt
         >>> Prompt(token_ids=(1, 2, 3)).n_tokens
         3
@@ -50,7 +50,7 @@ class Prompt:
 class GenerationParams:
     """Sampling parameters of one request.
 
-    Example:
+    Examples:
         >>> from fairagents.engines import GenerationParams
         >>> GenerationParams(max_tokens=0)
         Traceback (most recent call last):
@@ -89,7 +89,7 @@ class GenerationParams:
 class Delta:
     """What a request produced since the last event.
 
-    Example:
+    Examples:
         >>> from fairagents.engines import Delta
         >>> Delta(new_tokens=1, text="!", finish_reason="length").finish_reason
         'length'
@@ -118,7 +118,7 @@ class Engine(Protocol):
     - A failure of the engine itself raises :class:`~fairagents.EngineError` from
       ``generate``; after that ``healthy`` is false.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> isinstance(object(), fa.engines.Engine)
         False

@@ -17,7 +17,7 @@ The model, one step at a time (continuous batching):
   the batch never holds more than ``kv_capacity`` tokens (the ``M`` of the fairness
   bound).
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> engine = fa.engines.SimEngine(fa.ModelProfile(d_model=128, n_layers=2), max_running=2)
     >>> who = fa.Agent("a", fa.App("x"))
@@ -46,7 +46,7 @@ __all__ = ["SimEngine", "SimProgress"]
 class SimProgress:
     """What one simulated step did for one request.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.engines.SimProgress.__slots__
         ('request', 'new_tokens', 'first', 'finished')
@@ -84,7 +84,7 @@ class SimEngine:
         jitter: relative step-time noise in [0, 1).
         seed: seed of the jitter's RNG; the same seed gives the same run.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> engine = fa.engines.SimEngine(fa.ModelProfile(d_model=64, n_layers=1), kv_capacity=100)
         >>> who = fa.Agent("a", fa.App("x"))

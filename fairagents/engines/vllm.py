@@ -23,7 +23,7 @@ two OpenMP threads per engine plus the event loop on two cores, spinning OpenMP
 threads stalled steps for seconds. Both must be set before vLLM and torch are first
 imported, so import fairagents before them (or set them yourself).
 
-Example:
+Examples:
     >>> from fairagents.engines.vllm import VLLMEngine
     >>> VLLMEngine(model="some/model", kv_cache_bytes=64 * 2**20).model
     'some/model'
@@ -81,7 +81,7 @@ class VLLMEngine:
         dtype: weights' dtype (``"float32"`` on CPU).
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
 
-    Example:
+    Examples:
         >>> from fairagents.engines.vllm import VLLMEngine
         >>> engine = VLLMEngine()   # the embedded default, built on start()
         >>> engine.healthy

@@ -7,7 +7,7 @@
 | `vtc`  | :class:`VTC`   | flat virtual token counter per client, raw tokens |
 | `hmfs` | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens; the default |
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> sorted(fa.policies.POLICIES)
     ['fcfs', 'hmfs', 'rr', 'vtc']
@@ -39,7 +39,7 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
     as in its paper; ``fcfs`` and ``rr`` do not count service). Build a policy
     yourself for another combination, e.g. ``VTC(cost)`` for VTC on unified tokens.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.policies.make_policy("nope")
         Traceback (most recent call last):

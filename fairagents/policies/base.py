@@ -5,7 +5,7 @@ synchronous: no asyncio, no clock of its own (``now`` comes in, in seconds), no
 engine calls. The same object then runs in microseconds under a unit test, in the
 simulator on a virtual clock, and inside the live arbiter.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> policy = fa.policies.make_policy("fcfs")
     >>> who = fa.Agent("a", fa.App("x"))
@@ -47,7 +47,7 @@ class Policy(Protocol):
     - ``on_finish`` exactly once when a request ends, waiting or running; a
       waiting request that is cancelled leaves the queue uncharged.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> isinstance(fa.policies.HMFS(), fa.policies.Policy)
         True
@@ -87,7 +87,7 @@ class BasePolicy(abc.ABC):
     if they keep counters, ``_charge``. The base class validates every transition
     so that a driver bug surfaces as an error rather than a silent unfairness.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.policies.VTC, fa.policies.BasePolicy)
         True

@@ -1,6 +1,6 @@
 """First come, first served: vLLM's own order, the baseline everything is compared with.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> policy = fa.policies.FCFS()
     >>> who = fa.Agent("a", fa.App("x"))
@@ -33,7 +33,7 @@ class FCFS(BasePolicy):
         cost: how service is counted; FCFS does not use it to order, only to
             reject requests for models it cannot price. Defaults to raw tokens.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.policies.FCFS().name
         'fcfs'

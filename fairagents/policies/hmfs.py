@@ -23,7 +23,7 @@ backlogged receive weight-normalised service within ``2U`` of each other over an
 interval, and so do two agents of one app. Every decision costs O(log n) in the
 number of apps and agents.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
     >>> policy = fa.policies.HMFS(cost)
@@ -58,7 +58,7 @@ class HMFS(BasePolicy):
         cost: how tokens are charged; a :class:`~fairagents.UnifiedTokenCost`
             (empty by default: register each model's profile as it joins the pool).
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.policies.HMFS().name
         'hmfs'

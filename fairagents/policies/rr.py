@@ -3,7 +3,7 @@
 ExFairS's baseline. It shares dispatches, not service: an app of long requests
 gets as many turns as an app of short ones, and so more of the model.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> policy = fa.policies.RoundRobin()
     >>> a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
@@ -37,7 +37,7 @@ class RoundRobin(BasePolicy):
         cost: used only to reject requests for models it cannot price; defaults
             to raw tokens.
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.policies.RoundRobin().name
         'rr'

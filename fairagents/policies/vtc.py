@@ -6,7 +6,7 @@ client with the lowest counter among those waiting for a model goes next, and a
 client that becomes active is lifted to the lowest active counter (no banked credit).
 No hierarchy, and raw tokens by default: a token is a token on every model.
 
-Example:
+Examples:
     >>> import fairagents as fa
     >>> policy = fa.policies.VTC()
     >>> a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
@@ -43,7 +43,7 @@ class VTC(BasePolicy):
         client: ``"app"`` (weighted by the app's weight) or ``"agent"`` (every
             agent of every app is its own client, weighted by the agent's weight).
 
-    Example:
+    Examples:
         >>> import fairagents as fa
         >>> fa.policies.VTC(client="agent").client
         'agent'
