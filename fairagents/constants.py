@@ -14,6 +14,12 @@ from __future__ import annotations
 METADATA_APP = "fairagents_app"
 #: Key under which an agent name travels in LangChain/LangGraph run metadata.
 METADATA_AGENT = "fairagents_agent"
+#: Key under which an agent's weight travels in LangGraph node metadata (used when the agent is declared).
+METADATA_WEIGHT = "fairagents_weight"
+#: HTTP header naming the calling agent on a request to a fairagents server.
+HEADER_AGENT = "X-Fairagents-Agent"
+#: HTTP header naming the calling app on a request to a fairagents server that runs without API keys.
+HEADER_APP = "X-Fairagents-App"
 #: Name of the agent a call is charged to when none is given.
 DEFAULT_AGENT = "default"
 #: Reference embedding width ``d_base`` of unified tokens (HMFS eq. 1).

@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fairagents.constants import DEFAULT_AGENT
+from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_APP
 from fairagents.errors import InvalidParameterError
 
-__all__ = ["SLO", "Agent", "App", "Modality", "acting_as", "agent", "current_agent"]
+__all__ = ["SLO", "Agent", "App", "Modality", "acting_as", "agent", "current_agent", "identity_headers"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -243,3 +243,36 @@ def agent(app: str | App, name: str = DEFAULT_AGENT, *, weight: float = 1.0, slo
         return wrapper  # type: ignore[no-any-return]
 
     return decorate
+
+
+def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool = False) -> dict[str, str]:
+    """The HTTP headers that tell a fairagents server who is calling.
+
+    Args:
+        who: an :class:`Agent`, an arbiter's agent handle, or an agent's name; ``None``:
+            the agent bound in context (no agent header when none is).
+        app: the app to name, instead of the agent's own.
+        name_app: name the app too, for a server that runs without API keys (with keys,
+            the key says which app).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.identity import identity_headers
+        >>> with fa.acting_as(fa.Agent("planner", fa.App("driving"))):
+        ...     identity_headers(name_app=True)
+        {'X-Fairagents-Agent': 'planner', 'X-Fairagents-App': 'driving'}
+        >>> identity_headers("writer", app="studio", name_app=True)
+        {'X-Fairagents-Agent': 'writer', 'X-Fairagents-App': 'studio'}
+    """
+    who = current_agent() if who is None else getattr(who, "identity", who)  # an AgentHandle carries its Agent
+    headers = {}
+    if isinstance(who, Agent):
+        headers[HEADER_AGENT] = who.name
+    elif isinstance(who, str) and who:
+        headers[HEADER_AGENT] = who
+    elif who is not None:
+        raise InvalidParameterError(f"the caller must be an Agent, an agent handle or an agent name, got {who!r}")
+    app = app or (who.app.name if isinstance(who, Agent) else None)
+    if name_app and app:
+        headers[HEADER_APP] = app
+    return headers

@@ -1,0 +1,260 @@
+"""OpenAI's chat completions and images, served by an arbiter in this process.
+
+Requests are read as the OpenAI API reads them and answered with the ``openai``
+package's own response types, so code written for ``openai.AsyncOpenAI`` runs
+unchanged. What fairagents cannot honour (tools, response formats, logprobs,
+penalties, ``n > 1``) is refused with an :class:`~fairagents.InvalidParameterError`
+rather than ignored.
+
+Examples:
+    >>> chat_params({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stop": "."})
+    ({'max_tokens': 8, 'stop': ('.',)}, False, False, None)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import openai
+from openai.types import CompletionUsage, ImagesResponse
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+
+from fairagents.arbiter import AgentHandle, Arbiter
+from fairagents.engines.base import Delta
+from fairagents.errors import InvalidParameterError, UnknownModelError
+from fairagents.identity import Agent, Modality
+
+__all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image"]
+
+# Parameters about the caller or the transport, not the generation: accepted and not used.
+_IGNORED = frozenset(
+    {"user", "metadata", "store", "extra_headers", "extra_query", "safety_identifier", "prompt_cache_key",
+     "service_tier"}
+)
+# Parameters whose default value asks for nothing.
+_NO_OP = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "n": 1}
+_READ = frozenset(
+    {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
+     "stream_options", "extra_body", "timeout"}
+)
+
+
+def _given(value: Any) -> bool:
+    return value is not None and not isinstance(value, openai.NotGiven | openai.Omit)
+
+
+def chat_params(request: Mapping[str, Any]) -> tuple[dict[str, Any], bool, bool, float | None]:
+    """``create(...)``'s keyword arguments as :meth:`~fairagents.Arbiter.chat` parameters.
+
+    Returns:
+        The parameters, whether to stream, whether the stream ends with a usage chunk,
+        and the timeout in seconds (``None``: none).
+
+    Raises:
+        InvalidParameterError: a parameter fairagents cannot honour.
+    """
+    given = {name: value for name, value in request.items() if _given(value)}
+    refused = sorted(
+        name for name, value in given.items() if name not in _READ | _IGNORED and _NO_OP.get(name, object()) != value
+    )
+    if refused:
+        raise InvalidParameterError(
+            f"fairagents serves plain chat completions; it cannot honour {', '.join(refused)}"
+        )
+    params: dict[str, Any] = {}
+    max_tokens = given.get("max_completion_tokens", given.get("max_tokens"))
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
+    for name in ("temperature", "top_p", "seed"):
+        if name in given:
+            params[name] = given[name]
+    if "stop" in given:
+        params["stop"] = (given["stop"],) if isinstance(given["stop"], str) else tuple(given["stop"])
+    extra = dict(given.get("extra_body") or {})
+    if extra.pop("ignore_eos", False):  # vLLM's extension
+        params["ignore_eos"] = True
+    if extra:
+        raise InvalidParameterError(f"fairagents takes no extra_body parameter {', '.join(sorted(extra))}")
+    stream = bool(given.get("stream", False))
+    include_usage = bool((given.get("stream_options") or {}).get("include_usage", False))
+    timeout = given.get("timeout")
+    return params, stream, include_usage, timeout if isinstance(timeout, int | float) else None
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """Text-only content part lists as plain strings (what a text model takes); images kept as parts."""
+    if not isinstance(messages, list | tuple):
+        return messages  # the arbiter says what is wrong with it
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            message = {**message, "content": "\n".join(str(p.get("text", "")) for p in content)}
+        out.append(message)
+    return out
+
+
+async def chat_completion(
+    arbiter: Arbiter, agent: AgentHandle | Agent | None, request: Mapping[str, Any]
+) -> ChatCompletion | ChatCompletionStream:
+    """Serve one ``chat.completions.create(**request)`` through ``arbiter``."""
+    model, messages = request.get("model"), _messages(request.get("messages"))
+    params, stream, include_usage, timeout = chat_params(request)
+    if stream:
+        deltas = arbiter.stream_chat(model, messages, agent=agent, **params)  # type: ignore[arg-type]
+        try:
+            first = await anext(deltas)  # bad input raises here, at create(), as the HTTP API answers 400
+        except BaseException:
+            await deltas.aclose()
+            raise
+        return ChatCompletionStream(arbiter, model, messages, first, deltas, include_usage)  # type: ignore[arg-type]
+    async with asyncio.timeout(timeout):
+        reply = await arbiter.chat(model, messages, agent=agent, **params)  # type: ignore[arg-type]
+    usage = reply.usage
+    return ChatCompletion(
+        id=f"chatcmpl-{reply.request_id}",
+        object="chat.completion",
+        created=int(time.time()),
+        model=reply.model,
+        choices=[
+            Choice(
+                index=0,
+                message=ChatCompletionMessage(role="assistant", content=reply.text),
+                finish_reason=reply.finish_reason,  # type: ignore[arg-type]
+            )
+        ],
+        usage=CompletionUsage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+            unified_tokens=usage.unified_tokens,  # type: ignore[call-arg]  # what fairagents charged
+        ),
+    )
+
+
+class ChatCompletionStream:
+    """The chunks of a streamed completion, as ``openai``'s ``AsyncStream`` yields them.
+
+    Iterate it once with ``async for``; ``close()`` (or ``async with``) ends the request
+    early, charged for what it produced. With ``stream_options={"include_usage": True}``
+    the last chunk has no choices and carries the usage.
+
+    Examples:
+        >>> import asyncio
+        >>> import fairagents as fa
+        >>> from fairagents.testing import FakeEngine
+        >>> arbiter = fa.Arbiter()
+        >>> arbiter.add_model("chat", FakeEngine(tokens_per_reply=2))
+        >>> writer = arbiter.app("studio").agent("writer")
+        >>> async def main():
+        ...     async with arbiter:
+        ...         request = {"model": "chat", "messages": [{"role": "user", "content": "go"}], "stream": True}
+        ...         stream = await chat_completion(arbiter, writer, request)
+        ...         return [chunk.choices[0].delta.content async for chunk in stream]
+        >>> asyncio.run(main())
+        ['', 't0 ', 't1 ']
+    """
+
+    def __init__(
+        self,
+        arbiter: Arbiter,
+        model: str,
+        messages: list[dict[str, Any]],
+        first: Delta,
+        deltas: AsyncIterator[Delta],
+        include_usage: bool,
+    ) -> None:
+        self._arbiter = arbiter
+        self._model = model
+        self._messages = messages
+        self._deltas = deltas
+        self._include_usage = include_usage
+        self._id = f"chatcmpl-{uuid.uuid4().hex}"
+        self._created = int(time.time())
+        self._chunks = self._iterate(first)
+
+    def __aiter__(self) -> ChatCompletionStream:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        return await self._chunks.__anext__()
+
+    async def close(self) -> None:
+        """Stop the request; what it produced so far is charged."""
+        await self._chunks.aclose()
+        await self._deltas.aclose()  # type: ignore[attr-defined]  # when no chunk was read, _chunks never opened it
+
+    async def __aenter__(self) -> ChatCompletionStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _chunk(self, delta: ChoiceDelta, finish: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self._id,
+            object="chat.completion.chunk",
+            created=self._created,
+            model=self._model,
+            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],  # type: ignore[arg-type]
+        )
+
+    async def _iterate(self, first: Delta) -> AsyncIterator[ChatCompletionChunk]:
+        produced = 0
+        async with contextlib.aclosing(self._deltas):
+            yield self._chunk(ChoiceDelta(role="assistant", content=""))
+            delta: Delta | None = first
+            while delta is not None:
+                produced += delta.new_tokens
+                if delta.text or delta.finish_reason:
+                    yield self._chunk(ChoiceDelta(content=delta.text or None), delta.finish_reason)
+                delta = await anext(self._deltas, None)
+        if self._include_usage:
+            yield ChatCompletionChunk(
+                id=self._id,
+                object="chat.completion.chunk",
+                created=self._created,
+                model=self._model,
+                choices=[],
+                usage=self._usage(produced),
+            )
+
+    def _usage(self, produced: int) -> CompletionUsage:
+        # A stream reports no usage: count the prompt as the arbiter did (the engine's own tokenizer)
+        # and price the call as it was charged.
+        prompt = self._arbiter.engine(self._model).prepare_chat(self._messages).n_tokens
+        cost = self._arbiter.cost
+        charged = cost.input_cost(self._model, prompt) + cost.output_cost(self._model, produced)
+        return CompletionUsage(
+            prompt_tokens=prompt,
+            completion_tokens=produced,
+            total_tokens=prompt + produced,
+            unified_tokens=charged,  # type: ignore[call-arg]  # what fairagents charged
+        )
+
+
+async def generate_image(arbiter: Arbiter, request: Mapping[str, Any]) -> ImagesResponse:
+    """Serve ``images.generate(**request)``: the pool needs an image model.
+
+    Raises:
+        UnknownModelError: no image model of that name (or none at all) in the pool.
+        NotImplementedError: the pool has one, but the arbiter does not run image models yet.
+    """
+    image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
+    model = request.get("model")
+    if _given(model):
+        kind = arbiter.engine(model).profile.modality  # an unknown model raises UnknownModelError here
+        if kind is not Modality.IMAGE:
+            raise UnknownModelError(f"model {model!r} is a {kind.value} model, not an image model")
+    elif not image_models:
+        known = ", ".join(sorted(arbiter.models)) or "none"
+        raise UnknownModelError(f"the pool has no image model to generate images with (models: {known})")
+    raise NotImplementedError("the arbiter does not run image generation models yet")

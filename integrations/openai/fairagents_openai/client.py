@@ -1,0 +1,171 @@
+"""``AsyncFairOpenAI``: ``openai.AsyncOpenAI``'s chat completions and images, served fairly.
+
+Two ways to serve, one surface:
+
+- ``AsyncFairOpenAI(arbiter)``: through an arbiter in this process. The calling agent
+  is the client's ``agent``, or else the one bound in context when the call is made
+  (:func:`fairagents.acting_as`, ``@fa.agent``, a node under
+  ``fairagents_langgraph.fair_graph``).
+- ``AsyncFairOpenAI(base_url=..., api_key=...)``: through a fairagents server, with the
+  stock ``openai`` client. The API key is the app's (sent as the bearer token); the
+  agent goes in ``X-Fairagents-Agent``; a server that runs without keys is told the app
+  in ``X-Fairagents-App`` instead, and gets no ``Authorization`` header at all (so not
+  ``OPENAI_API_KEY`` from the environment either).
+
+Examples:
+    >>> import asyncio
+    >>> import fairagents as fa
+    >>> from fairagents.testing import FakeEngine
+    >>> arbiter = fa.Arbiter()
+    >>> arbiter.add_model("chat", FakeEngine(tokens_per_reply=2))
+    >>> planner = arbiter.app("driving").agent("planner")
+    >>> client = AsyncFairOpenAI(arbiter)
+    >>> async def main():
+    ...     async with arbiter:
+    ...         with fa.acting_as(planner):
+    ...             messages = [{"role": "user", "content": "go"}]
+    ...             return await client.chat.completions.create(model="chat", messages=messages)
+    >>> completion = asyncio.run(main())
+    >>> completion.choices[0].message.content, completion.usage.completion_tokens
+    ('t0 t1 ', 2)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+from openai.types import ImagesResponse
+from openai.types.chat import ChatCompletion
+
+from fairagents.arbiter import AgentHandle, Arbiter
+from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent, identity_headers
+from fairagents_openai._local import ChatCompletionStream, chat_completion, generate_image
+
+__all__ = ["AsyncFairOpenAI"]
+
+# Sent as the key to a server without keys; the Authorization header itself is then omitted.
+_NO_KEY = "fairagents-no-key"
+
+
+class AsyncFairOpenAI:
+    """A drop-in for ``openai.AsyncOpenAI``'s ``chat.completions`` and ``images``, served by fairagents.
+
+    Args:
+        arbiter: serve in this process, through this arbiter.
+        base_url: or send to a fairagents server at this URL (``http://host:8000/v1``).
+        api_key: the app's API key on the server; ``None`` when it runs without keys.
+        app: the app to name to a server without keys (default: the calling agent's app).
+        agent: a fixed caller (an agent handle or identity; with a server, also an agent
+            name); ``None``: the agent bound in context at each call.
+        **options: passed to ``openai.AsyncOpenAI`` (``timeout``, ``max_retries``,
+            ``http_client``, ...), for a server.
+
+    Raises:
+        InvalidParameterError: neither or both of ``arbiter`` and ``base_url``.
+
+    Examples:
+        >>> client = AsyncFairOpenAI(base_url="http://localhost:8000/v1", api_key="sk-studio", agent="writer")
+        >>> client.headers()
+        {'X-Fairagents-Agent': 'writer'}
+        >>> keys_off = AsyncFairOpenAI(base_url="http://localhost:8000/v1", app="studio", agent="writer")
+        >>> sorted(keys_off.headers())  # Authorization: omitted
+        ['Authorization', 'X-Fairagents-Agent', 'X-Fairagents-App']
+    """
+
+    def __init__(
+        self,
+        arbiter: Arbiter | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        app: str | None = None,
+        agent: AgentHandle | Agent | str | None = None,
+        **options: Any,
+    ) -> None:
+        if (arbiter is None) == (base_url is None):
+            raise InvalidParameterError("give either an arbiter (in process) or base_url= (a fairagents server)")
+        if arbiter is not None and (isinstance(agent, str) or options or api_key is not None):
+            raise InvalidParameterError(
+                "in process, agent= is an agent handle or identity, and api_key= and client options do not apply"
+            )
+        self.arbiter = arbiter
+        self.agent = agent
+        self.app = app
+        self._keyed = bool(api_key)
+        self.openai: openai.AsyncOpenAI | None = None
+        """The underlying ``openai`` client, for a server (its other endpoints, as they are)."""
+        if base_url is not None:
+            self.openai = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or _NO_KEY, **options)
+        self.chat = _Chat(self)
+        self.images = _Images(self)
+
+    def headers(self) -> dict[str, Any]:
+        """The identity headers a call made now sends to a server.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> client = AsyncFairOpenAI(base_url="http://localhost:8000/v1", api_key="sk-driving")
+            >>> with fa.acting_as(fa.Agent("planner", fa.App("driving"))):
+            ...     client.headers()
+            {'X-Fairagents-Agent': 'planner'}
+        """
+        headers: dict[str, Any] = identity_headers(self.agent, app=self.app, name_app=not self._keyed)
+        if not self._keyed:
+            headers["Authorization"] = openai.Omit()
+        return headers
+
+    def _remote_options(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {**request, "extra_headers": {**self.headers(), **(request.get("extra_headers") or {})}}
+
+    async def close(self) -> None:
+        """Close the connection to the server (nothing to close in process)."""
+        if self.openai is not None:
+            await self.openai.close()
+
+    async def __aenter__(self) -> AsyncFairOpenAI:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Completions:
+    def __init__(self, client: AsyncFairOpenAI) -> None:
+        self._client = client
+
+    async def create(self, **request: Any) -> ChatCompletion | ChatCompletionStream | Any:
+        """``chat.completions.create``: a ``ChatCompletion``, or with ``stream=True`` an async iterator of chunks.
+
+        In process, bad input (an unknown model or agent, ``max_tokens`` ≤ 0, a parameter
+        fairagents cannot honour) raises a :class:`~fairagents.BadInputError`, which is a
+        ``ValueError``, here rather than while iterating a stream.
+        """
+        client = self._client
+        if client.openai is not None:
+            return await client.openai.chat.completions.create(**client._remote_options(request))
+        assert client.arbiter is not None
+        return await chat_completion(client.arbiter, client.agent, request)  # type: ignore[arg-type]
+
+
+class _Chat:
+    def __init__(self, client: AsyncFairOpenAI) -> None:
+        self.completions = _Completions(client)
+
+
+class _Images:
+    def __init__(self, client: AsyncFairOpenAI) -> None:
+        self._client = client
+
+    async def generate(self, **request: Any) -> ImagesResponse:
+        """``images.generate``. In process the pool must hold an image model.
+
+        Raises:
+            UnknownModelError: in process, no image model in the pool (or none of that name).
+        """
+        client = self._client
+        if client.openai is not None:
+            return await client.openai.images.generate(**client._remote_options(request))
+        assert client.arbiter is not None
+        return await generate_image(client.arbiter, request)
