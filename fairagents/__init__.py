@@ -17,14 +17,17 @@ from fairagents.errors import (
     ContextLengthError,
     EngineError,
     FairAgentsError,
+    InvalidImageError,
     InvalidParameterError,
+    ModalityError,
+    OverloadedError,
     ShutdownError,
     UnknownAgentError,
     UnknownAppError,
     UnknownModelError,
 )
 from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
-from fairagents.reply import Reply, Timing, Usage
+from fairagents.reply import ImageReply, Reply, Timing, Usage
 from fairagents.request import Outcome, Request
 from fairagents.stats import ClientSnapshot, Stats
 
@@ -42,10 +45,14 @@ __all__ = [
     "CostModel",
     "EngineError",
     "FairAgentsError",
+    "ImageReply",
+    "InvalidImageError",
     "InvalidParameterError",
     "Modality",
+    "ModalityError",
     "ModelProfile",
     "Outcome",
+    "OverloadedError",
     "RawTokenCost",
     "Reply",
     "Request",

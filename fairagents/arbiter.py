@@ -43,15 +43,19 @@ from fairagents.errors import (
     EngineError,
     FairAgentsError,
     InvalidParameterError,
+    ModalityError,
+    OverloadedError,
     ShutdownError,
     UnknownAgentError,
     UnknownAppError,
     UnknownModelError,
 )
-from fairagents.identity import SLO, Agent, App, current_agent
+from fairagents.identity import SLO, Agent, App, Modality, current_agent
+from fairagents.images import has_images, to_png
 from fairagents.metrics import RequestRecord
 from fairagents.policies import Policy, make_policy
-from fairagents.reply import Reply, Timing, Usage
+from fairagents.preprocessing import Preprocessor
+from fairagents.reply import ImageReply, Reply, Timing, Usage
 from fairagents.request import Outcome, Request
 from fairagents.stats import Ledger, Stats
 
@@ -63,6 +67,10 @@ log = structlog.get_logger("fairagents.arbiter")
 DEFAULT_IN_FLIGHT = 32
 
 Messages = Sequence[dict[str, Any]]
+
+# Request ids are unique across every arbiter in the process: arbiters may share an engine,
+# and vLLM merges requests of the same id (an abort meant for one would end the other).
+_request_ids = itertools.count(1)
 
 
 class _State(enum.Enum):
@@ -93,6 +101,8 @@ class _Model:
     running: int = 0
     failure: EngineError | None = None
     tickets: set[_Ticket] = field(default_factory=set)
+    run_time: float | None = None
+    """Moving average of dispatch-to-finish seconds: the retry hint of an overloaded app."""
 
 
 class AgentHandle:
@@ -119,6 +129,18 @@ class AgentHandle:
     def stream_chat(self, model: str, messages: Messages, **params: Any) -> AsyncIterator[Delta]:
         """:meth:`Arbiter.stream_chat` as this agent."""
         return self._arbiter.stream_chat(model, messages, agent=self, **params)
+
+    async def complete(self, model: str, prompt: str | Prompt, **params: Any) -> Reply:
+        """:meth:`Arbiter.complete` as this agent."""
+        return await self._arbiter.complete(model, prompt, agent=self, **params)
+
+    def stream_complete(self, model: str, prompt: str | Prompt, **params: Any) -> AsyncIterator[Delta]:
+        """:meth:`Arbiter.stream_complete` as this agent."""
+        return self._arbiter.stream_complete(model, prompt, agent=self, **params)
+
+    async def generate_image(self, model: str, prompt: str, **params: Any) -> ImageReply:
+        """:meth:`Arbiter.generate_image` as this agent."""
+        return await self._arbiter.generate_image(model, prompt, agent=self, **params)
 
 
 class AppHandle:
@@ -158,6 +180,12 @@ class Arbiter:
         w_output: weight of a generated token in service.
         drain_timeout: seconds ``async with`` exit waits for accepted work before
             aborting the rest with :class:`~fairagents.ShutdownError`.
+        preprocess_workers: threads that prepare requests carrying images (decode,
+            resize, tokenize), off the event loop (:mod:`fairagents.preprocessing`).
+        preprocess_queue: most such requests in preprocessing at once; one more raises
+            :class:`~fairagents.errors.OverloadedError`.
+        preprocess_inline: prepare image requests on the event loop instead (only to
+            measure what the pool saves: ``fairagents bench modality``).
         clock: time source in seconds (injectable for tests).
 
     Examples:
@@ -175,6 +203,9 @@ class Arbiter:
         w_input: float = 1.0,
         w_output: float = 2.0,
         drain_timeout: float = 30.0,
+        preprocess_workers: int = 2,
+        preprocess_queue: int = 256,
+        preprocess_inline: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if in_flight is not None:
@@ -183,13 +214,16 @@ class Arbiter:
         self.policy = make_policy(policy, self.cost)
         self.in_flight = in_flight
         self.drain_timeout = drain_timeout
+        self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, inline=preprocess_inline)
         self.clock = clock
         self.ledger = Ledger()
         self._models: dict[str, _Model] = {}
         self._apps: dict[str, App] = {}
         self._agents: dict[tuple[str, str], Agent] = {}
         self._tickets: dict[str, _Ticket] = {}
-        self._ids = itertools.count(1)
+        self._max_queued: dict[str, int] = {}
+        self._waiting: dict[tuple[str, str], int] = defaultdict(int)  # (app, model) -> requests queued
+        self._listeners: list[Callable[[RequestRecord], None]] = []
         self._started = False
         self._closing = False
         self._idle = asyncio.Event()
@@ -208,13 +242,24 @@ class Arbiter:
         if self._started:
             self.cost.register(name, engine.profile)
 
-    def app(self, name: str, weight: float = 1.0, slo: SLO | None = None) -> AppHandle:
-        """Declare (or get) an app; re-declaring with other settings is an error."""
+    def app(self, name: str, weight: float = 1.0, slo: SLO | None = None, *, max_queued: int | None = None) -> AppHandle:
+        """Declare (or get) an app; re-declaring with other settings is an error.
+
+        ``max_queued`` bounds the app's requests waiting for one model: a call past it
+        raises :class:`~fairagents.errors.OverloadedError` at once instead of queueing
+        (``None``: unbounded).
+        """
         new = App(name, weight=weight, slo=slo)
+        if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1):
+            raise InvalidParameterError(f"max_queued must be an integer ≥ 1 or None, got {max_queued!r}")
         existing = self._apps.get(name)
-        if existing is not None and existing != new:
-            raise InvalidParameterError(f"app {name!r} is already declared as {existing}")
+        if existing is not None and (existing != new or self._max_queued.get(name) != max_queued):
+            raise InvalidParameterError(
+                f"app {name!r} is already declared as {existing} with max_queued={self._max_queued.get(name)}"
+            )
         self._apps[name] = existing or new
+        if max_queued is not None:
+            self._max_queued[name] = max_queued
         return AppHandle(self, self._apps[name])
 
     def _declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> AgentHandle:
@@ -233,6 +278,14 @@ class Arbiter:
     def engine(self, model: str) -> Engine:
         """The engine serving ``model``."""
         return self._model(model).engine
+
+    def add_listener(self, listener: Callable[[RequestRecord], None]) -> None:
+        """Call ``listener`` with the record of every request as it ends (metrics exporters).
+
+        It runs synchronously in the event loop: keep it quick. An exception it raises
+        is logged and does not reach the request.
+        """
+        self._listeners.append(listener)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -271,6 +324,7 @@ class Arbiter:
             with contextlib.suppress(TimeoutError):
                 self._idle.clear()
                 await asyncio.wait_for(self._idle.wait(), 5.0) if self._tickets else None
+        self.preprocessor.close()
         if stop_engines:
             await asyncio.gather(*(m.engine.stop() for m in self._models.values()), return_exceptions=True)
         self._started = False
@@ -300,20 +354,22 @@ class Arbiter:
     ) -> Reply:
         """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
 
+        A message's content may be a list of text and image parts for a vision model
+        (:mod:`fairagents.images` lists the shapes: OpenAI ``image_url`` parts with data
+        URLs, file paths, PIL images). Such a request is prepared in the preprocessing
+        pool and queued with the time it arrived; its image tokens count in its prompt.
+
         Raises:
             BadInputError: bad input (an unknown model, app or agent; invalid messages or
-                parameters; a prompt longer than the context): nothing was charged or queued.
+                parameters; a prompt longer than the context; an unreadable, unsupported or
+                too large image, or an image for a model that takes none): nothing was
+                charged or queued.
             EngineError: the model's engine failed.
+            OverloadedError: the app's queue, or the preprocessing queue, is full.
             ShutdownError: the arbiter closed before the request finished.
         """
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        ticket = self._submit(model, messages, agent, params)
-        texts, finish = [], "stop"
-        async with contextlib.aclosing(self._run(ticket)) as run:
-            async for delta in run:
-                texts.append(delta.text)
-                finish = delta.finish_reason or finish
-        return self._reply(ticket, "".join(texts), finish)
+        return await self._collect(await self._chat_ticket(model, agent, params, messages))
 
     async def stream_chat(
         self,
@@ -334,10 +390,102 @@ class Arbiter:
         the request (it is charged only for what it produced).
         """
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        ticket = self._submit(model, messages, agent, params)
+        ticket = await self._chat_ticket(model, agent, params, messages)
         async with contextlib.aclosing(self._run(ticket)) as run:
             async for delta in run:
                 yield delta
+
+    async def complete(
+        self,
+        model: str,
+        prompt: str | Prompt,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> Reply:
+        """Like :meth:`chat` for a plain prompt, which the model continues (no chat template).
+
+        ``prompt`` is text, tokenized by the model's engine (``prepare_text``), or a
+        ready :class:`~fairagents.engines.Prompt` (token ids, or ``engine.prepare_chat(...)``
+        when the caller needs the prompt's length before sending). Raises as :meth:`chat`.
+        """
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
+        return await self._collect(self._submit(model, agent, params, _text_input(prompt)))
+
+    async def stream_complete(
+        self,
+        model: str,
+        prompt: str | Prompt,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[Delta]:
+        """:meth:`complete`, yielding each :class:`~fairagents.engines.Delta` as :meth:`stream_chat` does."""
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
+        ticket = self._submit(model, agent, params, _text_input(prompt))
+        async with contextlib.aclosing(self._run(ticket)) as run:
+            async for delta in run:
+                yield delta
+
+    async def generate_image(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        size: tuple[int, int] | None = None,
+        steps: int | None = None,
+        n: int = 1,
+        guidance: float | None = None,
+        seed: int | None = None,
+    ) -> ImageReply:
+        """Make ``n`` images of ``size`` (width, height) from ``prompt`` on an image model, as ``agent``.
+
+        ``size`` and ``steps`` default to the model's own. The request is charged in
+        unified tokens of the denoiser's latent tokens (latent patches × steps × ``n``),
+        step by step as the denoiser runs; ``reply.usage.completion_tokens`` counts them.
+
+        Raises:
+            BadInputError: as :meth:`chat`, and a size, ``steps`` or ``n`` the model cannot
+                make (:class:`~fairagents.InvalidParameterError`), or a model that makes no
+                images (:class:`~fairagents.errors.ModalityError`).
+            EngineError: the model's engine failed.
+            ShutdownError: the arbiter closed before the request finished.
+        """
+        engine = self._model(model).engine
+        if not self._started or self._closing:
+            raise ShutdownError("the arbiter is not running: use 'async with arbiter:' or await arbiter.start()")
+        if engine.profile.modality is not Modality.IMAGE or not hasattr(engine, "prepare_image"):
+            raise ModalityError(f"model {model!r} makes no images (it is a {engine.profile.modality.value} model)")
+        size = engine.default_size if size is None else size  # type: ignore[attr-defined]
+        steps = engine.default_steps if steps is None else steps  # type: ignore[attr-defined]
+        params = GenerationParams(engine.latent_tokens(size, steps, n), seed=seed)  # type: ignore[attr-defined]
+
+        def prepare(engine: Engine) -> Prompt:
+            return engine.prepare_image(prompt, size=size, steps=steps, n=n, guidance=guidance)  # type: ignore[attr-defined]
+
+        ticket = self._submit(model, agent, params, prepare)
+        images: tuple[Any, ...] = ()
+        finish = "stop"
+        async with contextlib.aclosing(self._run(ticket)) as run:
+            async for delta in run:
+                images = delta.images or images
+                finish = delta.finish_reason or finish
+        reply = self._reply(ticket, "", finish)
+        return ImageReply(
+            images=list(images), png=[to_png(image) for image in images], finish_reason=finish, model=model,
+            request_id=reply.request_id, usage=reply.usage, timing=reply.timing,
+        )
 
     def stats(self) -> Stats:
         """Per app and per agent: service, share vs weight, requests, wait and TTFT percentiles."""
@@ -401,25 +549,57 @@ class Arbiter:
             )
         return agent
 
-    def _submit(self, model: str, messages: Messages, who: AgentHandle | Agent | None, params: GenerationParams) -> _Ticket:
+    async def _chat_ticket(
+        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages
+    ) -> _Ticket:
+        """Queue a chat call: text at once; with images, after preparing them in the pool."""
+        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
+            return self._submit(model, who, params, _chat_input(messages))
+        arrival = self.clock()  # the call's arrival, before its preprocessing (DuetInfer)
+        if self._closing or not self._started:
+            raise ShutdownError("the arbiter is not running: use 'async with arbiter:' or await arbiter.start()")
+        m = self._model(model)
+        self._resolve(who)  # typed errors before any image work
+        if m.engine.profile.modality is not Modality.VISION:
+            raise ModalityError(f"model {model!r} takes no images (it is a {m.engine.profile.modality.value} model)")
+        prompt = await self.preprocessor.run(_chat_input(messages), m.engine)
+        return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
+
+    def _submit(
+        self,
+        model: str,
+        who: AgentHandle | Agent | None,
+        params: GenerationParams,
+        prepare: Callable[[Engine], Prompt],
+        *,
+        arrival: float | None = None,
+    ) -> _Ticket:
         if self._closing or not self._started:
             raise ShutdownError("the arbiter is not running: use 'async with arbiter:' or await arbiter.start()")
         m = self._model(model)
         agent = self._resolve(who)
         if m.failure is not None:
             raise EngineError(f"model {model!r} is down: {m.failure}")
-        _check_messages(messages)
-        prompt = m.engine.prepare_chat(messages)
+        waiting = (agent.app.name, model)
+        bound = self._max_queued.get(agent.app.name)
+        if bound is not None and self._waiting[waiting] >= bound:
+            raise OverloadedError(
+                f"app {agent.app.name!r} has {bound} requests queued for model {model!r}, its bound; retry later",
+                retry_after=min(max(m.run_time or 1.0, 0.05), 60.0),
+            )
+        prompt = prepare(m.engine)
         if prompt.n_tokens + params.max_tokens > m.engine.max_model_len:
             raise ContextLengthError(
                 f"prompt ({prompt.n_tokens} tokens) + max_tokens ({params.max_tokens}) exceeds the context of "
                 f"model {model!r} ({m.engine.max_model_len} tokens)"
             )
         now = self.clock()
-        request = Request(f"fa-{next(self._ids)}", agent, model, prompt.n_tokens, params.max_tokens, now)
+        arrival = now if arrival is None else arrival
+        request = Request(f"fa-{next(_request_ids)}", agent, model, prompt.n_tokens, params.max_tokens, arrival)
         ticket = _Ticket(request, prompt, params, asyncio.get_running_loop().create_future())
         self.policy.on_arrival(request, now)
         self._tickets[request.id] = ticket
+        self._waiting[waiting] += 1
         m.tickets.add(ticket)
         self._pump(m)
         return ticket
@@ -437,6 +617,7 @@ class Arbiter:
             self._charge(ticket, self.cost.input_cost(m.name, request.prompt_tokens), now)
             ticket.state = _State.RUNNING
             ticket.dispatch_time = now
+            self._waiting[(request.app, m.name)] -= 1
             m.running += 1
             ticket.dispatched.set_result(None)
 
@@ -465,8 +646,11 @@ class Arbiter:
             outcome = Outcome.FAILED
             self._fail_model(m, err)
             raise
-        except (FairAgentsError, asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit):
             outcome = Outcome.FAILED if ticket.shutdown else Outcome.CANCELLED
+            raise
+        except FairAgentsError:  # shut down, or rejected by the engine after dispatch
+            outcome = Outcome.FAILED
             raise
         except Exception as err:  # an engine bug: surface it typed, keep the rest serving
             outcome = Outcome.FAILED
@@ -486,18 +670,27 @@ class Arbiter:
         self.policy.on_finish(ticket.request, outcome, now)
         del self._tickets[ticket.request.id]
         m.tickets.discard(ticket)
+        r = ticket.request
         if was_running:
             m.running -= 1
-        r = ticket.request
-        self.ledger.record(
-            RequestRecord(
-                r.id, r.app, r.agent.name, r.model, r.arrival, ticket.dispatch_time, ticket.first_token, now,
-                r.prompt_tokens, ticket.produced, outcome, r.agent.effective_slo,
-            )
+            if outcome is Outcome.FINISHED and ticket.dispatch_time is not None:
+                run = now - ticket.dispatch_time
+                m.run_time = run if m.run_time is None else 0.8 * m.run_time + 0.2 * run
+        else:
+            self._waiting[(r.app, m.name)] -= 1
+        record = RequestRecord(
+            r.id, r.app, r.agent.name, r.model, r.arrival, ticket.dispatch_time, ticket.first_token, now,
+            r.prompt_tokens, ticket.produced, outcome, r.agent.effective_slo,
         )
+        self.ledger.record(record)
         self._pump(m)
         if not self._tickets:
             self._idle.set()
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception:  # a listener's bug must not leak into the request that ended
+                log.exception("fairagents.arbiter.listener_failed", listener=repr(listener))
 
     def _charge(self, ticket: _Ticket, amount: float, now: float) -> None:
         ticket.charged += amount
@@ -511,6 +704,14 @@ class Arbiter:
         for ticket in list(m.tickets):
             if ticket.state is _State.WAITING and not ticket.dispatched.done():
                 ticket.dispatched.set_exception(EngineError(f"model {m.name!r} is down: {err}"))
+
+    async def _collect(self, ticket: _Ticket) -> Reply:
+        texts, finish = [], "stop"
+        async with contextlib.aclosing(self._run(ticket)) as run:
+            async for delta in run:
+                texts.append(delta.text)
+                finish = delta.finish_reason or finish
+        return self._reply(ticket, "".join(texts), finish)
 
     def _reply(self, ticket: _Ticket, text: str, finish: str) -> Reply:
         r = ticket.request
@@ -532,6 +733,27 @@ class Arbiter:
 def _check_limit(value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidParameterError(f"in-flight limit must be an integer ≥ 1, got {value!r}")
+
+
+def _chat_input(messages: Messages) -> Callable[[Engine], Prompt]:
+    def prepare(engine: Engine) -> Prompt:
+        _check_messages(messages)
+        return engine.prepare_chat(messages)
+
+    return prepare
+
+
+def _text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
+    def prepare(engine: Engine) -> Prompt:
+        if isinstance(prompt, Prompt):
+            if not prompt.n_tokens:
+                raise InvalidParameterError("the prompt has no tokens")
+            return prompt
+        if not isinstance(prompt, str) or not prompt:
+            raise InvalidParameterError(f"the prompt must be a non-empty string or a Prompt, got {prompt!r}")
+        return engine.prepare_text(prompt)
+
+    return prepare
 
 
 def _check_messages(messages: Messages) -> None:

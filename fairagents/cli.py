@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--simulated", action="store_true", help="run the three-model scenario on the simulator instead")
     demo.add_argument("--seed", type=int, default=0, help="seed of the simulated scenario")
 
+    serve = commands.add_parser("serve", help="serve the pool over an OpenAI-compatible HTTP API with a live fairness view")
+    serve.add_argument("--config", help="a .toml or .yaml configuration (default: the embedded model, keys off)")
+    serve.add_argument("--host", help="overrides server.host")
+    serve.add_argument("--port", type=int, help="overrides server.port")
+
     models = commands.add_parser("models", help="the embedded default models")
     model_commands = models.add_subparsers(dest="models_command", required=True)
     model_commands.add_parser("build", help="build the embedded models now (otherwise built on first use)")
@@ -56,6 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--rounds", type=int, default=2)
     over.add_argument("--sweep", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     over.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    srv = benches.add_parser("server", help="HTTP server vs in-process API: requests/s and TTFT on one engine")
+    srv.add_argument("--model", help="model to serve instead of the embedded tiny model")
+    srv.add_argument("--callers", type=int, default=32)
+    srv.add_argument("--per-caller", type=int, default=4)
+    srv.add_argument("--max-tokens", type=int, default=64)
+    srv.add_argument("--rounds", type=int, default=2)
+    srv.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    moda = benches.add_parser("modality", help="text TTFT under image preprocessing load (pool vs inline); cross-modal accounting")
+    moda.add_argument("--images", type=int, default=40)
+    moda.add_argument("--image-side", type=int, default=1400)
+    moda.add_argument("--text-requests", type=int, default=20)
+    moda.add_argument("--text-tokens", type=int, default=4)
+    moda.add_argument("--seconds", type=float, default=8.0)
+    moda.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return parser
 
 
@@ -88,6 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             demo.main(console, policies=args.policy or ["fcfs", "hmfs"], seconds=args.seconds, out=args.out, model=args.model)
         return 0
+    if args.command == "serve":
+        from fairagents.errors import BadInputError
+        from fairagents.server import main as serve
+
+        try:
+            return serve(args.config, host=args.host, port=args.port)
+        except BadInputError as err:  # a bad configuration file or option
+            print(f"fairagents serve: {err}", file=sys.stderr)
+            return 2
     if args.command == "models":
         from fairagents.models import ensure_default_models
 
@@ -111,6 +139,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
         else:
             for table in overhead.render(result):
+                console.print(table)
+        return 0
+    if args.command == "bench" and args.benchmark == "server":
+        from fairagents.bench import server
+
+        result = server.run(args.model, args.callers, args.per_caller, args.max_tokens, args.rounds)
+        if args.json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            for table in server.render(result):
+                console.print(table)
+        return 0
+    if args.command == "bench" and args.benchmark == "modality":
+        from fairagents.bench import modality
+
+        result = modality.run(images=args.images, image_side=args.image_side, text_requests=args.text_requests,
+                              text_tokens=args.text_tokens, seconds=args.seconds)
+        if args.json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            for table in modality.render(result):
                 console.print(table)
         return 0
     raise AssertionError(f"unhandled command {args}")

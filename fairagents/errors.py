@@ -11,8 +11,11 @@ retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
     │   ├── UnknownModelError                no model of that name in the pool
     │   ├── UnknownAppError                  no app of that name
     │   ├── UnknownAgentError                no agent of that name in its app
-    │   └── ContextLengthError               the prompt does not fit the model's context
+    │   ├── ContextLengthError               the prompt does not fit the model's context
+    │   ├── InvalidImageError                an image that is corrupt, of an unsupported format, or too large
+    │   └── ModalityError                    the model does not take or make that modality (an image to a text model)
     ├── EngineError                          the engine serving a model failed
+    ├── OverloadedError                      the app's queue is full; retry after ``retry_after`` seconds
     └── ShutdownError                        the arbiter is closing; the request did not run to the end
 
 Examples:
@@ -31,7 +34,10 @@ __all__ = [
     "ContextLengthError",
     "EngineError",
     "FairAgentsError",
+    "InvalidImageError",
     "InvalidParameterError",
+    "ModalityError",
+    "OverloadedError",
     "ShutdownError",
     "UnknownAgentError",
     "UnknownAppError",
@@ -113,6 +119,28 @@ class ContextLengthError(BadInputError):
     """
 
 
+class InvalidImageError(BadInputError):
+    """An input image cannot be used: not an image, corrupt, of an unsupported format, or too large.
+
+    Examples:
+        >>> from fairagents.images import load_image
+        >>> load_image(b"not an image")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidImageError: the image data is not a readable image (12 bytes)
+    """
+
+
+class ModalityError(BadInputError):
+    """The model does not take or make that modality: an image sent to a text model, an image asked of an LLM.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> issubclass(fa.errors.ModalityError, ValueError)
+        True
+    """
+
+
 class EngineError(FairAgentsError):
     """The engine serving a model failed; the request did not complete.
 
@@ -123,6 +151,27 @@ class EngineError(FairAgentsError):
         >>> issubclass(fa.EngineError, ValueError)
         False
     """
+
+
+class OverloadedError(FairAgentsError):
+    """The calling app already has as many requests queued as its bound allows; nothing was queued.
+
+    Not a ``ValueError``: the same request succeeds once the app's queue has room.
+
+    Args:
+        message: what is full.
+        retry_after: seconds after which a retry is likely to find room (a hint).
+
+    Examples:
+        >>> from fairagents.errors import OverloadedError
+        >>> err = OverloadedError("app 'flood' has 8 requests queued", retry_after=0.5)
+        >>> err.retry_after, isinstance(err, ValueError)
+        (0.5, False)
+    """
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ShutdownError(FairAgentsError):

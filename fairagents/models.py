@@ -1,13 +1,22 @@
 """The embedded default: tiny random-weight models built locally, with no network.
 
-With no configuration, fairagents serves a Llama-shaped text model of random weights
-(hidden 128, 2 heads of 64, 2 layers) with a byte-level BPE tokenizer trained here on
-synthetic text. Its output is gibberish; its serving, batching, token counts and
-timings are real. Models are built once into ``$FAIRAGENTS_HOME/models`` (default:
+With no configuration, fairagents serves three models of random weights, one per
+modality, each with a byte-level BPE tokenizer trained here on synthetic text:
+
+- ``text``: a Llama-shaped LLM (hidden 128, 2 heads of 64, 2 layers);
+- ``vision``: an Idefics3 VLM (a 2-layer ViT of width 64 on 56-pixel tiles, a
+  pixel-shuffle connector, the same tiny Llama): an image becomes up to 4 tiles
+  and a global view of 4 image tokens each (vLLM runs Idefics3 without torchvision);
+- ``image``: a PixArt-α pipeline (a DiT denoiser of width 64 and 2 layers with 2×2
+  patches, a 2-layer T5 text encoder, a VAE that downsamples 2×).
+
+Their output is gibberish (noise, for the image model); their serving, batching,
+token counts and timings are real. Models are built once into ``$FAIRAGENTS_HOME/models`` (default:
 ``~/.cache/fairagents``), atomically, so concurrent first uses do not collide.
 
 Building needs ``torch``, ``transformers`` and ``tokenizers`` (the ``cpu`` or ``gpu``
-extra).
+extra), and ``diffusers`` for the image model. Each model is built the first time it is
+asked for (``ensure_default_models(["vision"])`` builds only that one).
 
 Examples:
     >>> from fairagents import models
@@ -23,19 +32,53 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-__all__ = ["DEFAULT_TEXT_MODEL", "build_text_model", "ensure_default_models", "home", "model_path"]
+from fairagents.errors import InvalidParameterError
+
+__all__ = [
+    "DEFAULT_IMAGE_MODEL",
+    "DEFAULT_TEXT_MODEL",
+    "DEFAULT_VISION_MODEL",
+    "build_image_model",
+    "build_text_model",
+    "build_vision_model",
+    "ensure_default_models",
+    "home",
+    "model_path",
+]
 
 log = structlog.get_logger("fairagents.models")
 
 #: Name of the embedded text model; bump the suffix when the recipe changes.
 DEFAULT_TEXT_MODEL = "tiny-llama-v1"
+#: Name of the embedded vision-language model.
+DEFAULT_VISION_MODEL = "tiny-idefics3-v1"
+#: Name of the embedded image-generation (diffusion) model.
+DEFAULT_IMAGE_MODEL = "tiny-pixart-v1"
 
 _SPECIALS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Idefics3's image tokens: the placeholder, the tile frame, the global view, the tile grid.
+_VISION_SPECIALS = [
+    *_SPECIALS,
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+]
+# Content is text, or a list of parts: {"type": "text", "text": ...} and {"type": "image"}.
+_VISION_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 _CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
@@ -57,46 +100,42 @@ def model_path(name: str) -> Path:
     return home() / "models" / name
 
 
-def ensure_default_models() -> dict[str, Path]:
-    """Build the embedded models that are missing; their folders by name."""
-    path = model_path(DEFAULT_TEXT_MODEL)
-    if not (path / "config.json").exists():
-        with _lock(path.parent / f".{DEFAULT_TEXT_MODEL}.lock"):
-            if not (path / "config.json").exists():  # someone else may have built it meanwhile
-                build_text_model(path)
-    return {"text": path}
+def ensure_default_models(kinds: Iterable[str] = ("text", "vision", "image")) -> dict[str, Path]:
+    """Build the embedded models of ``kinds`` that are missing; their folders by kind.
+
+    Kinds are ``"text"``, ``"vision"`` and ``"image"``; each is built at most once,
+    under a file lock, into a staging folder renamed into place when complete.
+    """
+    builders = {
+        "text": (DEFAULT_TEXT_MODEL, build_text_model),
+        "vision": (DEFAULT_VISION_MODEL, build_vision_model),
+        "image": (DEFAULT_IMAGE_MODEL, build_image_model),
+    }
+    paths: dict[str, Path] = {}
+    for kind in kinds:
+        if kind not in builders:
+            raise InvalidParameterError(f"unknown embedded model kind {kind!r}; kinds: {', '.join(builders)}")
+        name, build = builders[kind]
+        path = model_path(name)
+        if not (path / _MARKER[kind]).exists():
+            with _lock(path.parent / f".{name}.lock"):
+                if not (path / _MARKER[kind]).exists():  # someone else may have built it meanwhile
+                    build(path)
+        paths[kind] = path
+    return paths
+
+
+# A folder is complete when this file exists (staging folders are renamed into place whole).
+_MARKER = {"text": "config.json", "vision": "config.json", "image": "model_index.json"}
 
 
 def build_text_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
     """Build the tiny Llama and its locally trained tokenizer into ``out`` (replacing it)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        tok = Tokenizer(models.BPE(unk_token=None))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=_SPECIALS,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(_corpus(seed), trainer)
-        bos = tok.token_to_id("<s>")
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-        hf = PreTrainedTokenizerFast(
-            tokenizer_object=tok,
-            bos_token="<s>",
-            eos_token="</s>",
-            pad_token="<pad>",
-            model_max_length=2048,
-            additional_special_tokens=_SPECIALS[3:],
-        )
+    with _staging(Path(out)) as staging:
+        hf = _train_tokenizer(_SPECIALS, vocab_size, seed)
         hf.chat_template = _CHAT_TEMPLATE
         hf.save_pretrained(staging)
         config = LlamaConfig(
@@ -115,13 +154,127 @@ def build_text_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Pat
         )
         torch.manual_seed(seed)
         LlamaForCausalLM(config).save_pretrained(staging)
+    return Path(out)
+
+
+def build_vision_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
+    """Build the tiny Idefics3 VLM, its processor and tokenizer into ``out`` (replacing it).
+
+    A 56-pixel tile of 14-pixel patches is 16 patches, which the connector's pixel
+    shuffle (scale 2) folds into 4 image tokens; the processor cuts an image into at
+    most 2×2 tiles (longest edge 112) plus a global view, so an image costs 8 to 20
+    image tokens plus its frame tokens.
+    """
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, LlamaConfig
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tile, patch, shuffle = 56, 14, 2
+    with _staging(Path(out)) as staging:
+        tok = _train_tokenizer(_VISION_SPECIALS, vocab_size, seed)
+        tok.chat_template = _VISION_CHAT_TEMPLATE
+        images = Idefics3ImageProcessorPil(
+            size={"longest_edge": 2 * tile}, max_image_size={"longest_edge": tile}, do_image_splitting=True
+        )
+        processor = Idefics3Processor(
+            image_processor=images, tokenizer=tok, image_seq_len=(tile // patch) ** 2 // shuffle**2,
+            chat_template=_VISION_CHAT_TEMPLATE,
+        )
+        processor.save_pretrained(staging)
+        tok.save_pretrained(staging)
+        text = LlamaConfig(
+            vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,  # head_dim 64 for vLLM's CPU attention
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        )
+        config = Idefics3Config(
+            vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=tile, patch_size=patch),
+            text_config=text, scale_factor=shuffle, image_token_id=tok.convert_tokens_to_ids("<image>"),
+            pad_token_id=tok.pad_token_id, torch_dtype="float32",
+        )
+        torch.manual_seed(seed)
+        Idefics3ForConditionalGeneration(config).save_pretrained(staging)
+    return Path(out)
+
+
+def build_image_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
+    """Build the tiny PixArt-α diffusion pipeline into ``out`` (replacing it).
+
+    The denoiser is a DiT of 4 heads × 16 = width 64 and 2 layers over 2×2 patches of
+    a latent that the VAE downsamples 2× (so a 64×64 image is 16 × 16 = 256 patches);
+    the text encoder is a 2-layer T5 reading the locally trained tokenizer.
+    """
+    import torch
+    from diffusers import AutoencoderKL, DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    with _staging(Path(out)) as staging:
+        tok = _train_tokenizer(_SPECIALS, vocab_size, seed)
+        tok.model_max_length = 32
+        torch.manual_seed(seed)
+        encoder = T5EncoderModel(T5Config(
+            vocab_size=len(tok), d_model=64, d_kv=16, num_heads=4, num_layers=2, d_ff=128,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        ))
+        denoiser = PixArtTransformer2DModel(
+            sample_size=32, num_layers=2, patch_size=2, attention_head_dim=16, num_attention_heads=4,
+            caption_channels=64, in_channels=4, cross_attention_dim=64, out_channels=8, attention_bias=True,
+            activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+            norm_elementwise_affine=False, norm_eps=1e-6,
+        )
+        vae = AutoencoderKL(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64),
+            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+            layers_per_block=1, norm_num_groups=8, sample_size=64,
+        )
+        pipe = PixArtAlphaPipeline(
+            tokenizer=tok, text_encoder=encoder, vae=vae, transformer=denoiser, scheduler=DPMSolverMultistepScheduler()
+        )
+        pipe.save_pretrained(staging)
+    return Path(out)
+
+
+def _train_tokenizer(specials: list[str], vocab_size: int, seed: int) -> Any:
+    """A byte-level BPE trained on :func:`_corpus`, adding ``<s>`` in front of every text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(seed), trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=2048,
+        additional_special_tokens=specials[3:],
+    )
+
+
+@contextlib.contextmanager
+def _staging(out: Path) -> Iterator[Path]:
+    """A fresh folder beside ``out`` that replaces ``out`` whole if the block completes."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        yield staging
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("fairagents.models.built", model=str(out))
-    return out
 
 
 def _corpus(seed: int, lines: int = 4000) -> Iterator[str]:

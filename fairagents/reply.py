@@ -12,8 +12,9 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Reply", "Timing", "Usage"]
+__all__ = ["ImageReply", "Reply", "Timing", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,31 @@ class Reply:
     text: str
     finish_reason: str
     """``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens``)."""
+    model: str
+    request_id: str
+    usage: Usage
+    timing: Timing
+
+
+@dataclass(frozen=True, slots=True)
+class ImageReply:
+    """The result of an image-generation call.
+
+    ``usage.completion_tokens`` counts the denoiser's latent tokens (latent patches ×
+    steps × images); ``timing.ttft`` is the time to the first denoising step.
+
+    Examples:
+        >>> from fairagents.reply import ImageReply
+        >>> "png" in ImageReply.__slots__
+        True
+    """
+
+    images: list[Any]
+    """The images, as ``PIL.Image.Image``."""
+    png: list[bytes]
+    """The same images encoded as PNG."""
+    finish_reason: str
+    """``"stop"`` when all steps ran."""
     model: str
     request_id: str
     usage: Usage

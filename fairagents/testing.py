@@ -156,6 +156,11 @@ class FakeEngine:
         words = sum(len(str(m["content"]).split()) + 1 for m in messages)
         return Prompt(token_ids=tuple(range(words)))
 
+    def prepare_text(self, text: str) -> Prompt:
+        if not isinstance(text, str) or not text:
+            raise InvalidParameterError(f"the prompt must be a non-empty string, got {text!r}")
+        return Prompt(token_ids=tuple(range(len(text.split()) + 1)))
+
     def fail(self, reason: str = "simulated crash") -> None:
         """Make the engine fail: running requests raise, later ones too."""
         self._failure = reason

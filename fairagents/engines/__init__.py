@@ -12,7 +12,7 @@ Examples:
 
 from __future__ import annotations
 
-from fairagents.engines.base import Delta, Engine, GenerationParams, Prompt
+from fairagents.engines.base import Delta, Engine, GenerationParams, ImageEngine, Prompt
 from fairagents.engines.sim import SimEngine, SimProgress
 
-__all__ = ["Delta", "Engine", "GenerationParams", "Prompt", "SimEngine", "SimProgress"]
+__all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt", "SimEngine", "SimProgress"]

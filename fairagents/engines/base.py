@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -22,7 +23,11 @@ from typing import Any, Protocol, runtime_checkable
 from fairagents.cost import ModelProfile
 from fairagents.errors import InvalidParameterError
 
-__all__ = ["Delta", "Engine", "GenerationParams", "Prompt"]
+__all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt"]
+
+#: Held by an engine's thread while it imports its libraries and loads its model:
+#: transformers' lazy imports are not thread-safe, and engines start in parallel.
+LOAD_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,8 @@ class Delta:
     """Text of those tokens."""
     finish_reason: str | None = None
     """Set on the last event: ``"stop"``, ``"length"`` or ``"abort"``."""
+    images: tuple[Any, ...] = ()
+    """Images made (``PIL.Image.Image``), on the last event of an image-generation request."""
 
 
 @runtime_checkable
@@ -108,15 +115,22 @@ class Engine(Protocol):
     """Runs one model. The contract the arbiter relies on:
 
     - ``profile`` and ``max_model_len`` are valid after ``await start()``.
-    - ``prepare_chat`` turns OpenAI-style messages into a :class:`Prompt`, raising a
-      :class:`~fairagents.BadInputError` for input it cannot take. It is synchronous
-      and may run in a worker thread.
+    - ``prepare_chat`` turns OpenAI-style messages into a :class:`Prompt`, and
+      ``prepare_text`` a plain prompt (completions: no chat template), raising a
+      :class:`~fairagents.BadInputError` for input they cannot take. Both are
+      synchronous and may run in a worker thread.
     - ``generate`` yields :class:`Delta` events for one request, the last with a
       ``finish_reason``; it starts the request at once (no queueing of its own beyond
       the engine's batch). Closing the iterator early aborts the request in the engine.
     - ``abort`` ends a running request; its stream then ends with ``"abort"``.
     - A failure of the engine itself raises :class:`~fairagents.EngineError` from
       ``generate``; after that ``healthy`` is false.
+    - ``profile.modality`` says what the model takes and gives. A vision engine's
+      ``prepare_chat`` also takes image parts (it decodes and resizes them: the
+      arbiter runs it in its preprocessing pool when a request carries images). An
+      image engine (:class:`ImageEngine`) makes a request's :class:`Prompt` with
+      ``prepare_image``; its ``Delta.new_tokens`` count latent tokens per denoising
+      step, and its last event carries the images in ``Delta.images``.
 
     Examples:
         >>> import fairagents as fa
@@ -140,10 +154,49 @@ class Engine(Protocol):
         """Apply the chat template and tokenize."""
         ...
 
+    def prepare_text(self, text: str) -> Prompt:
+        """Tokenize a plain prompt as the model reads it (special tokens such as BOS included)."""
+        ...
+
     def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
         """Run one request, streaming what it produces."""
         ...
 
     async def abort(self, request_id: str) -> None:
         """End a running request early."""
+        ...
+
+
+@runtime_checkable
+class ImageEngine(Engine, Protocol):
+    """An engine that makes images from text. Beyond :class:`Engine`'s contract:
+
+    - ``latent_tokens(size, steps, n)`` is the raw-token count of making ``n`` images
+      of ``size`` in ``steps`` denoising steps, raising
+      :class:`~fairagents.InvalidParameterError` for what the model cannot make;
+      ``generate`` yields exactly that many ``new_tokens`` in all, step by step, when
+      it runs to the end (the arbiter passes it as ``max_tokens``).
+    - ``prepare_image`` tokenizes the text prompt and carries the request's settings
+      in ``Prompt.data``; ``prepare_chat`` and ``prepare_text`` raise
+      :class:`~fairagents.errors.ModalityError`.
+    - The last :class:`Delta` has ``finish_reason="stop"`` and the images.
+
+    Examples:
+        >>> from fairagents.engines import ImageEngine
+        >>> from fairagents.testing import FakeEngine
+        >>> isinstance(FakeEngine(), ImageEngine)
+        False
+    """
+
+    default_size: tuple[int, int]
+    default_steps: int
+
+    def latent_tokens(self, size: tuple[int, int], steps: int, n: int) -> int:
+        """Latent tokens the denoiser processes for ``n`` images of ``size`` (width, height) in ``steps`` steps."""
+        ...
+
+    def prepare_image(
+        self, prompt: str, *, size: tuple[int, int], steps: int, n: int, guidance: float | None = None
+    ) -> Prompt:
+        """Validate and tokenize an image-generation request."""
         ...

@@ -47,7 +47,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fairagents.cost import ModelProfile  # noqa: E402
-from fairagents.engines.base import Delta, GenerationParams, Prompt  # noqa: E402
+from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 
@@ -57,6 +57,8 @@ log = structlog.get_logger("fairagents.engines.vllm")
 
 # vLLM's forward context is a module-level global: two engines must not step at once.
 _STEP_LOCK = threading.Lock()
+# Engines of this process that have loaded and not yet shut down (by id of their VLLMEngine).
+_live: set[int] = set()
 _names = itertools.count(1)
 
 
@@ -68,7 +70,7 @@ _ABORTED = _Aborted()
 
 
 class VLLMEngine:
-    """A text model served by vLLM in this process.
+    """A text model served by vLLM in this process (:class:`~fairagents.engines.vision.VisionEngine` serves VLMs).
 
     Args:
         model: a Hugging Face model folder or name; ``None`` builds and serves the
@@ -87,6 +89,9 @@ class VLLMEngine:
         >>> engine.healthy
         True
     """
+
+    modality: Modality = Modality.TEXT
+    """What the served model takes and gives; also which embedded model ``model=None`` builds."""
 
     def __init__(
         self,
@@ -131,7 +136,8 @@ class VLLMEngine:
         if self.model is None:
             from fairagents.models import ensure_default_models
 
-            self.model = str((await asyncio.to_thread(ensure_default_models))["text"])
+            kind = self.modality.value
+            self.model = str((await asyncio.to_thread(ensure_default_models, [kind]))[kind])
         self._loop = asyncio.get_running_loop()
         ready: asyncio.Future[Any] = self._loop.create_future()
         self._thread = threading.Thread(target=self._own, args=(ready,), name=f"fairagents-vllm-{next(_names)}", daemon=True)
@@ -139,7 +145,7 @@ class VLLMEngine:
         engine = self._engine = await ready
         config = engine.model_config
         text = config.hf_text_config
-        self.profile = ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers), modality=Modality.TEXT)
+        self.profile = ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers), modality=self.modality)
         self.max_model_len = int(config.max_model_len)
         self._tokenizer = engine.get_tokenizer()
         log.info("fairagents.vllm.started", model=self.model, max_model_len=self.max_model_len, profile=str(self.profile))
@@ -172,6 +178,14 @@ class VLLMEngine:
             raise InvalidParameterError("the messages render to an empty prompt")
         return Prompt(token_ids=tuple(ids))
 
+    def prepare_text(self, text: str) -> Prompt:
+        """Tokenize a plain prompt with the model's tokenizer (BOS added as the model expects)."""
+        if self._tokenizer is None:
+            raise EngineError("the engine is not started")
+        if not isinstance(text, str) or not text:
+            raise InvalidParameterError(f"the prompt must be a non-empty string, got {text!r}")
+        return Prompt(token_ids=tuple(self._tokenizer.encode(text)))
+
     async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
         """Stream one request; closing the stream early aborts it in the engine."""
         if self._failure is not None:
@@ -194,7 +208,7 @@ class VLLMEngine:
         )
         sink: asyncio.Queue[Any] = asyncio.Queue()
         self._sinks[request_id] = sink
-        self._inbox.put(("add", request_id, {"prompt_token_ids": list(prompt.token_ids)}, sampling))
+        self._inbox.put(("add", request_id, self._engine_input(prompt), sampling))
         done = False
         try:
             while True:
@@ -221,16 +235,22 @@ class VLLMEngine:
         """End a running request; its stream ends with ``"abort"``."""
         self._inbox.put(("abort", request_id, True))
 
+    def _engine_input(self, prompt: Prompt) -> dict[str, Any]:
+        """What vLLM's ``add_request`` takes for ``prompt`` (a vision engine adds its images)."""
+        return {"prompt_token_ids": list(prompt.token_ids)}
+
     # -- the engine thread ---------------------------------------------------------
 
     def _own(self, ready: asyncio.Future[Any]) -> None:
         loop = self._loop
         assert loop is not None
         try:
-            from vllm.engine.arg_utils import EngineArgs
-            from vllm.v1.engine.llm_engine import LLMEngine
+            with LOAD_LOCK:
+                from vllm.engine.arg_utils import EngineArgs
+                from vllm.v1.engine.llm_engine import LLMEngine
 
-            engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **self._args))
+                engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **self._args))
+                _live.add(id(self))
         except BaseException as err:  # noqa: BLE001 - any failure to load is reported to start()
             failure = EngineError(f"vLLM could not load {self.model!r}: {err}")
             failure.__cause__ = err
@@ -251,7 +271,8 @@ class VLLMEngine:
                 loop.call_soon_threadsafe(self._fail_all, failure)
         finally:
             with contextlib.suppress(Exception):
-                engine.engine_core.shutdown()
+                _shutdown(engine, alone=_live == {id(self)})
+            _live.discard(id(self))
             del engine
             gc.collect()
 
@@ -299,6 +320,29 @@ class VLLMEngine:
     def _fail_all(self, failure: EngineError) -> None:
         for sink in self._sinks.values():
             sink.put_nowait(failure)
+
+
+def _shutdown(engine: Any, *, alone: bool) -> None:
+    """Shut ``engine`` down; keep vLLM's process-wide distributed state if other engines still use it.
+
+    vLLM's ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory()``, which tears
+    down the process-global model-parallel groups: right when its engine was the only one in
+    its process, fatal to the other engines of an in-process pool ("pipeline model parallel
+    group is not initialized" at their next step). So the teardown is skipped unless this
+    engine is the last one.
+    """
+    import vllm.v1.engine.core as core
+
+    with LOAD_LOCK:  # no engine starts while the teardown is swapped out
+        original = getattr(core, "cleanup_dist_env_and_memory", None)
+        if alone or original is None:
+            engine.engine_core.shutdown()
+            return
+        core.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
+        try:
+            engine.engine_core.shutdown()
+        finally:
+            core.cleanup_dist_env_and_memory = original
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -39,7 +39,12 @@ class _SharedEngine:
 
 
 def _uses_real_engine(path: Path) -> bool:
-    return "VLLMEngine" in path.read_text()
+    return "VLLMEngine" in path.read_text() or _uses_multimodal_engines(path)
+
+
+def _uses_multimodal_engines(path: Path) -> bool:
+    text = path.read_text()
+    return "VisionEngine" in text or "DiffusionEngine" in text
 
 
 async def _run(path: Path) -> None:
@@ -56,7 +61,20 @@ async def test_snippet_runs(path):
 
 
 @SESSION_LOOP
-@pytest.mark.parametrize("path", [p for p in SNIPPETS if _uses_real_engine(p)], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in SNIPPETS if _uses_multimodal_engines(p)], ids=lambda p: p.name)
+async def test_snippet_runs_on_the_multimodal_engines(path, vision_engine, image_engine, monkeypatch):
+    import fairagents.engines.diffusion as diffusion_module
+    import fairagents.engines.vision as vision_module
+
+    monkeypatch.setattr(vision_module, "VisionEngine", lambda *a, **k: _SharedEngine(vision_engine))
+    monkeypatch.setattr(diffusion_module, "DiffusionEngine", lambda *a, **k: _SharedEngine(image_engine))
+    await _run(path)
+
+
+@SESSION_LOOP
+@pytest.mark.parametrize(
+    "path", [p for p in SNIPPETS if _uses_real_engine(p) and not _uses_multimodal_engines(p)], ids=lambda p: p.name
+)
 async def test_snippet_runs_on_the_real_engine(path, text_engine, monkeypatch):
     import fairagents.engines.vllm as vllm_module
 

@@ -188,3 +188,12 @@ async def test_engine_failure_fails_requests_and_spares_other_models(text_engine
     finally:
         await arbiter.close(stop_engines=False)
         await broken.stop()
+
+
+async def test_stopping_one_engine_leaves_the_others_serving(text_engine):
+    """vLLM's shutdown tears down process-wide state; the other engines of the process must survive it."""
+    other = VLLMEngine(kv_cache_bytes=16 * 2**20, max_model_len=512)
+    await other.start()
+    await other.stop()
+    deltas = [d async for d in text_engine.generate("after-stop", text_engine.prepare_chat(MSG), GenerationParams(4, ignore_eos=True))]
+    assert sum(d.new_tokens for d in deltas) == 4

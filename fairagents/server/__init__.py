@@ -1,0 +1,61 @@
+"""Server mode: an OpenAI-compatible HTTP API in front of one shared arbiter.
+
+When the apps are separate processes, or separate teams, fairness needs one arbiter
+they all reach over the network, speaking the protocol their clients already speak.
+``fairagents serve --config FILE`` runs it; in code, :func:`create_app` builds the
+FastAPI application for an arbiter and :func:`serve` runs it with a graceful SIGTERM.
+
+| module | what it is |
+| --- | --- |
+| :mod:`~fairagents.server.config` | the configuration (TOML or YAML, pydantic): models, apps and keys, agents, policy |
+| :mod:`~fairagents.server.app` | the FastAPI app: endpoints, identity from keys, errors in OpenAI's shape |
+| :mod:`~fairagents.server.wire` | OpenAI request models and response bodies |
+| :mod:`~fairagents.server.fairness` | the live fairness view behind ``/v1/fairness`` |
+| :mod:`~fairagents.server.metrics` | Prometheus metrics behind ``/metrics`` |
+| :mod:`~fairagents.server.dashboard` | the live fairness page at ``/dashboard`` |
+| :mod:`~fairagents.server.serve` | uvicorn in the arbiter's loop; SIGTERM drain; ``fairagents serve`` |
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.server import Config, create_app
+    >>> from fairagents.testing import FakeEngine
+    >>> arbiter = fa.Arbiter(policy="hmfs")
+    >>> arbiter.add_model("chat", FakeEngine())
+    >>> config = Config.model_validate({"apps": {"driving": {"api_key": "sk-driving", "weight": 2.0}}})
+    >>> app = create_app(arbiter, config)     # then: uvicorn, or `async with running(app) as url:`
+    >>> app.state.gateway.app_for_key("sk-driving")
+    'driving'
+"""
+
+from __future__ import annotations
+
+from fairagents.server.app import DEFAULT_APP, Gateway, create_app
+from fairagents.server.config import (
+    AgentConfig,
+    AppConfig,
+    Config,
+    ModelConfig,
+    ServerSettings,
+    SLOConfig,
+    build_arbiter,
+    load_config,
+)
+from fairagents.server.serve import free_socket, main, running, serve
+
+__all__ = [
+    "AgentConfig",
+    "AppConfig",
+    "Config",
+    "DEFAULT_APP",
+    "Gateway",
+    "ModelConfig",
+    "SLOConfig",
+    "ServerSettings",
+    "build_arbiter",
+    "create_app",
+    "free_socket",
+    "load_config",
+    "main",
+    "running",
+    "serve",
+]

@@ -1,0 +1,499 @@
+"""The HTTP API: an OpenAI-compatible front door to an arbiter, with app identity from API keys.
+
+:func:`create_app` builds the FastAPI application. Each request is charged to an agent
+of an app: the bearer key decides the app (a missing or unknown key is a 401 and
+nothing runs), the ``X-Fairagents-Agent`` header the agent (``default`` otherwise).
+With keys off (``server.auth = false``, local use), ``X-Fairagents-App`` names the app.
+
+What a request goes through: validation (400, nothing charged), the model (404 if
+unknown), the prompt is rendered once here, so its length is known for ``usage``,
+then :meth:`~fairagents.Arbiter.stream_complete` queues it under the app's bound
+(429 with ``Retry-After`` past it). The server waits for the first token before it
+answers, so an error while queued still gets its status (503 for an engine failure
+or shutdown); a client that leaves meanwhile is noticed and its request cancelled
+(it leaves the queue, or is aborted in the engine, charged only for tokens produced).
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.server import Config, create_app
+    >>> from fairagents.testing import FakeEngine
+    >>> arbiter = fa.Arbiter()
+    >>> arbiter.add_model("chat", FakeEngine())
+    >>> app = create_app(arbiter, Config.model_validate({"apps": {"driving": {"api_key": "sk-1"}}}))
+    >>> sorted(route.path for route in app.routes if route.path.startswith("/v1"))
+    ['/v1/chat/completions', '/v1/completions', '/v1/fairness', '/v1/images/generations', '/v1/models']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import Annotated, Any, TypeVar
+
+import structlog
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
+from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_APP
+from fairagents.engines.base import Delta, Engine, Prompt
+from fairagents.errors import (
+    BadInputError,
+    ContextLengthError,
+    EngineError,
+    FairAgentsError,
+    InvalidParameterError,
+    OverloadedError,
+    ShutdownError,
+    UnknownAgentError,
+    UnknownAppError,
+    UnknownModelError,
+)
+from fairagents.identity import Modality
+from fairagents.server import wire
+from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
+from fairagents.server.dashboard import page
+from fairagents.server.fairness import FairnessView
+from fairagents.server.metrics import CONTENT_TYPE, Metrics
+
+__all__ = ["DEFAULT_APP", "Gateway", "create_app"]
+
+log = structlog.get_logger("fairagents.server")
+
+#: App of a request that names none when keys are off.
+DEFAULT_APP = "default"
+#: Tokens a completion generates when the request sets no ``max_tokens`` (OpenAI's default).
+COMPLETION_MAX_TOKENS = 16
+#: Largest request body read, in bytes.
+MAX_BODY_BYTES = 32 * 2**20
+
+T = TypeVar("T")
+
+# error type -> (HTTP status, OpenAI error type, code); the first match in this order wins
+_ERRORS: list[tuple[type[FairAgentsError], int, wire.ErrorType, str]] = [
+    (UnknownModelError, 404, "invalid_request_error", "model_not_found"),
+    (ContextLengthError, 400, "invalid_request_error", "context_length_exceeded"),
+    (UnknownAppError, 400, "invalid_request_error", "unknown_app"),
+    (UnknownAgentError, 400, "invalid_request_error", "unknown_agent"),
+    (BadInputError, 400, "invalid_request_error", "invalid_parameter"),
+    (OverloadedError, 429, "rate_limit_error", "queue_full"),
+    (EngineError, 503, "server_error", "engine_unavailable"),
+    (ShutdownError, 503, "server_error", "shutting_down"),
+    (FairAgentsError, 500, "server_error", "internal_error"),
+]
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its response; its request was cancelled."""
+
+
+def _digest(key: str) -> bytes:
+    # Looking keys up by digest keeps the lookup's timing independent of the key's bytes.
+    return hashlib.sha256(key.encode()).digest()
+
+
+class Gateway:
+    """The server's state: the arbiter, which key is which app, the counters, whether it drains.
+
+    Args:
+        arbiter: the arbiter to serve (its models are the pool); the caller starts and closes it.
+        config: apps, agents and server settings (``config.models`` is what
+            :func:`~fairagents.server.build_arbiter` builds; it is not read here).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.server import Config, Gateway
+        >>> gateway = Gateway(fa.Arbiter(), Config.model_validate({"apps": {"a": {"api_key": "k", "agents": {"x": {}}}}}))
+        >>> gateway.app_for_key("k"), gateway.app_for_key("nope")
+        ('a', None)
+    """
+
+    def __init__(self, arbiter: Arbiter, config: Config) -> None:
+        self.arbiter = arbiter
+        self.config = config
+        self.draining = False
+        self._keys: dict[bytes, str] = {}
+        self._apps: dict[str, AppHandle] = {}
+        self._agents: dict[tuple[str, str], AgentHandle] = {}
+        self._observer = None if config.server.observer_key is None else _digest(config.server.observer_key.get_secret_value())
+        for name, app in config.apps.items():
+            handle = arbiter.app(name, app.weight, app.slo.build() if app.slo else None, max_queued=app.max_queued)
+            self._apps[name] = handle
+            for agent, settings in app.agents.items():
+                self._agents[(name, agent)] = handle.agent(agent, settings.weight, settings.slo.build() if settings.slo else None)
+            key = app.key()
+            if key is not None:
+                if _digest(key) in self._keys:
+                    raise InvalidParameterError(f"apps {self._keys[_digest(key)]!r} and {name!r} have the same API key")
+                self._keys[_digest(key)] = name
+        self.active: dict[str, int] = defaultdict(int)
+        self.rejected: dict[tuple[str, str], int] = defaultdict(int)
+        self.view = FairnessView(
+            arbiter,
+            keep=config.server.history_seconds,
+            clients=lambda: list(self._agents),
+            extra=lambda: {k: {"rejected": v} for k, v in self.rejected.items()},
+            models=self.models,
+        )
+        self.metrics = Metrics(arbiter, self.view, draining=lambda: self.draining, models=self.models)
+
+    # -- identity ------------------------------------------------------------------
+
+    def app_for_key(self, key: str) -> str | None:
+        """The app whose API key ``key`` is, or ``None``."""
+        return self._keys.get(_digest(key))
+
+    async def authenticate(self, request: Request) -> str:
+        """The calling app's name (a FastAPI dependency); 401 for a missing or unknown key, 503 while draining."""
+        if self.draining:
+            raise ShutdownError("the server is shutting down and admits no new requests")
+        if not self.config.server.auth:
+            return check_name(request.headers.get(HEADER_APP) or DEFAULT_APP, "app")
+        scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise HTTPException(401, "missing API key: send 'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+        app = self.app_for_key(key.strip())
+        if app is None:
+            raise HTTPException(401, "invalid API key", {"WWW-Authenticate": "Bearer"})
+        return app
+
+    async def identify(self, request: Request) -> AgentHandle:
+        """The calling agent (a FastAPI dependency): app from :meth:`authenticate`, agent from its header."""
+        app = await self.authenticate(request)
+        agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent")
+        return self._agents.get((app, agent)) or self._declare(app, agent)
+
+    def _declare(self, app: str, agent: str) -> AgentHandle:
+        handle = self._apps.get(app)
+        if handle is None:  # keys off: apps are declared on first use
+            if len(self._apps) >= self.config.server.max_apps:
+                raise UnknownAppError(f"unknown app {app!r}: the server already has {len(self._apps)} apps, its max_apps")
+            handle = self._apps[app] = self.arbiter.app(app, max_queued=self.config.server.max_queued)
+        limit = self.config.apps[app].max_agents if app in self.config.apps else DEFAULT_MAX_AGENTS
+        if sum(1 for a, _ in self._agents if a == app) >= limit:
+            raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents")
+        self._agents[(app, agent)] = handle.agent(agent)
+        return self._agents[(app, agent)]
+
+    async def observe(self, request: Request) -> None:
+        """Check the observer key, if one is configured (a FastAPI dependency of the read-only views)."""
+        if self._observer is None:
+            return
+        scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or _digest(key.strip()) != self._observer:
+            raise HTTPException(401, "this view needs the observer key", {"WWW-Authenticate": "Bearer"})
+
+    # -- the pool ------------------------------------------------------------------
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """Per model: healthy, in flight (handed to the engine), its limit, and queued."""
+        out = {}
+        for name in self.arbiter.models:
+            queued = self.arbiter.policy.queued(name)
+            out[name] = {
+                "healthy": bool(self.arbiter.engine(name).healthy),
+                "in_flight": max(0, self.active[name] - queued),
+                "in_flight_limit": self.arbiter.in_flight_limit(name),
+                "queued": queued,
+            }
+        return out
+
+    def engine(self, model: str) -> Engine:
+        """The engine of text-generating ``model``: 404 if it is not in the pool, 400 for an image model."""
+        engine = self.arbiter.engine(model)
+        if engine.profile.modality is Modality.IMAGE:
+            raise InvalidParameterError(f"model {model!r} generates images; it takes no chat or completion requests")
+        return engine
+
+    # -- one request ---------------------------------------------------------------
+
+    async def respond(
+        self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
+        prompt: Prompt, max_tokens: int,
+    ) -> Response:
+        """Queue the request, wait for its first token (or its error), and answer: JSON or an event stream."""
+        chat = isinstance(body, wire.ChatCompletionRequest)
+        model = body.model
+        request.state.labels = (who.identity.app.name, who.identity.name, model)
+        stream = self._tracked(model, self.arbiter.stream_complete(model, prompt, agent=who, **body.sampling(max_tokens)))
+        rid = wire.new_id("chatcmpl" if chat else "cmpl")
+        if not body.stream:
+            text, finish, produced = await _until_disconnected(request, _collect(stream))
+            usage = self._usage(model, prompt, produced)
+            build = wire.chat_completion if chat else wire.completion
+            return JSONResponse(build(rid, model, text, finish, usage))
+        first = await _until_disconnected(request, anext(stream, None))
+        events = self._events(rid, model, prompt, first, stream, chat=chat, include_usage=body.include_usage)
+        return _EventStream(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _tracked(self, model: str, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        self.active[model] += 1
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            self.active[model] -= 1
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    def _usage(self, model: str, prompt: Prompt, produced: int) -> wire.Usage:
+        cost = self.arbiter.cost
+        unified = cost.input_cost(model, prompt.n_tokens) + cost.output_cost(model, produced)
+        return wire.Usage(prompt_tokens=prompt.n_tokens, completion_tokens=produced, unified_tokens=unified)
+
+    async def _events(
+        self, rid: str, model: str, prompt: Prompt, first: Delta | None, stream: AsyncIterator[Delta], *,
+        chat: bool, include_usage: bool,
+    ) -> AsyncGenerator[str, None]:
+        created = int(time.time())
+        produced, delta, finish = 0, first, None
+        try:
+            if chat:
+                yield wire.sse(wire.chat_chunk(rid, model, created, content="", role=True, include_usage=include_usage))
+            while delta is not None:
+                produced += delta.new_tokens
+                finish = delta.finish_reason or finish
+                if delta.text or delta.finish_reason:
+                    if chat:
+                        chunk = wire.chat_chunk(rid, model, created, content=delta.text, finish_reason=delta.finish_reason,
+                                                include_usage=include_usage)
+                    else:
+                        chunk = wire.completion_chunk(rid, model, created, text=delta.text, finish_reason=delta.finish_reason,
+                                                      include_usage=include_usage)
+                    yield wire.sse(chunk)
+                delta = await anext(stream, None)
+        except FairAgentsError as err:  # the engine failed, or the drain timed out, mid-stream
+            yield wire.sse(_error(err)[1])
+            return
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if finish is None:
+            build = wire.chat_chunk if chat else wire.completion_chunk
+            yield wire.sse(build(rid, model, created, finish_reason="stop", include_usage=include_usage))
+        if include_usage:
+            build = wire.chat_chunk if chat else wire.completion_chunk
+            yield wire.sse(build(rid, model, created, usage=self._usage(model, prompt, produced)))
+        yield wire.sse("[DONE]")
+
+
+async def _caller(request: Request) -> AgentHandle:
+    return await request.app.state.gateway.identify(request)  # type: ignore[no-any-return]
+
+
+async def _calling_app(request: Request) -> str:
+    return await request.app.state.gateway.authenticate(request)  # type: ignore[no-any-return]
+
+
+async def _observer(request: Request) -> None:
+    await request.app.state.gateway.observe(request)
+
+
+# FastAPI dependencies: the gateway's checks, run in the event loop before the endpoint.
+Caller = Annotated[AgentHandle, Depends(_caller)]
+CallingApp = Annotated[str, Depends(_calling_app)]
+Observer = Annotated[None, Depends(_observer)]
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that always closes its event generator, however the response ends."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[str, None], headers: dict[str, str]) -> None:
+        super().__init__(events, headers=headers)
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
+
+
+async def _body(request: Request) -> bytes:
+    """The request body, refused (413) past :data:`MAX_BODY_BYTES` without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _collect(stream: AsyncIterator[Delta]) -> tuple[str, str, int]:
+    texts, finish, produced = [], "stop", 0
+    async for delta in stream:
+        texts.append(delta.text)
+        produced += delta.new_tokens
+        finish = delta.finish_reason or finish
+    return "".join(texts), finish, produced
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``await work``, cancelling it (and raising ``_ClientGone``) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server is cancelling this handler
+        task.cancel()
+        gone.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+        raise
+    gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise _ClientGone()
+
+
+def _error(err: FairAgentsError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    status, kind, code = next((s, k, c) for cls, s, k, c in _ERRORS if isinstance(err, cls))
+    headers: dict[str, str] = {}
+    if isinstance(err, OverloadedError):
+        headers = {"Retry-After": str(max(1, math.ceil(err.retry_after))), "retry-after-ms": str(int(err.retry_after * 1000))}
+    elif isinstance(err, EngineError):
+        headers = {"x-should-retry": "false"}  # the model stays down until the server restarts
+    return status, wire.error_body(str(err), kind, code), headers
+
+
+def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "fairagents") -> FastAPI:
+    """The FastAPI application serving ``arbiter``'s models to ``config``'s apps.
+
+    The caller starts and closes the arbiter (:func:`~fairagents.server.serve` does
+    both); the app declares the configured apps and agents on it. The :class:`Gateway`
+    is at ``app.state.gateway``.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.server import Config, create_app
+        >>> app = create_app(fa.Arbiter(), Config.default())
+        >>> app.state.gateway.draining
+        False
+    """
+    config = config or Config.default()
+    gateway = Gateway(arbiter, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sampler = asyncio.create_task(gateway.view.run())
+        try:
+            yield
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+
+    app = FastAPI(title=f"{title} server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+
+    @app.exception_handler(FairAgentsError)
+    async def _fairagents_error(request: Request, err: FairAgentsError) -> JSONResponse:
+        status, body, headers = _error(err)
+        labels = getattr(request.state, "labels", None)
+        if isinstance(err, OverloadedError) and labels is not None:
+            gateway.rejected[labels[:2]] += 1
+            gateway.metrics.reject(*labels)
+        if isinstance(err, EngineError):
+            log.warning("fairagents.server.engine_unavailable", path=request.url.path, error=str(err))
+        return JSONResponse(body, status, headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        kind: wire.ErrorType = "authentication_error" if err.status_code == 401 else "invalid_request_error"
+        code = "invalid_api_key" if err.status_code == 401 else None
+        return JSONResponse(wire.error_body(str(err.detail), kind, code), err.status_code, err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return JSONResponse(wire.error_body(f"{where}: {first['msg']}", "invalid_request_error", "invalid_parameter"), 400)
+
+    @app.exception_handler(_ClientGone)
+    async def _gone(request: Request, err: _ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, who: Caller) -> Response:
+        body = wire.parse(wire.ChatCompletionRequest, await _body(request))
+        engine = gateway.engine(body.model)
+        prompt = engine.prepare_chat(body.chat_messages())
+        max_tokens = body.requested_max_tokens() or max(1, engine.max_model_len - prompt.n_tokens)
+        return await gateway.respond(request, who, body, prompt, max_tokens)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, who: Caller) -> Response:
+        body = wire.parse(wire.CompletionRequest, await _body(request))
+        engine = gateway.engine(body.model)
+        text = body.single_prompt()
+        prompt = engine.prepare_text(text) if isinstance(text, str) else Prompt(token_ids=tuple(text))
+        return await gateway.respond(request, who, body, prompt, body.max_tokens or COMPLETION_MAX_TOKENS)
+
+    @app.post("/v1/images/generations")
+    async def images(request: Request, who: Caller) -> Response:
+        body = wire.parse(wire.ImageGenerationRequest, await _body(request))
+        if body.model is None or body.model not in arbiter.models:
+            raise UnknownModelError(f"no image model {body.model!r} is served: image generation is not served over HTTP yet")
+        modality = arbiter.engine(body.model).profile.modality
+        if modality is not Modality.IMAGE:
+            raise InvalidParameterError(f"model {body.model!r} is a {modality.value} model and does not generate images")
+        raise InvalidParameterError("image generation is not served over HTTP yet")
+
+    @app.get("/v1/models")
+    async def models(_: CallingApp) -> JSONResponse:
+        data = [
+            {
+                "id": name, "object": "model", "created": int(gateway.view.started), "owned_by": "fairagents",
+                "max_model_len": arbiter.engine(name).max_model_len, "modality": arbiter.engine(name).profile.modality.value,
+            }
+            for name in arbiter.models
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/v1/fairness")
+    async def fairness(
+        _: Observer,
+        history: Annotated[float | None, Query(ge=0, description="seconds of service history to include")] = None,
+    ) -> JSONResponse:
+        return JSONResponse(gateway.view.snapshot(history, draining=gateway.draining))
+
+    @app.get("/metrics")
+    async def metrics(_: Observer) -> Response:
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        models = {name: {"healthy": m["healthy"]} for name, m in gateway.models().items()}
+        healthy = sum(m["healthy"] for m in models.values())
+        if gateway.draining:
+            status = "draining"
+        else:
+            status = "ok" if models and healthy == len(models) else ("degraded" if healthy else "down")
+        return JSONResponse({"status": status, "models": models}, 200 if status in ("ok", "degraded") else 503)
+
+    @app.get("/dashboard", response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(page(title), headers={"Cache-Control": "no-cache"})
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard")
+
+    return app

@@ -1,0 +1,364 @@
+"""What ``fairagents serve`` serves, to whom: models, apps with their API keys, agents, policy.
+
+A configuration is TOML or YAML, validated with pydantic; a mistake (an unknown field,
+a weight ≤ 0, two apps with one key, keys on but an app without one) is an
+:class:`~fairagents.InvalidParameterError` naming the field, raised before anything starts.
+
+.. code-block:: toml
+
+    policy = "hmfs"
+
+    [server]
+    host = "127.0.0.1"
+    port = 8000
+    drain_timeout = 30.0
+
+    [models.chat]                 # the OpenAI "model" name clients send
+    path = "Qwen/Qwen2.5-0.5B-Instruct"
+    in_flight = 16
+
+    [apps.driving]
+    api_key_env = "DRIVING_KEY"   # or api_key = "..."
+    weight = 2.0
+    max_queued = 64
+    agents.planner = { weight = 2.0, slo = { ttft = 1.0 } }
+
+Examples:
+    >>> from fairagents.server import Config
+    >>> config = Config.model_validate({
+    ...     "apps": {"driving": {"api_key": "sk-driving", "weight": 2.0, "agents": {"planner": {"weight": 2.0}}}},
+    ... })
+    >>> config.apps["driving"].agents["planner"].weight, config.server.auth, list(config.models)
+    (2.0, True, ['chat'])
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from fairagents.arbiter import Arbiter
+from fairagents.constants import DEFAULT_D_BASE
+from fairagents.engines.base import Engine
+from fairagents.errors import InvalidParameterError
+from fairagents.identity import SLO
+from fairagents.policies import POLICIES
+
+__all__ = ["AgentConfig", "AppConfig", "Config", "ModelConfig", "SLOConfig", "ServerSettings", "build_arbiter", "load_config"]
+
+#: What app, agent and model names may be: 1-64 printable ASCII characters (they travel in HTTP
+#: headers), no ``/`` (stats name agents ``app/agent``), no space at either end.
+NAME_PATTERN = re.compile(r"^[!-.0-~](?:[ -.0-~]{0,62}[!-.0-~])?$")
+
+
+#: Most agents an app may have when its configuration does not say.
+DEFAULT_MAX_AGENTS = 64
+
+
+def check_name(name: str, what: str) -> str:
+    """``name`` if it is a valid app, agent or model name, else an :class:`~fairagents.InvalidParameterError`.
+
+    Examples:
+        >>> from fairagents.server.config import check_name
+        >>> check_name("call model", "agent")
+        'call model'
+        >>> check_name("team/planner", "agent")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: agent name must be 1-64 printable ASCII characters without '/' or a space at either end, got 'team/planner'
+    """
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise InvalidParameterError(
+            f"{what} name must be 1-64 printable ASCII characters without '/' or a space at either end, got {name!r}"
+        )
+    return name
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLOConfig(_Section):
+    """Latency objectives in seconds (see :class:`~fairagents.SLO`).
+
+    Examples:
+        >>> from fairagents.server import SLOConfig
+        >>> SLOConfig(ttft=1.0).build()
+        SLO(ttft=1.0, tpot=None, e2e=None)
+    """
+
+    ttft: float | None = Field(default=None, gt=0)
+    """Time to first token (seconds)."""
+    tpot: float | None = Field(default=None, gt=0)
+    """Mean time per output token after the first (seconds)."""
+    e2e: float | None = Field(default=None, gt=0)
+    """Arrival to last token (seconds)."""
+
+    def build(self) -> SLO:
+        """The :class:`~fairagents.SLO` this section describes."""
+        return SLO(ttft=self.ttft, tpot=self.tpot, e2e=self.e2e)
+
+
+class AgentConfig(_Section):
+    """An agent of an app, named by clients in the ``X-Fairagents-Agent`` header.
+
+    Examples:
+        >>> from fairagents.server import AgentConfig
+        >>> AgentConfig(weight=2.0).weight
+        2.0
+    """
+
+    weight: float = Field(default=1.0, gt=0)
+    """Share of its app relative to the app's other agents."""
+    slo: SLOConfig | None = None
+
+
+class AppConfig(_Section):
+    """An app: its API key, weight, queue bound and agents.
+
+    Agents not listed here are declared on first use with weight 1, up to ``max_agents``.
+
+    Examples:
+        >>> from fairagents.server import AppConfig
+        >>> app = AppConfig(api_key="sk-1", weight=2.0)
+        >>> app.key(), app.max_queued
+        ('sk-1', 256)
+    """
+
+    api_key: SecretStr | None = None
+    """The bearer key that identifies the app (server mode with keys on)."""
+    api_key_env: str | None = None
+    """Name of an environment variable that holds the key, instead of ``api_key``."""
+    weight: float = Field(default=1.0, gt=0)
+    """Share of the pool relative to other apps."""
+    max_queued: int | None = Field(default=256, ge=1)
+    """Most requests the app may have waiting for one model; past it, 429 (``None``: unbounded)."""
+    slo: SLOConfig | None = None
+    """Default SLO of the app's agents."""
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    max_agents: int = Field(default=DEFAULT_MAX_AGENTS, ge=1)
+    """Most agents the app may have, listed ones included."""
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
+        for name in agents:
+            check_name(name, "agent")
+        return agents
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> AppConfig:
+        if self.api_key is not None and self.api_key_env is not None:
+            raise ValueError("give api_key or api_key_env, not both")
+        if len(self.agents) > self.max_agents:
+            raise ValueError(f"{len(self.agents)} agents listed but max_agents is {self.max_agents}")
+        return self
+
+    def key(self) -> str | None:
+        """The app's API key (read from the environment for ``api_key_env``)."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_env is not None:
+            value = os.environ.get(self.api_key_env)
+            if not value:
+                raise InvalidParameterError(f"the environment variable {self.api_key_env!r} holding an API key is not set")
+            return value
+        return None
+
+
+class ModelConfig(_Section):
+    """A model of the pool and the engine that serves it.
+
+    Examples:
+        >>> from fairagents.server import ModelConfig
+        >>> ModelConfig().path is None   # the embedded tiny model
+        True
+    """
+
+    engine: Literal["vllm"] = "vllm"
+    """The engine kind: ``vllm`` (in this process)."""
+    path: str | None = None
+    """A Hugging Face model folder or name; ``None`` serves the embedded tiny model."""
+    in_flight: int | None = Field(default=None, ge=1)
+    """Requests handed to the engine at once; unset, the engine's batch capacity."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Context length; unset, the model's own."""
+    kv_cache_bytes: int = Field(default=256 * 2**20, ge=2**20)
+    """KV cache size in bytes."""
+    max_num_seqs: int = Field(default=32, ge=1)
+    """Most sequences the engine batches at once."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Further engine arguments (``vllm.EngineArgs`` fields), passed as is."""
+
+    def build(self) -> Any:
+        """A new, unstarted engine for this model."""
+        from fairagents.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            self.path,
+            max_model_len=self.max_model_len,
+            kv_cache_bytes=self.kv_cache_bytes,
+            max_num_seqs=self.max_num_seqs,
+            engine_args=self.engine_args,
+        )
+
+
+class ServerSettings(_Section):
+    """How the server listens, authenticates and shuts down.
+
+    Examples:
+        >>> from fairagents.server import ServerSettings
+        >>> ServerSettings().host, ServerSettings().drain_timeout
+        ('127.0.0.1', 30.0)
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port; 0 picks a free one."""
+    auth: bool = True
+    """Bearer API keys decide the app. Off (local use): the ``X-Fairagents-App`` header names it."""
+    observer_key: SecretStr | None = None
+    """If set, ``/metrics``, ``/v1/fairness`` need it as a bearer key (the dashboard reads it from ``#key=``)."""
+    drain_timeout: float = Field(default=30.0, ge=0)
+    """Seconds SIGTERM waits for accepted requests before aborting the rest."""
+    max_queued: int | None = Field(default=256, ge=1)
+    """Queue bound of apps declared on first use (keys off)."""
+    max_apps: int = Field(default=64, ge=1)
+    """Most apps declared on first use (keys off)."""
+    history_seconds: int = Field(default=600, ge=10)
+    """How far back ``/v1/fairness`` keeps service samples for the dashboard."""
+
+
+class Config(_Section):
+    """The whole configuration of ``fairagents serve``.
+
+    Examples:
+        >>> from fairagents.server import Config
+        >>> try:
+        ...     Config.model_validate({"apps": {"a": {}}})
+        ... except ValueError as err:
+        ...     print(err.errors()[0]["msg"])
+        Value error, API keys are on (server.auth) but app 'a' has none: give it api_key or api_key_env, or set server.auth = false
+        >>> Config.default().server.auth
+        False
+    """
+
+    policy: str = "hmfs"
+    """Scheduling policy: ``hmfs``, ``vtc``, ``rr`` or ``fcfs``."""
+    in_flight: int | None = Field(default=None, ge=1)
+    """Default in-flight limit of the models that set none."""
+    d_base: int = Field(default=DEFAULT_D_BASE, ge=1)
+    w_input: float = Field(default=1.0, ge=0)
+    w_output: float = Field(default=2.0, ge=0)
+    server: ServerSettings = Field(default_factory=lambda: ServerSettings())
+    models: dict[str, ModelConfig] = Field(default_factory=lambda: {"chat": ModelConfig()}, min_length=1)
+    """The pool by name; by default the embedded tiny model as ``chat``."""
+    apps: dict[str, AppConfig] = Field(default_factory=dict)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, policy: str) -> str:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+        return policy
+
+    @model_validator(mode="after")
+    def _names_and_keys(self) -> Config:
+        for name in self.models:
+            check_name(name, "model")
+        for name in self.apps:
+            check_name(name, "app")
+        if self.server.auth:
+            if not self.apps:
+                raise ValueError("API keys are on (server.auth) but no app is declared: add [apps.<name>] with api_key")
+            owners: dict[str, str] = {}
+            for name, app in self.apps.items():
+                if app.api_key is None and app.api_key_env is None:
+                    raise ValueError(
+                        f"API keys are on (server.auth) but app {name!r} has none: "
+                        "give it api_key or api_key_env, or set server.auth = false"
+                    )
+                key = app.api_key.get_secret_value() if app.api_key is not None else f"env:{app.api_key_env}"
+                if key in owners:
+                    raise ValueError(f"apps {owners[key]!r} and {name!r} have the same API key")
+                owners[key] = name
+        return self
+
+    @classmethod
+    def default(cls) -> Config:
+        """What ``fairagents serve`` runs with no file: the embedded pool, keys off, on 127.0.0.1."""
+        return cls(server=ServerSettings(auth=False))
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a ``.toml``, ``.yaml`` or ``.yml`` configuration file.
+
+    Raises:
+        InvalidParameterError: the file cannot be read or parsed, or does not validate.
+
+    Examples:
+        >>> from fairagents.server import load_config
+        >>> load_config("serve.ini")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: serve.ini: a configuration is a .toml, .yaml or .yml file
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise InvalidParameterError(f"{path}: a configuration is a .toml, .yaml or .yml file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
+    except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError) as err:
+        raise InvalidParameterError(f"{path}: {err}") from err
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InvalidParameterError(f"{path}: the top level must be a table of settings")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors(include_url=False)
+        )
+        raise InvalidParameterError(f"{path}: {problems}") from None
+
+
+def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -> Arbiter:
+    """An arbiter with the configured policy and models (engines built, not started).
+
+    ``engines`` serves some of the configured models with engines made elsewhere, by
+    model name (an engine already running, a test double). Apps and agents are declared
+    by :func:`~fairagents.server.create_app`, which also serves arbiters built in code.
+
+    Examples:
+        >>> from fairagents.server import Config, build_arbiter
+        >>> from fairagents.testing import FakeEngine
+        >>> config = Config.model_validate({"policy": "fcfs", "server": {"auth": False}, "models": {"chat": {"in_flight": 4}}})
+        >>> arbiter = build_arbiter(config, engines={"chat": FakeEngine()})
+        >>> arbiter.models, arbiter.policy.name, arbiter.in_flight_limit("chat")
+        (['chat'], 'fcfs', 4)
+    """
+    engines = dict(engines or {})
+    unknown = sorted(set(engines) - set(config.models))
+    if unknown:
+        raise InvalidParameterError(f"engines given for models the configuration does not have: {', '.join(unknown)}")
+    arbiter = Arbiter(
+        policy=config.policy,
+        in_flight=config.in_flight,
+        d_base=config.d_base,
+        w_input=config.w_input,
+        w_output=config.w_output,
+        drain_timeout=config.server.drain_timeout,
+    )
+    for name, model in config.models.items():
+        arbiter.add_model(name, engines.get(name) or model.build(), in_flight=model.in_flight)
+    return arbiter

@@ -1,0 +1,271 @@
+"""The live fairness page, ``GET /dashboard``: one self-contained HTML file, no network but the server.
+
+It polls ``/v1/fairness`` every two seconds and draws, per app: its share of service
+over the last 30 seconds against the share its weight entitles it to (and its share
+since start), the shares over the last five minutes as a stacked area with the
+entitlements as dashed lines, each app's agents against their weights, and a table of
+queues and latencies. It keeps working when the server goes away (the status turns
+red, the last data stays) and picks up again when it returns. With an observer key
+configured, open it as ``/dashboard#key=<key>``: the fragment never leaves the browser.
+
+Examples:
+    >>> from fairagents.server.dashboard import page
+    >>> html = page()
+    >>> html.startswith("<!doctype html>"), "/v1/fairness" in html, "://" in html   # no CDN, no other host
+    (True, True, False)
+"""
+
+from __future__ import annotations
+
+import html
+
+__all__ = ["page"]
+
+_PAGE = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>__TITLE__</title>
+<style>
+  :root { --bg:#101418; --card:#171d23; --line:#2a323b; --text:#e6e9ec; --dim:#8b96a1; --ok:#59a14f; --bad:#e15759; }
+  @media (prefers-color-scheme: light) {
+    :root { --bg:#f4f6f8; --card:#ffffff; --line:#dde2e7; --text:#1d2329; --dim:#66717c; }
+  }
+  * { box-sizing: border-box; }
+  body { margin:0; background:var(--bg); color:var(--text); font:14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; }
+  header { display:flex; gap:18px; align-items:baseline; padding:14px 22px; border-bottom:1px solid var(--line); flex-wrap:wrap; }
+  header h1 { font-size:18px; margin:0; font-weight:600; }
+  .meta { color:var(--dim); }
+  .status { margin-left:auto; display:flex; gap:8px; align-items:center; }
+  .dot { width:10px; height:10px; border-radius:50%; background:var(--dim); display:inline-block; }
+  .dot.ok { background:var(--ok); } .dot.bad { background:var(--bad); }
+  main { padding:16px 22px; display:grid; gap:16px; grid-template-columns: minmax(360px, 1fr) minmax(480px, 2fr); }
+  .card { background:var(--card); border:1px solid var(--line); border-radius:8px; padding:14px 16px; min-width:0; }
+  .card.full { grid-column: 1 / -1; }
+  h2 { font-size:14px; margin:0 0 2px; font-weight:600; }
+  .sub { color:var(--dim); font-size:12px; margin:0 0 10px; }
+  svg { width:100%; display:block; overflow:visible; }
+  svg text { fill:var(--text); font-size:12px; }
+  svg .dim { fill:var(--dim); }
+  .chips { display:flex; gap:10px; flex-wrap:wrap; }
+  .chip { border:1px solid var(--line); border-radius:14px; padding:3px 10px; display:flex; gap:6px; align-items:center; }
+  .agents { display:grid; grid-template-columns: repeat(auto-fill, minmax(400px, 1fr)); gap:12px 24px; }
+  .legend { display:flex; gap:14px; flex-wrap:wrap; margin-top:6px; color:var(--dim); font-size:12px; }
+  .swatch { width:10px; height:10px; display:inline-block; border-radius:2px; margin-right:4px; vertical-align:-1px; }
+  table { width:100%; border-collapse:collapse; font-variant-numeric: tabular-nums; }
+  th, td { padding:5px 8px; text-align:right; border-bottom:1px solid var(--line); white-space:nowrap; }
+  th:first-child, td:first-child { text-align:left; }
+  th { color:var(--dim); font-weight:500; font-size:12px; }
+  tr.app td { font-weight:600; }
+  tr.agent td:first-child { padding-left:26px; color:var(--dim); }
+  .empty { color:var(--dim); padding:20px 0; }
+</style>
+</head>
+<body>
+<header>
+  <h1>__TITLE__ · live fairness</h1>
+  <span class="meta" id="policy">policy —</span>
+  <span class="meta" id="uptime"></span>
+  <div class="chips" id="models"></div>
+  <span class="status"><span class="dot" id="dot"></span><span class="meta" id="updated">connecting…</span></span>
+</header>
+<main>
+  <section class="card">
+    <h2>Share of service</h2>
+    <p class="sub">bar: last 30 s · ◆ since start · dashed: entitled by weight</p>
+    <svg id="shares" height="40"></svg>
+  </section>
+  <section class="card">
+    <h2>Shares over time</h2>
+    <p class="sub">each app's share of the service delivered (unified tokens, 5 s windows) · dashed: entitlements</p>
+    <svg id="timeline" height="220"></svg>
+    <div class="legend" id="legend"></div>
+  </section>
+  <section class="card full">
+    <h2>Agents within each app</h2>
+    <p class="sub">share of the app's service vs share of the app's agent weights</p>
+    <div class="agents" id="agents"></div>
+  </section>
+  <section class="card full">
+    <h2>Queues and latency</h2>
+    <p class="sub">latencies from arrival at the arbiter, over recent requests</p>
+    <table id="table"></table>
+  </section>
+</main>
+<script>
+"use strict";
+const REFRESH_MS = 2000, RECENT_S = 30, HISTORY_S = 300, SMOOTH_S = 5;
+const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+const KEY = new URLSearchParams(location.hash.slice(1)).get("key");
+const colors = new Map();
+const $ = (id) => document.getElementById(id);
+const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const pct = (x) => x == null || isNaN(x) ? "–" : (100 * x).toFixed(1) + "%";
+const secs = (x) => x == null ? "–" : x < 1 ? (1000 * x).toFixed(0) + " ms" : x.toFixed(2) + " s";
+const num = (x) => x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(x < 10 ? 2 : 0);
+const dur = (s) => s < 120 ? s.toFixed(0) + " s" : s < 7200 ? (s / 60).toFixed(0) + " min" : (s / 3600).toFixed(1) + " h";
+
+function color(app) {
+  if (!colors.has(app)) colors.set(app, PALETTE[colors.size % PALETTE.length]);
+  return colors.get(app);
+}
+
+// Service each series gained over the last `seconds` of samples, and the time it spans.
+function gained(history, series, seconds) {
+  const t = history.time, n = t.length;
+  if (n < 2) return null;
+  let i = n - 1;
+  while (i > 0 && t[n - 1] - t[i - 1] <= seconds) i--;
+  if (i === n - 1) i = n - 2;
+  const out = {};
+  for (const [k, v] of Object.entries(series)) out[k] = v[n - 1] - v[i];
+  return out;
+}
+
+function shareOf(delta, keys) {
+  const total = keys.reduce((s, k) => s + Math.max(0, delta[k] || 0), 0);
+  return total > 0 ? Object.fromEntries(keys.map((k) => [k, Math.max(0, delta[k] || 0) / total])) : null;
+}
+
+function drawShares(data) {
+  const apps = Object.keys(data.apps).sort();
+  apps.forEach(color);
+  const recent = data.history ? shareOf(gained(data.history, data.history.apps, RECENT_S) || {}, apps) : null;
+  const W = $("shares").clientWidth || 400, label = 110, right = 130, bw = Math.max(40, W - label - right), row = 34;
+  let svg = "";
+  apps.forEach((name, i) => {
+    const a = data.apps[name], y = i * row + 6;
+    const share = recent ? recent[name] : a.share, x0 = label;
+    svg += `<text x="0" y="${y + 15}">${esc(name)}</text>`;
+    svg += `<rect x="${x0}" y="${y}" width="${bw}" height="20" rx="3" fill="currentColor" opacity="0.07"></rect>`;
+    svg += `<rect class="bar" data-app="${esc(name)}" data-share="${share.toFixed(4)}" x="${x0}" y="${y}" width="${(bw * share).toFixed(1)}" height="20" rx="3" fill="${color(name)}"></rect>`;
+    const ex = x0 + bw * a.weight_share, cx = x0 + bw * a.share;
+    svg += `<line x1="${ex}" x2="${ex}" y1="${y - 3}" y2="${y + 23}" stroke="currentColor" stroke-width="2" stroke-dasharray="3 2"></line>`;
+    svg += `<path d="M${cx} ${y + 4} l5 6 l-5 6 l-5 -6 z" fill="currentColor" opacity="0.8"></path>`;
+    svg += `<text x="${x0 + bw + 8}" y="${y + 15}">${pct(share)} <tspan class="dim">of ${pct(a.weight_share)}</tspan></text>`;
+  });
+  if (!apps.length) svg = `<text x="0" y="20" class="dim">no apps yet</text>`;
+  $("shares").setAttribute("height", Math.max(40, apps.length * row + 10));
+  $("shares").style.color = "var(--text)";
+  $("shares").innerHTML = svg;
+}
+
+function drawTimeline(data) {
+  const h = data.history, el = $("timeline");
+  const W = el.clientWidth || 600, H = 220, left = 34, bottom = 20, top = 6;
+  const apps = Object.keys(data.apps).sort();
+  let svg = "";
+  for (const f of [0, 0.25, 0.5, 0.75, 1]) {
+    const y = top + (1 - f) * (H - top - bottom);
+    svg += `<line x1="${left}" x2="${W}" y1="${y}" y2="${y}" stroke="currentColor" opacity="0.12"></line>`;
+    svg += `<text x="0" y="${y + 4}" class="dim">${f * 100}%</text>`;
+  }
+  const t = h ? h.time : [], n = t.length;
+  const points = [];
+  for (let i = 1; i < n; i++) {
+    let j = i - 1;
+    while (j > 0 && t[i] - t[j - 1] <= SMOOTH_S) j--;
+    const delta = {};
+    for (const a of apps) delta[a] = h.apps[a] ? h.apps[a][i] - h.apps[a][j] : 0;
+    const s = shareOf(delta, apps);
+    if (s) points.push([t[i], s]);
+  }
+  if (points.length >= 2) {
+    const t0 = Math.max(t[n - 1] - HISTORY_S, points[0][0]), t1 = t[n - 1], span = Math.max(1e-6, t1 - t0);
+    const X = (x) => left + (W - left) * (x - t0) / span, Y = (f) => top + (1 - f) * (H - top - bottom);
+    const base = points.map(() => 0);
+    for (const a of apps) {
+      const lower = base.slice(), upper = points.map(([, s], k) => (base[k] += s[a] || 0));
+      const d = points.map(([x], k) => `${X(x).toFixed(1)},${Y(upper[k]).toFixed(1)}`).join(" ") + " " +
+        points.map(([x], k) => `${X(x).toFixed(1)},${Y(lower[k]).toFixed(1)}`).reverse().join(" ");
+      svg += `<polygon class="area" data-app="${esc(a)}" points="${d}" fill="${color(a)}" opacity="0.85"></polygon>`;
+    }
+    let cum = 0;
+    for (const a of apps.slice(0, -1)) {
+      cum += data.apps[a].weight_share;
+      svg += `<line x1="${left}" x2="${W}" y1="${Y(cum)}" y2="${Y(cum)}" stroke="currentColor" stroke-width="1.5" stroke-dasharray="6 4"></line>`;
+    }
+    svg += `<text x="${left}" y="${H - 4}" class="dim">−${dur(t1 - t0)}</text><text x="${W - 24}" y="${H - 4}" class="dim">now</text>`;
+  } else {
+    svg += `<text x="${left + 10}" y="${H / 2}" class="dim">waiting for traffic…</text>`;
+  }
+  el.style.color = "var(--text)";
+  el.innerHTML = svg;
+  $("legend").innerHTML = apps.map((a) => `<span><span class="swatch" style="background:${color(a)}"></span>${esc(a)} (weight ${data.apps[a].weight})</span>`).join("");
+}
+
+function drawAgents(data) {
+  const apps = Object.keys(data.apps).sort();
+  $("agents").innerHTML = apps.map((name) => {
+    const agents = Object.entries(data.apps[name].agents).sort(([a], [b]) => a.localeCompare(b));
+    const rows = agents.map(([agent, s], i) => {
+      const y = i * 26 + 4;
+      return `<text x="0" y="${y + 13}">${esc(agent)}</text>` +
+        `<rect x="90" y="${y}" width="${(200 * s.share).toFixed(1)}" height="16" rx="2" fill="${color(name)}" class="agent-bar" data-app="${esc(name)}" data-agent="${esc(agent)}"></rect>` +
+        `<line x1="${90 + 200 * s.weight_share}" x2="${90 + 200 * s.weight_share}" y1="${y - 2}" y2="${y + 18}" stroke="currentColor" stroke-dasharray="3 2"></line>` +
+        `<text x="298" y="${y + 13}">${pct(s.share)} <tspan class="dim">of ${pct(s.weight_share)}</tspan></text>`;
+    }).join("");
+    return `<div><h2><span class="swatch" style="background:${color(name)}"></span>${esc(name)}</h2>` +
+      `<svg height="${agents.length * 26 + 8}" viewBox="0 0 400 ${agents.length * 26 + 8}" style="color:var(--text); max-width:400px">${rows}</svg></div>`;
+  }).join("") || `<div class="empty">no apps yet</div>`;
+}
+
+function drawTable(data) {
+  const head = ["", "weight", "share", "entitled", "service", "queued", "in flight", "done", "cancelled", "failed", "rejected",
+    "wait p50", "wait p99", "TTFT p50", "TTFT p99"];
+  const row = (cls, name, s) => `<tr class="${cls}"><td>${esc(name)}</td><td>${s.weight}</td><td>${pct(s.share)}</td>` +
+    `<td>${pct(s.weight_share)}</td><td>${num(s.service)}</td><td>${s.queued}</td><td>${s.in_flight}</td><td>${s.done}</td>` +
+    `<td>${s.cancelled}</td><td>${s.failed}</td><td>${s.rejected}</td><td>${secs(s.wait_seconds.p50)}</td>` +
+    `<td>${secs(s.wait_seconds.p99)}</td><td>${secs(s.ttft_seconds.p50)}</td><td>${secs(s.ttft_seconds.p99)}</td></tr>`;
+  let body = "";
+  for (const name of Object.keys(data.apps).sort()) {
+    const a = data.apps[name];
+    body += row("app", name, a);
+    for (const agent of Object.keys(a.agents).sort()) body += row("agent", agent, a.agents[agent]);
+  }
+  $("table").innerHTML = `<thead><tr>${head.map((x) => `<th>${x}</th>`).join("")}</tr></thead><tbody>${body}</tbody>`;
+}
+
+function drawHeader(data) {
+  $("policy").textContent = `policy ${data.policy}` + (data.draining ? " · draining" : "");
+  $("uptime").textContent = `up ${dur(data.uptime_seconds)}`;
+  $("models").innerHTML = Object.entries(data.models).map(([name, m]) =>
+    `<span class="chip"><span class="dot ${m.healthy ? "ok" : "bad"}"></span>${esc(name)} · ${m.in_flight}/${m.in_flight_limit} in flight · ${m.queued} queued</span>`).join("");
+}
+
+function status(ok, text) {
+  $("dot").className = "dot " + (ok ? "ok" : "bad");
+  $("updated").textContent = text;
+}
+
+async function tick() {
+  try {
+    const response = await fetch(`/v1/fairness?history=${HISTORY_S}`, {cache: "no-store", headers: KEY ? {Authorization: `Bearer ${KEY}`} : {}});
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const data = await response.json();
+    drawHeader(data); drawShares(data); drawTimeline(data); drawAgents(data); drawTable(data);
+    status(true, "updated " + new Date().toLocaleTimeString());
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    status(false, `offline (${err.message}) · retrying`);
+  } finally {
+    setTimeout(tick, REFRESH_MS);
+  }
+}
+tick();
+</script>
+</body>
+</html>
+"""
+
+
+def page(title: str = "fairagents") -> str:
+    """The dashboard's HTML, with ``title`` in its heading.
+
+    Examples:
+        >>> from fairagents.server.dashboard import page
+        >>> "<title>studio &amp; co</title>" in page("studio & co")
+        True
+    """
+    return _PAGE.replace("__TITLE__", html.escape(title))

@@ -1,0 +1,162 @@
+"""The live fairness view behind ``GET /v1/fairness`` and the dashboard.
+
+A snapshot of the arbiter's standing (per app and per agent: service in unified
+tokens, share against weight share, queued, in flight, wait and TTFT percentiles),
+plus each client's cumulative service sampled once a second, so that a page opened
+late still draws the shares over the last minutes. The snapshot reads
+:meth:`~fairagents.Arbiter.stats`, whose percentiles sort the recent records: it is
+cached for ``max_age`` seconds, so many viewers cost the event loop no more than one.
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.server.fairness import FairnessView
+    >>> arbiter = fa.Arbiter()
+    >>> arbiter.app("driving", weight=2.0).agent("planner")
+    AgentHandle(driving/planner)
+    >>> view = FairnessView(arbiter)
+    >>> view.sample()
+    >>> body = view.snapshot()
+    >>> body["apps"]["driving"]["weight"], body["apps"]["driving"]["agents"]["planner"]["service"]
+    (2.0, 0.0)
+    >>> body["history"]["apps"]["driving"]
+    [0.0]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from fairagents.arbiter import Arbiter
+from fairagents.server.wire import finite
+from fairagents.stats import ClientSnapshot, Stats
+
+__all__ = ["FairnessView"]
+
+
+class FairnessView:
+    """Samples an arbiter's service over time and renders the ``/v1/fairness`` body.
+
+    Args:
+        arbiter: the arbiter to watch.
+        interval: seconds between service samples.
+        keep: seconds of samples kept.
+        max_age: seconds a stats snapshot is reused.
+        clients: the ``(app, agent)`` pairs to sample; by default those in the arbiter's
+            stats (costlier: give it when the caller keeps its own list).
+        extra: per app and agent counts the arbiter does not keep (``rejected``), by
+            ``(app, agent)``; read at each snapshot.
+        models: per-model figures (in flight, limit, health), read at each snapshot.
+        clock: wall-clock time source in seconds.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.server.fairness import FairnessView
+        >>> FairnessView(fa.Arbiter(), interval=0.5, keep=60).samples.maxlen
+        120
+    """
+
+    def __init__(
+        self,
+        arbiter: Arbiter,
+        *,
+        interval: float = 1.0,
+        keep: float = 600.0,
+        max_age: float = 0.5,
+        clients: Callable[[], Iterable[tuple[str, str]]] | None = None,
+        extra: Callable[[], Mapping[tuple[str, str], Mapping[str, int]]] | None = None,
+        models: Callable[[], dict[str, Any]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.arbiter = arbiter
+        self.interval = interval
+        self.max_age = max_age
+        self.clock = clock
+        self.started = clock()
+        self.samples: deque[tuple[float, dict[tuple[str, str], float]]] = deque(maxlen=max(2, int(keep / interval)))
+        self._clients = clients or (lambda: [tuple(k.split("/", 1)) for k in self.stats().agents])  # type: ignore[misc]
+        self._extra = extra or dict
+        self._models = models or dict
+        self._cached: tuple[float, Stats] | None = None
+
+    def stats(self) -> Stats:
+        """The arbiter's stats, at most ``max_age`` seconds old."""
+        now = self.clock()
+        if self._cached is None or now - self._cached[0] > self.max_age:
+            self._cached = (now, self.arbiter.stats())
+        return self._cached[1]
+
+    def sample(self) -> None:
+        """Record every agent's cumulative service now (cheap: no percentiles)."""
+        ledger = self.arbiter.ledger
+        self.samples.append((self.clock(), {(a, t): ledger.service_of(a, t) for a, t in self._clients()}))
+
+    async def run(self) -> None:
+        """Sample every ``interval`` seconds until cancelled."""
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval)
+
+    def snapshot(self, history: float | None = None, *, draining: bool = False) -> dict[str, Any]:
+        """The ``/v1/fairness`` body; ``history`` limits the samples to the last seconds."""
+        stats = self.stats()
+        extra = self._extra()
+        now = self.clock()
+        apps: dict[str, Any] = {}
+        for name, app in stats.apps.items():
+            apps[name] = {**_client(app, _sum(extra, name)), "agents": {}}
+        for key, agent in stats.agents.items():
+            app_name, agent_name = key.split("/", 1)
+            if app_name in apps:
+                apps[app_name]["agents"][agent_name] = _client(agent, extra.get((app_name, agent_name), {}))
+        return {
+            "object": "fairness",
+            "time": now,
+            "uptime_seconds": now - self.started,
+            "policy": self.arbiter.policy.name,
+            "unit": "unified_tokens",
+            "draining": draining,
+            "models": self._models(),
+            "apps": apps,
+            "history": self._history(now, history),
+        }
+
+    def _history(self, now: float, seconds: float | None) -> dict[str, Any]:
+        samples = [s for s in self.samples if seconds is None or s[0] >= now - seconds]
+        keys = sorted({k for _, by in samples for k in by})
+        apps = sorted({a for a, _ in keys})
+        return {
+            "interval_seconds": self.interval,
+            "time": [round(t, 3) for t, _ in samples],
+            "apps": {a: [round(sum(v for (x, _), v in by.items() if x == a), 4) for _, by in samples] for a in apps},
+            "agents": {f"{a}/{t}": [round(by.get((a, t), 0.0), 4) for _, by in samples] for a, t in keys},
+        }
+
+
+def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]], app: str) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for (a, _), counts in extra.items():
+        if a == app:
+            for k, v in counts.items():
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+def _client(c: ClientSnapshot, extra: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        "weight": c.weight,
+        "weight_share": c.weight_share,
+        "service": c.service,
+        "share": c.share,
+        "queued": c.queued,
+        "in_flight": c.in_flight,
+        "done": c.done,
+        "failed": c.failed,
+        "cancelled": c.cancelled,
+        "rejected": extra.get("rejected", 0),
+        "wait_seconds": {"p50": finite(c.wait_p50), "p99": finite(c.wait_p99)},
+        "ttft_seconds": {"p50": finite(c.ttft_p50), "p99": finite(c.ttft_p99)},
+    }

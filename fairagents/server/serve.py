@@ -1,0 +1,212 @@
+"""Running the server: uvicorn in the arbiter's event loop, and a graceful SIGTERM.
+
+On SIGTERM (or Ctrl-C) the server stops admitting (new requests get 503, ``/health``
+says ``draining``), lets the requests it accepted, queued ones included, finish for
+``server.drain_timeout`` seconds, aborts the rest (their clients get a 503 or an
+error event), then closes its connections, stops the engines and returns. A second
+signal skips the wait. uvicorn's own signal handling is off: it would stop listening
+at once, and re-raise the signal after the drain.
+
+Examples:
+    >>> from fairagents.server.serve import free_socket
+    >>> sock = free_socket("127.0.0.1", 0)
+    >>> sock.getsockname()[1] > 0
+    True
+    >>> sock.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import structlog
+import uvicorn
+from fastapi import FastAPI
+from pydantic import ValidationError
+
+from fairagents.arbiter import Arbiter
+from fairagents.constants import HEADER_APP
+from fairagents.errors import InvalidParameterError
+from fairagents.server.app import create_app
+from fairagents.server.config import Config, ServerSettings, build_arbiter, load_config
+
+__all__ = ["free_socket", "main", "running", "serve"]
+
+log = structlog.get_logger("fairagents.server")
+
+
+def free_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one, read it from ``getsockname()``).
+
+    Examples:
+        >>> from fairagents.server import free_socket
+        >>> with free_socket("127.0.0.1", 0) as sock:
+        ...     sock.getsockname()[0]
+        '127.0.0.1'
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: :func:`serve` drains first, then tells it to exit."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def _uvicorn(app: FastAPI) -> _Server:
+    # log_config=None: a library does not configure logging; the application (the CLI) does.
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none", timeout_graceful_shutdown=5)
+    return _Server(config)
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` in this event loop for the duration of the block; yields its base URL.
+
+    For tests and benchmarks that share an engine (and its loop) with the server. It
+    installs no signal handlers.
+
+    Examples:
+        >>> import asyncio, httpx
+        >>> import fairagents as fa
+        >>> from fairagents.server import create_app, running
+        >>> async def main():
+        ...     async with running(create_app(fa.Arbiter())) as url:
+        ...         async with httpx.AsyncClient() as client:
+        ...             return (await client.get(f"{url}/health")).json()["status"]
+        >>> asyncio.run(main())
+        'down'
+    """
+    server = _uvicorn(app)
+    sock = free_socket(host, port)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # startup failed: raise why
+                raise RuntimeError("the server stopped while starting")
+            await asyncio.sleep(0.01)
+        yield _url(sock)
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def serve(
+    arbiter: Arbiter,
+    config: Config,
+    *,
+    stop_engines: bool = True,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Start ``arbiter``, serve it over HTTP until SIGTERM or SIGINT, drain, and close it.
+
+    Args:
+        arbiter: the arbiter to serve (started here; closed on the way out).
+        config: apps, agents and server settings.
+        stop_engines: stop the engines when done (``False`` leaves them to another arbiter).
+        ready: called with the base URL once the server listens.
+
+    Examples:
+        >>> import asyncio
+        >>> from fairagents.server import Config, build_arbiter, serve
+        >>> config = Config.default()
+        >>> asyncio.run(serve(build_arbiter(config), config, ready=print))  # doctest: +SKIP
+        http://127.0.0.1:8000
+    """
+    app = create_app(arbiter, config)
+    gateway = app.state.gateway
+    await arbiter.start()
+    server = _uvicorn(app)
+    sock = free_socket(config.server.host, config.server.port)
+    loop = asyncio.get_running_loop()
+    drained: asyncio.Task[None] | None = None
+
+    async def drain() -> None:
+        gateway.draining = True
+        accepted = sum(m["queued"] + m["in_flight"] for m in gateway.models().values())
+        log.warning("fairagents.server.draining", timeout=config.server.drain_timeout, accepted=accepted)
+        await arbiter.close(timeout=config.server.drain_timeout, stop_engines=stop_engines)
+        server.should_exit = True
+
+    def on_signal() -> None:
+        nonlocal drained
+        if drained is None:
+            drained = loop.create_task(drain())
+        else:  # a second signal: do not wait any longer
+            server.should_exit = server.force_exit = True
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and ready is not None:
+            ready(_url(sock))
+        await task
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        if drained is not None:
+            if not drained.done():
+                drained.cancel()
+            await asyncio.gather(drained, return_exceptions=True)
+        await arbiter.close(timeout=0 if drained is not None else None, stop_engines=stop_engines)
+    log.info("fairagents.server.stopped")
+
+
+def main(config: str | os.PathLike[str] | None = None, *, host: str | None = None, port: int | None = None) -> int:
+    """``fairagents serve``: load the configuration (or the embedded default), serve until SIGTERM.
+
+    Args:
+        config: a ``.toml`` / ``.yaml`` file; ``None`` serves the embedded tiny model
+            with keys off (apps named by ``X-Fairagents-App``).
+        host: overrides ``server.host``.
+        port: overrides ``server.port``.
+
+    Returns:
+        The process exit status (0 after a drain).
+
+    Examples:
+        >>> from fairagents.server import main
+        >>> main("serve.toml", port=8080)  # doctest: +SKIP
+        0
+    """
+    settings = load_config(config) if config is not None else Config.default()
+    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if overrides:
+        try:
+            server = ServerSettings.model_validate({**settings.server.model_dump(), **overrides})
+        except ValidationError as err:
+            raise InvalidParameterError(f"--host/--port: {err.errors(include_url=False)[0]['msg']}") from None
+        settings = settings.model_copy(update={"server": server})
+    arbiter = build_arbiter(settings)
+
+    def ready(url: str) -> None:
+        keys = "API keys on" if settings.server.auth else f"keys off: {HEADER_APP} names the app"
+        print(
+            f"fairagents: serving {', '.join(arbiter.models)} on {url}/v1 (policy {settings.policy}; {keys}); "
+            f"live fairness at {url}/dashboard",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    asyncio.run(serve(arbiter, settings, ready=ready))
+    return 0

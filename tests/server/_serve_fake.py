@@ -1,0 +1,22 @@
+"""A server process on a FakeEngine, for the SIGTERM tests: prints its URL, serves until a signal.
+
+Usage: python _serve_fake.py DRAIN_TIMEOUT TOKENS_PER_REPLY. It prints "exited" after serve() returns.
+"""
+
+import asyncio
+import sys
+
+import structlog
+
+import fairagents as fa
+from fairagents.server import Config, serve
+from fairagents.testing import FakeEngine
+
+if __name__ == "__main__":
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout carries the URL
+    drain_timeout, tokens = float(sys.argv[1]), int(sys.argv[2])
+    arbiter = fa.Arbiter(in_flight=2)
+    arbiter.add_model("chat", FakeEngine(tokens_per_reply=tokens, token_time=0.01))
+    config = Config.model_validate({"server": {"auth": False, "port": 0, "drain_timeout": drain_timeout}})
+    asyncio.run(serve(arbiter, config, ready=lambda url: print(url, flush=True)))
+    print("exited", flush=True)

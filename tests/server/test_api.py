@@ -1,0 +1,285 @@
+"""The HTTP API on FakeEngines (a test double), through the stock openai client and raw HTTP.
+
+Identity and access, bad input, overload and retry, disconnects, engine failure, and the
+read-only views: fast, since the engine is a double. The real engine is in test_real.py.
+"""
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import fairagents as fa
+from fairagents.constants import HEADER_AGENT, HEADER_APP
+from fairagents.server import Config
+from fairagents.testing import FakeEngine
+
+from ._support import KEYS, MSG, client, live, make_config, wait_until
+
+
+def fake(policy="hmfs", in_flight=4, **engine_kw):
+    arbiter = fa.Arbiter(policy=policy, in_flight=in_flight, drain_timeout=1.0)
+    engine = FakeEngine(**engine_kw)
+    arbiter.add_model("chat", engine)
+    return arbiter, engine
+
+
+def nothing_ran(arbiter, engine):
+    assert engine.started_order == [] and arbiter.policy.queued() == 0
+    assert not arbiter.ledger.charges and not arbiter.ledger.records
+
+
+async def test_the_key_decides_the_app_and_the_header_the_agent():
+    arbiter, _ = fake(tokens_per_reply=3)
+    async with live(arbiter, make_config()) as (url, _):
+        async with client(url, agent="planner") as c, client(url, KEYS["studio"]) as studio:
+            # naming another app in a header changes nothing: the key decides
+            reply = await c.chat.completions.create(model="chat", messages=MSG, max_tokens=8, extra_headers={HEADER_APP: "studio"})
+            await studio.chat.completions.create(model="chat", messages=MSG, max_tokens=8)
+    assert reply.choices[0].message.content == "t0 t1 t2 " and reply.choices[0].finish_reason == "stop"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (3, 3)
+    assert reply.usage.model_extra["unified_tokens"] == 3 + 2 * 3  # FakeEngine's profile has scale 1
+    stats = arbiter.stats()
+    assert stats.agents["driving/planner"].done == 1 and stats.agents["studio/default"].done == 1
+    assert stats.apps["driving"].service == stats.apps["studio"].service == 9
+
+
+async def test_an_unknown_or_missing_key_is_401_and_nothing_runs():
+    arbiter, engine = fake()
+    async with live(arbiter, make_config()) as (url, _):
+        for authorization in ("Bearer sk-wrong", None, "Basic sk-test-driving", "Bearer"):
+            async with httpx.AsyncClient(base_url=url, headers={"Authorization": authorization} if authorization else {}) as http:
+                for method, path, body in [
+                    ("POST", "/v1/chat/completions", {"model": "chat", "messages": MSG}),
+                    ("POST", "/v1/completions", {"model": "chat", "prompt": "hi"}),
+                    ("POST", "/v1/chat/completions", {"broken": True}),  # the key is checked before the body
+                    ("GET", "/v1/models", None),
+                ]:
+                    response = await http.request(method, path, json=body)
+                    assert response.status_code == 401, (authorization, path)
+                    assert response.json()["error"]["code"] == "invalid_api_key"
+                    assert response.headers["www-authenticate"] == "Bearer"
+        async with client(url, key="sk-wrong") as c:
+            with pytest.raises(openai.AuthenticationError):
+                await c.chat.completions.create(model="chat", messages=MSG)
+        nothing_ran(arbiter, engine)
+
+
+async def test_with_keys_off_the_app_header_names_the_app():
+    arbiter, _ = fake(tokens_per_reply=2)
+    async with live(arbiter, Config.model_validate({"server": {"auth": False, "max_queued": 3}})) as (url, _):
+        async with httpx.AsyncClient(base_url=url) as http:
+            ok = await http.post("/v1/chat/completions", json={"model": "chat", "messages": MSG},
+                                 headers={HEADER_APP: "notebook", HEADER_AGENT: "call model"})
+            assert ok.status_code == 200
+            assert (await http.post("/v1/completions", json={"model": "chat", "prompt": "a b"})).status_code == 200
+            bad = await http.post("/v1/completions", json={"model": "chat", "prompt": "a"}, headers={HEADER_APP: "team/tool"})
+            assert bad.status_code == 400 and "app name" in bad.json()["error"]["message"]
+    assert arbiter.stats().agents["notebook/call model"].done == 1 and arbiter.stats().agents["default/default"].done == 1
+
+
+BAD = [
+    ("/v1/chat/completions", {"model": "chat", "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "chat"}, 400, "messages: Field required"),
+    ("/v1/chat/completions", {"messages": MSG}, 400, "model: Field required"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "temperature": 3}, 400, "temperature"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "n": 2}, 400, "n must be 1"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "tools": [{"type": "function"}]}, 400, "'tools' is not supported"),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "tool", "content": "x"}]}, 400, "role"),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
+     400, "text parts only"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": 100}, 400, "exceeds the context"),
+    ("/v1/chat/completions", {"model": "gpt-9", "messages": MSG}, 404, "unknown model 'gpt-9'"),
+    ("/v1/completions", {"model": "chat", "prompt": ["a", "b"]}, 400, "one prompt per request"),
+    ("/v1/completions", {"model": "chat", "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": "chat", "prompt": "a", "echo": True}, 400, "'echo' is not supported"),
+    ("/v1/completions", [1, 2], 400, "JSON object"),
+    ("/v1/images/generations", {"prompt": "a red car", "model": "chat"}, 400, "does not generate images"),
+    ("/v1/images/generations", {"prompt": "a red car", "model": "sdxl"}, 404, "image generation is not served over HTTP yet"),
+    ("/v1/images/generations", {"prompt": "a red car"}, 404, "no image model None"),
+]
+
+
+async def test_bad_input_is_an_openai_shaped_error_and_costs_nothing():
+    arbiter, engine = fake(max_model_len=64)
+    async with live(arbiter, make_config()) as (url, _):
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEYS['driving']}"}) as http:
+            for path, body, status, message in BAD:
+                response = await http.post(path, json=body)
+                assert response.status_code == status, (body, response.text)
+                error = response.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+                assert message in error["message"], (body, error)
+            for path in {path for path, *_ in BAD}:
+                garbled = await http.post(path, content=b"{not json", headers={"Content-Type": "application/json"})
+                assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
+            nothing_ran(arbiter, engine)
+
+
+async def test_the_openai_client_raises_its_own_errors_for_400_and_404():
+    arbiter, _ = fake()
+    async with live(arbiter, make_config()) as (url, _), client(url) as c:
+        with pytest.raises(openai.BadRequestError) as info:
+            await c.chat.completions.create(model="chat", messages=MSG, max_tokens=0)
+        assert info.value.code == "invalid_parameter"
+        with pytest.raises(openai.NotFoundError) as missing:
+            await c.chat.completions.create(model="gpt-9", messages=MSG)
+        assert missing.value.code == "model_not_found"
+        with pytest.raises(openai.NotFoundError):
+            await c.images.generate(prompt="a red car", model="sdxl")
+
+
+async def test_past_its_queue_bound_an_app_gets_429_and_the_client_retry_then_succeeds():
+    arbiter, engine = fake(in_flight=1, tokens_per_reply=10, token_time=0.02)
+    config = make_config(apps={"driving": {"api_key": KEYS["driving"], "max_queued": 1}, "studio": {"api_key": KEYS["studio"]}})
+    async with live(arbiter, config) as (url, _):
+        async with client(url) as c, client(url, max_retries=3) as retrying:
+            await c.chat.completions.create(model="chat", messages=MSG)  # a measured run time for the retry hint
+            running = asyncio.create_task(c.chat.completions.create(model="chat", messages=MSG))
+            await wait_until(lambda: arbiter.stats().apps["driving"].in_flight == 1)
+            queued = asyncio.create_task(c.chat.completions.create(model="chat", messages=MSG))
+            await wait_until(lambda: arbiter.stats().apps["driving"].queued == 1)
+            with pytest.raises(openai.RateLimitError) as info:
+                await c.chat.completions.create(model="chat", messages=MSG)
+            assert info.value.code == "queue_full"
+            headers = info.value.response.headers
+            assert headers["retry-after"] == "1" and 100 <= int(headers["retry-after-ms"]) < 1000  # ~ one run: 0.2 s
+            raw = await retrying.chat.completions.with_raw_response.create(model="chat", messages=MSG)
+            assert raw.retries_taken >= 1 and raw.parse().usage.completion_tokens == 10
+            await asyncio.gather(running, queued)
+        async with httpx.AsyncClient(base_url=url) as http:
+            metrics = await http.get("/metrics")
+    rejected = _samples(metrics.text, "fairagents_requests_rejected_total")
+    assert rejected == {("driving", "default", "chat"): 1 + raw.retries_taken}
+    assert arbiter.stats().apps["driving"].done == 4 and len(engine.started_order) == 4
+
+
+async def test_a_client_that_leaves_while_queued_leaves_the_queue_uncharged():
+    arbiter, engine = fake(in_flight=1, tokens_per_reply=40, token_time=0.01)
+    async with live(arbiter, make_config()) as (url, _):
+        async with client(url) as c, client(url, KEYS["studio"], timeout=0.25) as impatient:
+            first = asyncio.create_task(c.chat.completions.create(model="chat", messages=MSG, max_tokens=40))
+            await wait_until(lambda: arbiter.stats().apps["driving"].in_flight == 1)
+            with pytest.raises(openai.APITimeoutError):
+                await impatient.chat.completions.create(model="chat", messages=MSG)
+            await wait_until(lambda: any(r.app == "studio" for r in arbiter.ledger.records))
+            (record,) = [r for r in arbiter.ledger.records if r.app == "studio"]
+            assert record.outcome is fa.Outcome.CANCELLED and record.dispatched is None
+            assert arbiter.ledger.service_of("studio") == 0 and arbiter.policy.queued() == 0
+            assert (await first).usage.completion_tokens == 40
+    assert len(engine.started_order) == 1
+
+
+async def test_a_client_that_leaves_mid_stream_is_charged_only_for_what_it_got():
+    arbiter, engine = fake(in_flight=1, tokens_per_reply=500, token_time=0.002)
+    async with live(arbiter, make_config()) as (url, _), client(url) as c:
+        stream = await c.chat.completions.create(model="chat", messages=MSG, max_tokens=500, stream=True)
+        seen = []
+        async for chunk in stream:
+            seen.append(chunk)
+            if len(seen) == 5:
+                break
+        await stream.close()
+        await wait_until(lambda: arbiter.ledger.records)
+    assert [c.choices[0].delta.content for c in seen] == ["", "t0 ", "t1 ", "t2 ", "t3 "]
+    (record,) = arbiter.ledger.records
+    assert record.outcome is fa.Outcome.CANCELLED and 4 <= record.output_tokens < 500
+    assert arbiter.ledger.service_of("driving") == record.prompt_tokens + 2 * record.output_tokens
+    assert engine.running == set()
+
+
+async def test_an_engine_failure_is_503_for_its_model_and_other_models_keep_serving():
+    arbiter = fa.Arbiter(in_flight=2)
+    broken = FakeEngine(tokens_per_reply=200, token_time=0.005)
+    arbiter.add_model("broken", broken)
+    arbiter.add_model("chat", FakeEngine(tokens_per_reply=3))
+    async with live(arbiter, make_config()) as (url, _), client(url) as c, httpx.AsyncClient(base_url=url) as http:
+        stream = await c.chat.completions.create(model="broken", messages=MSG, stream=True)
+        with pytest.raises(openai.APIError, match="engine failed"):
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    broken.fail()
+        with pytest.raises(openai.InternalServerError) as info:
+            await c.chat.completions.create(model="broken", messages=MSG)
+        assert info.value.status_code == 503 and info.value.code == "engine_unavailable"
+        assert info.value.response.headers["x-should-retry"] == "false"
+        assert (await c.chat.completions.create(model="chat", messages=MSG)).usage.completion_tokens == 3
+        health = await http.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        metrics = (await http.get("/metrics")).text
+    assert _samples(metrics, "fairagents_model_up") == {("broken",): 0.0, ("chat",): 1.0}
+
+
+async def test_models_fairness_metrics_health_and_dashboard():
+    arbiter, _ = fake(tokens_per_reply=4)
+    async with live(arbiter, make_config()) as (url, gateway):
+        async with client(url, agent="planner") as c, client(url, KEYS["studio"], agent="writer") as s:
+            listed = await c.models.list()
+            assert [m.id for m in listed.data] == ["chat"] and listed.data[0].model_extra["max_model_len"] == 4096
+            await asyncio.gather(*(c.chat.completions.create(model="chat", messages=MSG) for _ in range(3)),
+                                 s.completions.create(model="chat", prompt="once upon a time", max_tokens=2))
+        gateway.view.sample()
+        async with httpx.AsyncClient(base_url=url) as http:
+            fairness = (await http.get("/v1/fairness", params={"history": 60})).json()
+            metrics = (await http.get("/metrics")).text
+            health = await http.get("/health")
+            page = await http.get("/dashboard")
+            assert (await http.get("/v1/fairness", params={"history": -1})).status_code == 400
+    driving, studio = fairness["apps"]["driving"], fairness["apps"]["studio"]
+    assert fairness["policy"] == "hmfs" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
+    assert fairness["models"]["chat"] == {"healthy": True, "in_flight": 0, "in_flight_limit": 4, "queued": 0}
+    assert (driving["weight"], driving["weight_share"], driving["done"], driving["service"]) == (2.0, 2 / 3, 3, 3 * (3 + 8))
+    assert studio["agents"]["writer"]["service"] == 5 + 2 * 2 and driving["agents"]["planner"]["share"] == 1.0
+    assert driving["share"] == pytest.approx(33 / 42) and driving["ttft_seconds"]["p50"] >= 0
+    assert fairness["history"]["apps"]["driving"][-1] == 33 and fairness["history"]["agents"]["studio/writer"][-1] == 9
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    assert all(name.startswith("fairagents_") for name in families)
+    for family in families.values():
+        for sample in family.samples:
+            assert set(sample.labels) <= {"app", "agent", "model", "le"}, sample
+    assert _samples(metrics, "fairagents_requests_finished_total") == {("driving", "planner", "chat"): 3, ("studio", "writer", "chat"): 1}
+    assert _samples(metrics, "fairagents_completion_tokens_total")[("driving", "planner", "chat")] == 12
+    assert _samples(metrics, "fairagents_service_unified_tokens_total") == {("driving", "planner"): 33, ("studio", "writer"): 9}
+    assert _samples(metrics, "fairagents_ttft_seconds_count")[("driving", "planner", "chat")] == 3
+    assert _samples(metrics, "fairagents_app_weight_share_ratio")[("driving",)] == pytest.approx(2 / 3)
+    assert health.json() == {"status": "ok", "models": {"chat": {"healthy": True}}}
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html") and "/v1/fairness" in page.text
+
+
+async def test_an_observer_key_guards_the_views():
+    arbiter, _ = fake()
+    async with live(arbiter, make_config(observer_key="sk-observer")) as (url, _):
+        async with httpx.AsyncClient(base_url=url) as http:
+            for path in ("/v1/fairness", "/metrics"):
+                assert (await http.get(path)).status_code == 401
+                assert (await http.get(path, headers={"Authorization": f"Bearer {KEYS['driving']}"})).status_code == 401
+                assert (await http.get(path, headers={"Authorization": "Bearer sk-observer"})).status_code == 200
+            assert (await http.get("/health")).status_code == 200 and (await http.get("/dashboard")).status_code == 200
+
+
+def _samples(text, name):
+    """Values of one metric by label values (in app, agent, model order)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                key = tuple(sample.labels[k] for k in ("app", "agent", "model") if k in sample.labels)
+                out[key] = sample.value
+    return out
+
+
+async def test_a_body_past_the_limit_is_413(monkeypatch):
+    import fairagents.server.app as server_app
+
+    monkeypatch.setattr(server_app, "MAX_BODY_BYTES", 1000)
+    arbiter, engine = fake()
+    async with live(arbiter, make_config()) as (url, _), client(url) as c:
+        with pytest.raises(openai.APIStatusError) as info:
+            await c.chat.completions.create(model="chat", messages=[{"role": "user", "content": "word " * 400}])
+        assert info.value.status_code == 413
+        assert (await c.chat.completions.create(model="chat", messages=MSG)).usage.completion_tokens == 8
+    assert len(engine.started_order) == 1

@@ -1,0 +1,132 @@
+"""Server configuration: TOML and YAML, validation, the default pool, building the arbiter."""
+
+import pytest
+
+import fairagents as fa
+from fairagents.server import Config, build_arbiter, create_app, load_config
+
+TOML = """
+policy = "vtc"
+
+[server]
+port = 9001
+drain_timeout = 5
+
+[models.chat]
+in_flight = 8
+max_model_len = 512
+
+[apps.driving]
+api_key = "sk-driving"
+weight = 2.0
+max_queued = 16
+slo = { ttft = 2.0 }
+agents.planner = { weight = 3.0, slo = { ttft = 0.5 } }
+
+[apps.studio]
+api_key_env = "FAIRAGENTS_TEST_STUDIO_KEY"
+"""
+
+YAML = """
+policy: fcfs
+server: {auth: false}
+models:
+  small: {max_num_seqs: 4}
+apps:
+  local: {weight: 3}
+"""
+
+
+def test_toml_builds_the_pool_and_declares_apps_and_agents(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIRAGENTS_TEST_STUDIO_KEY", "sk-studio")
+    path = tmp_path / "serve.toml"
+    path.write_text(TOML)
+    config = load_config(path)
+    assert (config.policy, config.server.port, config.server.drain_timeout) == ("vtc", 9001, 5.0)
+    arbiter = build_arbiter(config)
+    assert arbiter.models == ["chat"] and arbiter.in_flight_limit("chat") == 8 and arbiter.drain_timeout == 5.0
+    assert arbiter.engine("chat").max_model_len == 512  # an unstarted engine: nothing loaded
+    gateway = create_app(arbiter, config).state.gateway
+    assert gateway.app_for_key("sk-driving") == "driving" and gateway.app_for_key("sk-studio") == "studio"
+    planner = arbiter.app("driving", 2.0, fa.SLO(ttft=2.0), max_queued=16).agent("planner", 3.0, fa.SLO(ttft=0.5))
+    assert planner.identity.effective_slo == fa.SLO(ttft=0.5)
+
+
+def test_yaml_with_keys_off(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(YAML)
+    config = load_config(path)
+    assert config.policy == "fcfs" and not config.server.auth and config.apps["local"].weight == 3.0
+    assert build_arbiter(config).in_flight_limit("small") == 4
+
+
+def test_engines_made_elsewhere_must_be_configured_models():
+    from fairagents.testing import FakeEngine
+
+    with pytest.raises(fa.InvalidParameterError, match="vision"):
+        build_arbiter(Config.default(), engines={"vision": FakeEngine()})
+
+
+def test_the_default_serves_the_embedded_model_with_keys_off():
+    config = Config.default()
+    assert list(config.models) == ["chat"] and config.models["chat"].path is None
+    assert not config.server.auth and config.server.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("polcy = 'hmfs'\n[server]\nauth = false", "polcy: Extra inputs are not permitted"),
+        ("policy = 'lottery'\n[server]\nauth = false", "unknown policy 'lottery'"),
+        ("[apps.a]\nweight = 1", "app 'a' has none"),
+        ("", "no app is declared"),
+        ("[apps.a]\napi_key = 'k'\n[apps.b]\napi_key = 'k'", "apps 'a' and 'b' have the same API key"),
+        ("[apps.a]\napi_key = 'k'\nweight = 0", "apps.a.weight: Input should be greater than 0"),
+        ("[apps.a]\napi_key = 'k'\nmax_queued = 0", "apps.a.max_queued"),
+        ("[apps.a]\napi_key = 'k'\napi_key_env = 'K'", "not both"),
+        ("[apps.'a/b']\napi_key = 'k'", "app name must be"),
+        ("[apps.a]\napi_key = 'k'\n[apps.a.agents.'x/y']\nweight = 1", "agent name must be"),
+        ("[server]\nauth = false\nport = 70000", "server.port"),
+        ("[server]\nauth = false\n[models.m]\nengine = 'tgi'", "models.m.engine"),
+        ("[server\n", "Expected"),
+    ],
+)
+def test_a_bad_file_is_a_typed_value_error_naming_the_field(tmp_path, text, message):
+    path = tmp_path / "serve.toml"
+    path.write_text(text)
+    with pytest.raises(fa.InvalidParameterError, match="serve.toml") as info:
+        load_config(path)
+    assert message in str(info.value) and isinstance(info.value, ValueError)
+
+
+def test_unreadable_or_unknown_files(tmp_path):
+    with pytest.raises(fa.InvalidParameterError, match="No such file"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(fa.InvalidParameterError, match="top level"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_a_key_from_an_unset_environment_variable_is_an_error(monkeypatch):
+    monkeypatch.delenv("FAIRAGENTS_TEST_UNSET", raising=False)
+    config = Config.model_validate({"apps": {"a": {"api_key_env": "FAIRAGENTS_TEST_UNSET"}}})
+    with pytest.raises(fa.InvalidParameterError, match="FAIRAGENTS_TEST_UNSET"):
+        create_app(fa.Arbiter(), config)
+
+
+def test_two_environment_variables_with_one_key_are_an_error(monkeypatch):
+    monkeypatch.setenv("FAIRAGENTS_TEST_K1", "same")
+    monkeypatch.setenv("FAIRAGENTS_TEST_K2", "same")
+    config = Config.model_validate({"apps": {"a": {"api_key_env": "FAIRAGENTS_TEST_K1"}, "b": {"api_key_env": "FAIRAGENTS_TEST_K2"}}})
+    with pytest.raises(fa.InvalidParameterError, match="same API key"):
+        create_app(fa.Arbiter(), config)
+
+
+def test_exported_names_are_sorted_and_documented():
+    from fairagents import server
+
+    assert server.__all__ == sorted(server.__all__)
+    for name in server.__all__:
+        obj = getattr(server, name)
+        if not isinstance(obj, str):
+            assert "Examples:" in (obj.__doc__ or ""), name

@@ -1,0 +1,113 @@
+"""Modality-aware preprocessing: image work runs in its own bounded pool, and text calls do not wait behind it."""
+
+import asyncio
+import statistics
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import fairagents as fa
+from fairagents.errors import OverloadedError
+from fairagents.images import to_png
+from fairagents.preprocessing import Preprocessor
+from fairagents.testing import FakeEngine
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+TEXT = [{"role": "user", "content": "plan a route through the city"}]
+
+
+def big_png(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return to_png(Image.fromarray(rng.integers(0, 255, (1400, 1400, 3), dtype=np.uint8)))
+
+
+async def test_the_pool_runs_off_the_loop_and_is_bounded():
+    pool = Preprocessor(workers=1, max_pending=2)
+    gate = threading.Event()
+    try:
+        first = asyncio.create_task(pool.run(gate.wait, 5))
+        second = asyncio.create_task(pool.run(threading.get_ident))
+        await asyncio.sleep(0.05)
+        assert pool.pending == 2  # the loop is free while both wait in the pool
+        with pytest.raises(OverloadedError):
+            await pool.run(int)
+        gate.set()
+        assert await first is True and await second != threading.get_ident()
+        assert pool.pending == 0
+    finally:
+        pool.close()
+
+
+async def test_inline_mode_runs_on_the_calling_thread():
+    pool = Preprocessor(inline=True)
+    assert await pool.run(threading.get_ident) == threading.get_ident()
+
+
+async def test_text_ttft_does_not_wait_behind_image_preprocessing(text_engine, vision_engine):
+    """Many large images queued for preprocessing; text TTFT stays near its unloaded value."""
+    arbiter = fa.Arbiter(preprocess_workers=1)
+    arbiter.add_model("chat", text_engine)
+    arbiter.add_model("vlm", vision_engine, in_flight=1)
+    await arbiter.start()
+    try:
+        writer, eye = arbiter.app("docs").agent("writer"), arbiter.app("photos").agent("eye")
+
+        async def text_ttfts(n):
+            ttfts = []
+            for _ in range(n):
+                reply = await writer.chat("chat", TEXT, max_tokens=2, ignore_eos=True)
+                ttfts.append(reply.timing.ttft)
+                await asyncio.sleep(0.02)
+            return ttfts
+
+        await text_ttfts(3)  # warm up
+        unloaded = statistics.median(await text_ttfts(10))
+        images = [big_png(i) for i in range(4)]
+        heavy = [
+            asyncio.create_task(eye.chat("vlm", [{"role": "user", "content": [{"type": "image", "image": images[i % 4]}]}],
+                                         max_tokens=1))
+            for i in range(40)
+        ]
+        await asyncio.sleep(0.05)
+        assert arbiter.preprocessor.pending > 20  # the image backlog is in preprocessing now
+        loaded = await text_ttfts(10)
+        assert arbiter.preprocessor.pending > 0  # and still was when the text calls ended
+        await asyncio.gather(*heavy)
+        assert statistics.median(loaded) <= unloaded + 0.15, (unloaded, loaded)
+        assert max(loaded) <= unloaded + 0.5, (unloaded, loaded)
+    finally:
+        await arbiter.close(stop_engines=False)
+
+
+async def test_a_preprocessed_request_keeps_its_place_under_fcfs():
+    """An image request that arrived first is dispatched first under FCFS, though its preprocessing ended later."""
+    engine = FakeEngine(tokens_per_reply=1, token_time=0.2)
+    engine.profile = fa.ModelProfile(d_model=64, n_layers=1, modality=fa.Modality.VISION)
+    gate = threading.Event()
+
+    def slow_prepare(messages):
+        gate.wait(5)
+        return fa.engines.Prompt(token_ids=(1, 2, 3))
+
+    engine.prepare_chat = lambda messages: slow_prepare(messages) if isinstance(messages[0]["content"], list) else (
+        fa.engines.Prompt(token_ids=(1,))
+    )
+    arbiter = fa.Arbiter(policy="fcfs", in_flight=1)
+    arbiter.add_model("vlm", engine)
+    await arbiter.start()
+    try:
+        a = arbiter.app("a").agent("t")
+        hold = asyncio.create_task(a.chat("vlm", TEXT, max_tokens=1))  # occupies the single slot
+        image = asyncio.create_task(a.chat("vlm", [{"role": "user", "content": [Image.new("RGB", (4, 4))]}], max_tokens=1))
+        await asyncio.sleep(0.02)
+        text = asyncio.create_task(a.chat("vlm", TEXT, max_tokens=1))
+        await asyncio.sleep(0.02)
+        gate.set()
+        replies = await asyncio.gather(hold, image, text)
+        order = [r.id for r in sorted(arbiter.ledger.records, key=lambda r: r.dispatched)]
+        assert order.index(replies[1].request_id) < order.index(replies[2].request_id)
+    finally:
+        await arbiter.close()
