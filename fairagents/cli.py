@@ -78,6 +78,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    """Run the benchmark named on the command line with its options; print its tables, or JSON."""
+    from rich.table import Table
+
+    from fairagents.bench import BENCHMARKS
+
+    module = BENCHMARKS[args.benchmark]
+    options = {k: v for k, v in vars(args).items() if k not in {"command", "benchmark", "json", "verbose"}}
+    result = module.run(**options)
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        tables = module.render(result)
+        for table in [tables] if isinstance(tables, Table) else tables:
+            console.print(table)
+    return 0
+
+
 def _configure_logging(verbose: bool) -> None:
     """The CLI is an application: it, not the library, decides where logs go (stderr)."""
     level = logging.INFO if verbose else logging.WARNING
@@ -122,46 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind, path in ensure_default_models().items():
             console.print(f"{kind}: {path}")
         return 0
-    if args.command == "bench" and args.benchmark == "scheduler":
-        from fairagents.bench import scheduler
-
-        result = scheduler.run(agents=args.agents, policies=args.policies, decisions=args.decisions, repeats=args.repeats)
-        if args.json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        else:
-            console.print(scheduler.render(result))
-        return 0
-    if args.command == "bench" and args.benchmark == "overhead":
-        from fairagents.bench import overhead
-
-        result = overhead.run(args.model, args.callers, args.per_caller, args.max_tokens, args.rounds, args.sweep)
-        if args.json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        else:
-            for table in overhead.render(result):
-                console.print(table)
-        return 0
-    if args.command == "bench" and args.benchmark == "server":
-        from fairagents.bench import server
-
-        result = server.run(args.model, args.callers, args.per_caller, args.max_tokens, args.rounds)
-        if args.json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        else:
-            for table in server.render(result):
-                console.print(table)
-        return 0
-    if args.command == "bench" and args.benchmark == "modality":
-        from fairagents.bench import modality
-
-        result = modality.run(images=args.images, image_side=args.image_side, text_requests=args.text_requests,
-                              text_tokens=args.text_tokens, seconds=args.seconds)
-        if args.json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        else:
-            for table in modality.render(result):
-                console.print(table)
-        return 0
+    if args.command == "bench":
+        return _bench(args, console)
     raise AssertionError(f"unhandled command {args}")
 
 

@@ -47,7 +47,7 @@ async def main():
         # --8<-- [start:images]
         try:
             await client.images.generate(prompt="a dashboard sketch of the route")
-        except ValueError as err:  # UnknownModelError until the pool has an image model
+        except ValueError as err:  # UnknownModelError: this pool has no image model
             print(type(err).__name__, err)
         # --8<-- [end:images]
     assert arbiter.stats().agents["driving/planner"].done == 2

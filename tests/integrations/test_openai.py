@@ -138,7 +138,7 @@ async def test_parameters_fairagents_cannot_honour_are_refused():
         AsyncFairOpenAI()
 
 
-async def test_images_are_a_typed_error_until_the_pool_has_an_image_model():
+async def test_images_need_an_image_model_in_the_pool():
     arbiter, _ = pool()
     client = AsyncFairOpenAI(arbiter, agent=arbiter.app("studio").agent("illustrator"))
     async with arbiter:
@@ -236,3 +236,27 @@ async def test_on_the_real_engine(text_engine):
     assert completion.usage.unified_tokens + chunks[-1].usage.unified_tokens == pytest.approx(
         arbiter.ledger.service_of("driving")
     )
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_images_generate_on_the_real_image_engine(image_engine):
+    import base64
+
+    arbiter = fa.Arbiter()
+    arbiter.add_model("image", image_engine)
+    client = AsyncFairOpenAI(arbiter, agent=arbiter.app("studio").agent("illustrator"))
+    await arbiter.start()
+    try:
+        response = await client.images.generate(prompt="a lighthouse at dusk", size="64x64", n=2)
+        with pytest.raises(fa.InvalidParameterError, match="b64_json"):
+            await client.images.generate(prompt="a lighthouse", response_format="url")
+        with pytest.raises(fa.InvalidParameterError, match="size"):
+            await client.images.generate(prompt="a lighthouse", size="large")
+        with pytest.raises(fa.InvalidParameterError):
+            await client.images.generate(prompt="a lighthouse", size="64x64", n=0)
+    finally:
+        await arbiter.close(stop_engines=False)
+    assert isinstance(response, ImagesResponse) and len(response.data) == 2
+    assert all(base64.b64decode(d.b64_json)[:4] == b"\x89PNG" for d in response.data)
+    (record,) = arbiter.ledger.records  # the refused calls cost nothing
+    assert record.agent == "illustrator" and record.output_tokens == image_engine.latent_tokens((64, 64), image_engine.default_steps, 2)

@@ -14,6 +14,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
 import uuid
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import openai
-from openai.types import CompletionUsage, ImagesResponse
+from openai.types import CompletionUsage, Image, ImagesResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
@@ -241,20 +242,46 @@ class ChatCompletionStream:
         )
 
 
-async def generate_image(arbiter: Arbiter, request: Mapping[str, Any]) -> ImagesResponse:
-    """Serve ``images.generate(**request)``: the pool needs an image model.
+async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: AgentHandle | Agent | None = None) -> ImagesResponse:
+    """Serve ``images.generate(**request)`` on the pool's image model, as ``agent`` (or the one in context).
+
+    Takes ``model`` (default: the pool's only image model), ``prompt``, ``n``, ``size``
+    (``"WxH"``) and ``response_format`` ``"b64_json"`` (images are never hosted, so
+    ``"url"`` is refused), and answers with base64 PNGs.
 
     Raises:
         UnknownModelError: no image model of that name (or none at all) in the pool.
-        NotImplementedError: the pool has one, but the arbiter does not run image models yet.
+        InvalidParameterError: a parameter the image model cannot honour.
     """
+    options = {k: v for k, v in request.items() if _given(v) and k not in _IGNORED}
     image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
-    model = request.get("model")
-    if _given(model):
+    model = options.pop("model", None)
+    if model is not None:
         kind = arbiter.engine(model).profile.modality  # an unknown model raises UnknownModelError here
         if kind is not Modality.IMAGE:
             raise UnknownModelError(f"model {model!r} is a {kind.value} model, not an image model")
-    elif not image_models:
+    elif len(image_models) == 1:
+        model = image_models[0]
+    else:
         known = ", ".join(sorted(arbiter.models)) or "none"
-        raise UnknownModelError(f"the pool has no image model to generate images with (models: {known})")
-    raise NotImplementedError("the arbiter does not run image generation models yet")
+        problem = "no image model" if not image_models else "several image models; name one"
+        raise UnknownModelError(f"the pool has {problem} to generate images with (models: {known})")
+    prompt = options.pop("prompt", None)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidParameterError("prompt must be a non-empty string")
+    if options.pop("response_format", "b64_json") != "b64_json":
+        raise InvalidParameterError("images are returned as b64_json: fairagents hosts no image URLs")
+    n = options.pop("n", 1)
+    size = options.pop("size", None)
+    if size is not None:
+        try:
+            width, height = (int(side) for side in str(size).lower().split("x"))
+        except ValueError:
+            raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}") from None
+        size = (width, height)
+    if options:
+        raise InvalidParameterError(f"images.generate parameters not supported: {', '.join(sorted(options))}")
+    reply = await arbiter.generate_image(model, prompt, agent=agent, size=size, n=n)
+    return ImagesResponse(
+        created=int(time.time()), data=[Image(b64_json=base64.b64encode(png).decode()) for png in reply.png]
+    )

@@ -159,13 +159,14 @@ class _Images:
         self._client = client
 
     async def generate(self, **request: Any) -> ImagesResponse:
-        """``images.generate``. In process the pool must hold an image model.
+        """``images.generate``: base64 PNGs from the pool's image model (in process), or the server's.
 
         Raises:
             UnknownModelError: in process, no image model in the pool (or none of that name).
+            InvalidParameterError: a parameter the image model cannot honour (``response_format="url"``).
         """
         client = self._client
         if client.openai is not None:
             return await client.openai.images.generate(**client._remote_options(request))
         assert client.arbiter is not None
-        return await generate_image(client.arbiter, request)
+        return await generate_image(client.arbiter, request, client.agent)
