@@ -407,15 +407,18 @@ class Arbiter:
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        arrival: float | None = None,
     ) -> Reply:
         """Like :meth:`chat` for a plain prompt, which the model continues (no chat template).
 
         ``prompt`` is text, tokenized by the model's engine (``prepare_text``), or a
-        ready :class:`~fairagents.engines.Prompt` (token ids, or ``engine.prepare_chat(...)``
-        when the caller needs the prompt's length before sending). Raises as :meth:`chat`.
+        ready :class:`~fairagents.engines.Prompt` (token ids, or :meth:`prepare_chat`'s
+        when the caller needs the prompt's length before sending). ``arrival`` (on
+        :attr:`clock`) keeps the time the call came in, before the caller prepared its
+        prompt, as its place in the queue. Raises as :meth:`chat`.
         """
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        return await self._collect(self._submit(model, agent, params, _text_input(prompt)))
+        return await self._collect(self._submit(model, agent, params, _text_input(prompt), arrival=arrival))
 
     async def stream_complete(
         self,
@@ -429,10 +432,11 @@ class Arbiter:
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        arrival: float | None = None,
     ) -> AsyncIterator[Delta]:
         """:meth:`complete`, yielding each :class:`~fairagents.engines.Delta` as :meth:`stream_chat` does."""
         params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        ticket = self._submit(model, agent, params, _text_input(prompt))
+        ticket = self._submit(model, agent, params, _text_input(prompt), arrival=arrival)
         async with contextlib.aclosing(self._run(ticket)) as run:
             async for delta in run:
                 yield delta
@@ -558,12 +562,28 @@ class Arbiter:
         arrival = self.clock()  # the call's arrival, before its preprocessing (DuetInfer)
         if self._closing or not self._started:
             raise ShutdownError("the arbiter is not running: use 'async with arbiter:' or await arbiter.start()")
-        m = self._model(model)
+        self._model(model)
         self._resolve(who)  # typed errors before any image work
-        if m.engine.profile.modality is not Modality.VISION:
-            raise ModalityError(f"model {model!r} takes no images (it is a {m.engine.profile.modality.value} model)")
-        prompt = await self.preprocessor.run(_chat_input(messages), m.engine)
+        prompt = await self.prepare_chat(model, messages)
         return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
+
+    async def prepare_chat(self, model: str, messages: Messages) -> Prompt:
+        """``messages`` made ready for ``model``: chat template applied, tokenized, images decoded.
+
+        Messages with images are prepared in the preprocessing pool, off the event loop.
+        For callers that need the prompt before sending it (its length, for usage), then
+        send it with :meth:`complete` or :meth:`stream_complete`, passing ``arrival``.
+
+        Raises:
+            BadInputError: an unknown model, invalid messages, an unreadable image, or an
+                image for a model that takes none.
+        """
+        m = self._model(model)
+        if isinstance(messages, Sequence) and not isinstance(messages, str | bytes) and has_images(messages):
+            if m.engine.profile.modality is not Modality.VISION:
+                raise ModalityError(f"model {model!r} takes no images (it is a {m.engine.profile.modality.value} model)")
+            return await self.preprocessor.run(_chat_input(messages), m.engine)
+        return _chat_input(messages)(m.engine)
 
     def _submit(
         self,

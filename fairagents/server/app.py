@@ -27,6 +27,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import math
@@ -217,13 +218,14 @@ class Gateway:
 
     async def respond(
         self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
-        prompt: Prompt, max_tokens: int,
+        prompt: Prompt, max_tokens: int, arrival: float | None = None,
     ) -> Response:
-        """Queue the request, wait for its first token (or its error), and answer: JSON or an event stream."""
+        """Queue the request (at ``arrival``, if it was prepared first), wait for its first token (or its error), answer."""
         chat = isinstance(body, wire.ChatCompletionRequest)
         model = body.model
         request.state.labels = (who.identity.app.name, who.identity.name, model)
-        stream = self._tracked(model, self.arbiter.stream_complete(model, prompt, agent=who, **body.sampling(max_tokens)))
+        sampling = body.sampling(max_tokens)
+        stream = self._tracked(model, self.arbiter.stream_complete(model, prompt, agent=who, arrival=arrival, **sampling))
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         if not body.stream:
             text, finish, produced = await _until_disconnected(request, _collect(stream))
@@ -434,9 +436,10 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     async def chat_completions(request: Request, who: Caller) -> Response:
         body = wire.parse(wire.ChatCompletionRequest, await _body(request))
         engine = gateway.engine(body.model)
-        prompt = engine.prepare_chat(body.chat_messages())
+        arrival = arbiter.clock()  # images are prepared off the event loop; the request keeps its place
+        prompt = await arbiter.prepare_chat(body.model, body.chat_messages())
         max_tokens = body.requested_max_tokens() or max(1, engine.max_model_len - prompt.n_tokens)
-        return await gateway.respond(request, who, body, prompt, max_tokens)
+        return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/completions")
     async def completions(request: Request, who: Caller) -> Response:
@@ -449,12 +452,23 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     @app.post("/v1/images/generations")
     async def images(request: Request, who: Caller) -> Response:
         body = wire.parse(wire.ImageGenerationRequest, await _body(request))
-        if body.model is None or body.model not in arbiter.models:
-            raise UnknownModelError(f"no image model {body.model!r} is served: image generation is not served over HTTP yet")
-        modality = arbiter.engine(body.model).profile.modality
+        image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
+        model = body.model or (image_models[0] if len(image_models) == 1 else None)
+        if model is None or model not in arbiter.models:
+            raise UnknownModelError(f"no image model {body.model!r} is served; image models: {', '.join(image_models) or 'none'}")
+        modality = arbiter.engine(model).profile.modality
         if modality is not Modality.IMAGE:
-            raise InvalidParameterError(f"model {body.model!r} is a {modality.value} model and does not generate images")
-        raise InvalidParameterError("image generation is not served over HTTP yet")
+            raise InvalidParameterError(f"model {model!r} is a {modality.value} model and does not generate images")
+        if body.response_format not in (None, "b64_json"):
+            raise InvalidParameterError("response_format: images are returned as b64_json (no image URLs are hosted)")
+        request.state.labels = (who.identity.app.name, who.identity.name, model)
+        reply = await _until_disconnected(
+            request, arbiter.generate_image(model, body.prompt, agent=who, size=body.dimensions(), n=body.n)
+        )
+        data = [{"b64_json": base64.b64encode(png).decode()} for png in reply.png]
+        return JSONResponse({"created": int(time.time()), "data": data, "usage": wire.Usage(
+            prompt_tokens=reply.usage.prompt_tokens, completion_tokens=reply.usage.completion_tokens,
+            unified_tokens=reply.usage.unified_tokens).as_dict()})
 
     @app.get("/v1/models")
     async def models(_: CallingApp) -> JSONResponse:

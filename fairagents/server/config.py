@@ -182,8 +182,9 @@ class ModelConfig(_Section):
         True
     """
 
-    engine: Literal["vllm"] = "vllm"
-    """The engine kind: ``vllm`` (in this process)."""
+    engine: Literal["vllm", "vision", "diffusion"] = "vllm"
+    """The engine kind, in this process: ``vllm`` (text), ``vision`` (a vision-language
+    model on vLLM: image parts in chat), or ``diffusion`` (image generation with diffusers)."""
     path: str | None = None
     """A Hugging Face model folder or name; ``None`` serves the embedded tiny model."""
     in_flight: int | None = Field(default=None, ge=1)
@@ -195,13 +196,19 @@ class ModelConfig(_Section):
     max_num_seqs: int = Field(default=32, ge=1)
     """Most sequences the engine batches at once."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    """Further engine arguments (``vllm.EngineArgs`` fields), passed as is."""
+    """Further engine arguments, passed as is: ``vllm.EngineArgs`` fields, or for ``diffusion``
+    the :class:`~fairagents.engines.diffusion.DiffusionEngine` options (``max_size``, ``default_steps``…)."""
 
     def build(self) -> Any:
-        """A new, unstarted engine for this model."""
+        """A new, unstarted engine for this model (``path`` unset: the embedded model of its kind)."""
+        if self.engine == "diffusion":
+            from fairagents.engines.diffusion import DiffusionEngine
+
+            return DiffusionEngine(self.path, **self.engine_args)
+        from fairagents.engines.vision import VisionEngine
         from fairagents.engines.vllm import VLLMEngine
 
-        return VLLMEngine(
+        return (VisionEngine if self.engine == "vision" else VLLMEngine)(
             self.path,
             max_model_len=self.max_model_len,
             kv_cache_bytes=self.kv_cache_bytes,

@@ -10,7 +10,7 @@ carries one extra field, ``unified_tokens``: what the request was charged.
 Examples:
     >>> from fairagents.server.wire import ChatCompletionRequest, parse
     >>> body = parse(ChatCompletionRequest, b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}')
-    >>> body.model, body.messages[0].text()
+    >>> body.model, body.messages[0].for_engine()
     ('chat', 'hi')
     >>> parse(ChatCompletionRequest, b'{"model": "chat", "messages": []}')
     Traceback (most recent call last):
@@ -146,7 +146,7 @@ class ChatMessage(BaseModel):
 
     Examples:
         >>> from fairagents.server.wire import ChatMessage
-        >>> ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]).text()
+        >>> ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]).for_engine()
         'a\\nb'
     """
 
@@ -154,19 +154,19 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
 
-    def text(self) -> str:
-        """The message's text; a part that is not text is an :class:`~fairagents.InvalidParameterError`."""
+    def for_engine(self) -> str | list[dict[str, Any]]:
+        """The content as engines take it: text, or text and ``image_url`` parts for a vision model."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        texts = []
         for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidParameterError(
-                    f"content part of type {part.get('type')!r} is not supported: the server takes text parts only "
-                    "(images in chat are not served over HTTP yet)"
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
+            kind = part.get("type")
+            if kind == "text" and isinstance(part.get("text"), str):
+                continue
+            if kind != "image_url":
+                raise InvalidParameterError(f"content part of type {kind!r} is not supported: send text and image_url parts")
+        if all(part["type"] == "text" for part in self.content):
+            return "\n".join(part["text"] for part in self.content)
+        return [dict(part) for part in self.content]
 
 
 class ChatCompletionRequest(_Sampling):
@@ -186,9 +186,9 @@ class ChatCompletionRequest(_Sampling):
         """``max_completion_tokens`` (the current name) or ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The messages as ``{"role", "content"}`` dicts of text, as engines take them."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages as ``{"role", "content"}`` dicts, as engines take them (image parts kept)."""
+        return [{"role": m.role, "content": m.for_engine()} for m in self.messages]
 
 
 class CompletionRequest(_Sampling):
@@ -227,6 +227,16 @@ class ImageGenerationRequest(_Body):
     response_format: str | None = None
     quality: str | None = None
     style: str | None = None
+
+    def dimensions(self) -> tuple[int, int] | None:
+        """``size`` (``"WIDTHxHEIGHT"``) as ``(width, height)``; ``None`` for the model's own."""
+        if self.size is None:
+            return None
+        try:
+            width, height = (int(side) for side in self.size.lower().split("x"))
+        except ValueError:
+            raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {self.size!r}") from None
+        return width, height
 
 
 class Usage(BaseModel):

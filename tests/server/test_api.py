@@ -91,7 +91,9 @@ BAD = [
     ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "tool", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
-     400, "text parts only"),
+     400, "takes no images"),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]}, 400, "'input_audio' is not supported"),
     ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": 100}, 400, "exceeds the context"),
     ("/v1/chat/completions", {"model": "gpt-9", "messages": MSG}, 404, "unknown model 'gpt-9'"),
     ("/v1/completions", {"model": "chat", "prompt": ["a", "b"]}, 400, "one prompt per request"),
@@ -99,7 +101,7 @@ BAD = [
     ("/v1/completions", {"model": "chat", "prompt": "a", "echo": True}, 400, "'echo' is not supported"),
     ("/v1/completions", [1, 2], 400, "JSON object"),
     ("/v1/images/generations", {"prompt": "a red car", "model": "chat"}, 400, "does not generate images"),
-    ("/v1/images/generations", {"prompt": "a red car", "model": "sdxl"}, 404, "image generation is not served over HTTP yet"),
+    ("/v1/images/generations", {"prompt": "a red car", "model": "sdxl"}, 404, "no image model 'sdxl'"),
     ("/v1/images/generations", {"prompt": "a red car"}, 404, "no image model None"),
 ]
 

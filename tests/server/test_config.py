@@ -130,3 +130,24 @@ def test_exported_names_are_sorted_and_documented():
         obj = getattr(server, name)
         if not isinstance(obj, str):
             assert "Examples:" in (obj.__doc__ or ""), name
+
+
+def test_the_guides_configuration_validates_and_builds_every_engine_kind(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    from fairagents.engines.diffusion import DiffusionEngine
+    from fairagents.engines.vision import VisionEngine
+    from fairagents.engines.vllm import VLLMEngine
+    from fairagents.server import load_config
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "server.md").read_text()
+    toml = re.search(r"```toml\n(.*?)```", guide, re.S).group(1)
+    (tmp_path / "serve.toml").write_text(toml)
+    for name in re.findall(r'api_key_env = "(\w+)"', toml):
+        monkeypatch.setenv(name, f"sk-{name.lower()}")
+    config = load_config(tmp_path / "serve.toml")
+    engines = {name: model.build() for name, model in config.models.items()}  # built, not started
+    assert type(engines["chat"]) is VLLMEngine and engines["chat"].max_num_seqs == 32
+    assert isinstance(engines["vision"], VisionEngine) and isinstance(engines["image"], DiffusionEngine)
+    assert engines["image"].max_size == 256

@@ -130,3 +130,31 @@ async def test_fairness_over_http_between_two_app_processes(text_engine, policy)
         assert gap <= 2 * bound
     else:
         assert gap > 2 * bound
+
+
+async def test_vision_chat_and_image_generation_over_http(vision_engine, image_engine):
+    import base64
+    import io
+
+    from PIL import Image
+
+    arbiter = fa.Arbiter()
+    arbiter.add_model("vision", vision_engine)
+    arbiter.add_model("image", image_engine)
+    png = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    ask = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it?"}]}]
+    expected_prompt = (await arbiter.prepare_chat("vision", ask)).n_tokens
+    async with live(arbiter, make_config()) as (base, _), client(base, agent="perception") as c:
+        reply = await c.chat.completions.create(model="vision", messages=ask, max_tokens=6, extra_body=GREEDY)
+        assert reply.usage.prompt_tokens == expected_prompt and reply.usage.completion_tokens == 6
+        assert expected_prompt > 20  # the image's tokens are in the prompt
+        images = await c.images.generate(model="image", prompt="a red car", size="64x64", n=2)
+        assert len(images.data) == 2 and base64.b64decode(images.data[0].b64_json)[:4] == b"\x89PNG"
+        with pytest.raises(Exception) as bad:  # the stock client raises BadRequestError for a 400
+            await c.chat.completions.create(model="vision", messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}])
+        assert getattr(bad.value, "status_code", None) == 400
+    stats = arbiter.stats()
+    assert stats.agents["driving/perception"].done == 2 and stats.agents["driving/perception"].failed == 0
