@@ -39,7 +39,16 @@ from typing import Any
 
 from fairagents.errors import InvalidImageError, InvalidParameterError
 
-__all__ = ["SUPPORTED_FORMATS", "ImageLimits", "has_images", "is_image_part", "load_image", "split_parts", "to_png"]
+__all__ = [
+    "SUPPORTED_FORMATS",
+    "ImageLimits",
+    "has_images",
+    "is_image_part",
+    "load_image",
+    "parse_size",
+    "split_parts",
+    "to_png",
+]
 
 #: Encoded formats accepted as input (PIL's names).
 SUPPORTED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP"})
@@ -158,6 +167,25 @@ def load_image(source: Any, limits: ImageLimits | None = None) -> Any:
         if isinstance(err, InvalidImageError):
             raise
         raise InvalidImageError(f"the image data is corrupt: {err}") from None
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """An OpenAI-style ``"WIDTHxHEIGHT"`` size as ``(width, height)``.
+
+    Examples:
+        >>> from fairagents.images import parse_size
+        >>> parse_size("512x256")
+        (512, 256)
+        >>> parse_size("large")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: size must be 'WIDTHxHEIGHT', got 'large'
+    """
+    try:
+        width, height = (int(side) for side in str(size).lower().split("x"))
+    except ValueError:
+        raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}") from None
+    return width, height
 
 
 def to_png(image: Any) -> bytes:

@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
 from fairagents.errors import InvalidParameterError
+from fairagents.images import parse_size
 
 __all__ = [
     "ChatCompletionRequest",
@@ -230,13 +231,7 @@ class ImageGenerationRequest(_Body):
 
     def dimensions(self) -> tuple[int, int] | None:
         """``size`` (``"WIDTHxHEIGHT"``) as ``(width, height)``; ``None`` for the model's own."""
-        if self.size is None:
-            return None
-        try:
-            width, height = (int(side) for side in self.size.lower().split("x"))
-        except ValueError:
-            raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {self.size!r}") from None
-        return width, height
+        return None if self.size is None else parse_size(self.size)
 
 
 class Usage(BaseModel):

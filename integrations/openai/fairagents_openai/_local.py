@@ -32,6 +32,7 @@ from fairagents.arbiter import AgentHandle, Arbiter
 from fairagents.engines.base import Delta
 from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.identity import Agent, Modality
+from fairagents.images import parse_size
 
 __all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image"]
 
@@ -273,12 +274,7 @@ async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: Ag
         raise InvalidParameterError("images are returned as b64_json: fairagents hosts no image URLs")
     n = options.pop("n", 1)
     size = options.pop("size", None)
-    if size is not None:
-        try:
-            width, height = (int(side) for side in str(size).lower().split("x"))
-        except ValueError:
-            raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}") from None
-        size = (width, height)
+    size = None if size is None else parse_size(size)
     if options:
         raise InvalidParameterError(f"images.generate parameters not supported: {', '.join(sorted(options))}")
     reply = await arbiter.generate_image(model, prompt, agent=agent, size=size, n=n)
