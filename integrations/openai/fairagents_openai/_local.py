@@ -111,13 +111,17 @@ async def chat_completion(
     model, messages = request.get("model"), _messages(request.get("messages"))
     params, stream, include_usage, timeout = chat_params(request)
     if stream:
-        deltas = arbiter.stream_chat(model, messages, agent=agent, **params)  # type: ignore[arg-type]
+        # Prepare once (images in the arbiter's pool), keeping the call's place in the queue, so that
+        # the usage chunk counts the very prompt that was charged.
+        arrival = arbiter.clock()
+        prompt = await arbiter.prepare_chat(model, messages)  # type: ignore[arg-type]
+        deltas = arbiter.stream_complete(model, prompt, agent=agent, arrival=arrival, **params)  # type: ignore[arg-type]
         try:
             first = await anext(deltas)  # bad input raises here, at create(), as the HTTP API answers 400
         except BaseException:
             await deltas.aclose()
             raise
-        return ChatCompletionStream(arbiter, model, messages, first, deltas, include_usage)  # type: ignore[arg-type]
+        return ChatCompletionStream(arbiter, model, prompt.n_tokens, first, deltas, include_usage)  # type: ignore[arg-type]
     async with asyncio.timeout(timeout):
         reply = await arbiter.chat(model, messages, agent=agent, **params)  # type: ignore[arg-type]
     usage = reply.usage
@@ -169,14 +173,14 @@ class ChatCompletionStream:
         self,
         arbiter: Arbiter,
         model: str,
-        messages: list[dict[str, Any]],
+        prompt_tokens: int,
         first: Delta,
         deltas: AsyncIterator[Delta],
         include_usage: bool,
     ) -> None:
         self._arbiter = arbiter
         self._model = model
-        self._messages = messages
+        self._prompt_tokens = prompt_tokens
         self._deltas = deltas
         self._include_usage = include_usage
         self._id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -230,9 +234,8 @@ class ChatCompletionStream:
             )
 
     def _usage(self, produced: int) -> CompletionUsage:
-        # A stream reports no usage: count the prompt as the arbiter did (the engine's own tokenizer)
-        # and price the call as it was charged.
-        prompt = self._arbiter.engine(self._model).prepare_chat(self._messages).n_tokens
+        # A stream of deltas carries no usage: price the call as it was charged.
+        prompt = self._prompt_tokens
         cost = self._arbiter.cost
         charged = cost.input_cost(self._model, prompt) + cost.output_cost(self._model, produced)
         return CompletionUsage(
