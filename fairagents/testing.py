@@ -20,7 +20,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -97,6 +97,9 @@ class RecordingPolicy:
 
     def select(self, model: str, now: float) -> Request | None:
         return self.inner.select(model, now)
+
+    def select_among(self, models: Iterable[str], now: float) -> Request | None:
+        return self.inner.select_among(models, now)
 
     def on_dispatch(self, req: Request, now: float) -> None:
         self.inner.on_dispatch(req, now)

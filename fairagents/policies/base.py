@@ -20,7 +20,8 @@ Examples:
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from fairagents.cost import CostModel
 from fairagents.errors import InvalidParameterError
@@ -40,6 +41,10 @@ class Policy(Protocol):
     - ``select(model, now)`` whenever ``model`` has room. It does not change what
       is queued (calling it twice gives the same answer) and returns a waiting
       request for ``model`` whenever there is one (work conservation).
+    - ``select_among(models, now)`` when the models share capacity (a pool-wide
+      in-flight limit) and one slot is free: the request to run next on any of
+      ``models`` (those with room), by the same rule across models, since counters
+      are global across the pool. Pure like ``select``.
     - ``on_dispatch`` when a waiting request is handed to its engine: it leaves
       the queue and its input is charged.
     - ``on_progress`` as output is generated (``new_output_tokens`` ≥ 0 since the
@@ -61,6 +66,10 @@ class Policy(Protocol):
 
     def select(self, model: str, now: float) -> Request | None:
         """The waiting request ``model`` should run next, or ``None`` if none waits."""
+        ...
+
+    def select_among(self, models: Iterable[str], now: float) -> Request | None:
+        """The waiting request to run next on any of ``models``, or ``None`` if none waits."""
         ...
 
     def on_dispatch(self, req: Request, now: float) -> None:
@@ -153,6 +162,22 @@ class BasePolicy(abc.ABC):
     def select(self, model: str, now: float) -> Request | None:
         """The waiting request ``model`` should run next, or ``None``."""
 
+    def select_among(self, models: Iterable[str], now: float) -> Request | None:
+        """The waiting request to run next on any of ``models``: each model's choice, least ``_rank`` first.
+
+        A pool has a handful of models, so asking each costs little; ties keep the
+        order of ``models``.
+        """
+        best: Request | None = None
+        best_rank: Any = None
+        for model in models:
+            req = self.select(model, now)
+            if req is not None:
+                rank = self._rank(req)
+                if best is None or rank < best_rank:
+                    best, best_rank = req, rank
+        return best
+
     # -- subclass hooks ----------------------------------------------------
 
     @abc.abstractmethod
@@ -162,6 +187,10 @@ class BasePolicy(abc.ABC):
     @abc.abstractmethod
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
         """Remove a request that stopped waiting: dispatched, or cancelled if not ``dispatched``."""
+
+    def _rank(self, req: Request) -> Any:
+        """How urgent a model's own choice is against other models' (lower first); arrival by default."""
+        return req.arrival
 
     def _charge(self, req: Request, amount: float, now: float) -> None:
         """Account ``amount`` of service to ``req``'s client(s); no-op by default."""

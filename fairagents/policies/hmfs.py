@@ -7,7 +7,9 @@ Two levels of weighted virtual counters, both charged in unified tokens:
 
 When a model has room, the app with the lowest counter among apps waiting for that
 model goes first, then the lowest-counter agent of that app waiting for it, then
-that agent's earliest request (Alg. 1, lines 20–22). Input is charged at dispatch
+that agent's earliest request (Alg. 1, lines 20–22). When the models share capacity
+(one waiting queue for the pool, as in Alg. 1), a free slot goes by the same rule
+across every model with room (:meth:`select_among`). Input is charged at dispatch
 (lines 23–24) and output as it streams (lines 27–28).
 
 Counter lift at both levels: an app that becomes active is lifted to
@@ -88,6 +90,11 @@ class HMFS(BasePolicy):
             return None
         agent = self._agents[app].lowest(model)
         return self._queues[app][agent][model].head()  # type: ignore[index]
+
+    def _rank(self, req: Request) -> tuple[float, float, float]:
+        # Across models as within one: the lowest app counter, then the lowest agent of it, then the earliest.
+        app = req.agent.app.name
+        return self._apps.counter[app], self._agents[app].counter[req.agent.name], req.arrival
 
     def _enqueue(self, req: Request, now: float) -> None:
         who = req.agent

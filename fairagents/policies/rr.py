@@ -51,6 +51,8 @@ class RoundRobin(BasePolicy):
         self._in_turns: dict[str, set[str]] = {}
         self._queues: dict[tuple[str, str], Fifo] = {}  # (app, model) -> requests
         self._waiting_for: dict[tuple[str, str], int] = {}
+        self._last_turn: dict[str, int] = {}  # app -> number of its latest dispatch, pool-wide
+        self._dispatches = 0
 
     def select(self, model: str, now: float) -> Request | None:
         turns = self._turns.get(model)
@@ -61,6 +63,10 @@ class RoundRobin(BasePolicy):
             turns.popleft()  # the app's queue emptied out of turn (cancellations)
             self._in_turns[model].discard(app)
         return None
+
+    def _rank(self, req: Request) -> tuple[int, float]:
+        # Across models: the app whose last turn is oldest goes first.
+        return self._last_turn.get(req.app, -1), req.arrival
 
     def _enqueue(self, req: Request, now: float) -> None:
         key = (req.app, req.model)
@@ -79,6 +85,9 @@ class RoundRobin(BasePolicy):
         self._queues[key].remove(req)
         self._waiting_for[key] -= 1
         turns = self._turns[req.model]
+        if dispatched:
+            self._dispatches += 1
+            self._last_turn[req.app] = self._dispatches
         if dispatched and turns and turns[0] == req.app:
             # A dispatch ends the app's turn: to the back of the line, or out of it.
             turns.popleft()

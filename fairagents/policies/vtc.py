@@ -69,6 +69,9 @@ class VTC(BasePolicy):
             return None
         return self._queues[(client, model)].head()
 
+    def _rank(self, req: Request) -> tuple[float, float]:
+        return self._level.counter[self._client(req)[0]], req.arrival
+
     def _client(self, req: Request) -> tuple[object, float]:
         if self.client == "app":
             return req.agent.app.name, req.agent.app.weight

@@ -115,3 +115,28 @@ def test_make_policy_by_name_and_object(unit_cost):
         fa.policies.make_policy(42)
     with pytest.raises(fa.InvalidParameterError, match="unknown policy"):
         fa.policies.make_policy("edf")
+
+
+def test_select_among_is_a_pure_query_over_models_with_room(policy, req):
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    ra, rb = req(a, model="m", arrival=0.0), req(b, model="n", arrival=1.0)
+    for r in (ra, rb):
+        policy.on_arrival(r, 1.0)
+    first = policy.select_among(["m", "n"], 1.0)
+    assert first in (ra, rb) and policy.select_among(["m", "n"], 1.0) is first
+    assert policy.select_among(["n"], 1.0) is rb  # only models with room are candidates
+    assert policy.select_among(["big"], 1.0) is None and policy.select_among([], 1.0) is None
+    assert policy.queued() == 2
+
+
+def test_select_among_drains_every_model(policy, req):
+    agents = [fa.Agent("t", fa.App(name)) for name in "abc"]
+    policy_requests = [req(who, model=model) for who in agents for model in ("m", "n", "big")]
+    for r in policy_requests:
+        policy.on_arrival(r, 0.0)
+    seen = []
+    while (r := policy.select_among(["m", "n", "big"], 0.0)) is not None:
+        policy.on_dispatch(r, 0.0)
+        policy.on_progress(r, 2, 0.0)
+        seen.append(r.id)
+    assert sorted(seen) == sorted(r.id for r in policy_requests)

@@ -238,3 +238,36 @@ def test_matches_reference_decisions_and_counters(ops, weights):
             assert p.app_counters().get(app.name, 0.0) == pytest.approx(ref.capp[app.name])
             for name, value in p.agent_counters(app.name).items():
                 assert value == pytest.approx(ref.cagent[(app.name, name)])
+
+
+def test_select_among_goes_to_the_lowest_app_across_models(req, unit_cost):
+    # The pool's capacity is shared: a request on 'big' costs 4x one on 'm', so 'b'
+    # takes four slots for each of a's while both stay backlogged.
+    p = HMFS(unit_cost)
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    for _ in range(2):
+        p.on_arrival(req(a, model="big", prompt=10, arrival=0.0), 0.0)
+    for _ in range(5):
+        p.on_arrival(req(b, model="m", prompt=10, arrival=0.1), 0.1)
+    order = []
+    while (r := p.select_among(["big", "m"], 0.1)) is not None:
+        p.on_dispatch(r, 0.1)
+        order.append(r.app)
+    assert order == ["a", "b", "b", "b", "b", "a", "b"]  # at 40 apiece the tie goes to the earlier arrival
+    assert p.app_counters() == {"a": 80.0, "b": 50.0}
+
+
+def test_select_among_picks_the_lowest_agent_of_the_app_across_models(req, unit_cost):
+    p = HMFS(unit_cost)
+    studio = fa.App("studio")
+    writer, painter = fa.Agent("writer", studio), fa.Agent("painter", studio)
+    for _ in range(2):
+        p.on_arrival(req(painter, model="big", arrival=0.0), 0.0)
+    for _ in range(5):
+        p.on_arrival(req(writer, model="m", arrival=0.1), 0.1)
+    order = []
+    while (r := p.select_among(["m", "big"], 0.1)) is not None:
+        p.on_dispatch(r, 0.1)
+        order.append(r.agent.name)
+    assert order == ["painter"] + ["writer"] * 4 + ["painter", "writer"]
+    assert p.agent_counters("studio") == {"painter": 80.0, "writer": 50.0}

@@ -49,3 +49,16 @@ def test_cancelled_head_app_loses_its_turn_cleanly(req):
     p.on_arrival(rb, 0.0)
     p.on_finish(ra, fa.Outcome.CANCELLED, 0.0)
     assert p.select("m", 0.0) is rb
+
+
+def test_select_among_takes_turns_across_models(req):
+    p = fa.policies.RoundRobin()
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    for i in range(2):
+        p.on_arrival(req(a, model="m", arrival=float(i)), 0.0)
+        p.on_arrival(req(b, model="n", arrival=10.0 + i), 0.0)
+    order = []
+    while (r := p.select_among(["m", "n"], 0.0)) is not None:
+        p.on_dispatch(r, 0.0)
+        order.append(r.app)
+    assert order == ["a", "b", "a", "b"]
