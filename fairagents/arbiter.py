@@ -175,6 +175,14 @@ class Arbiter:
             (``max_num_seqs``) when the engine has one, else :data:`DEFAULT_IN_FLIGHT`:
             lower wastes throughput, higher only moves the queue into the engine's FCFS
             order (``fairagents bench overhead`` measures both ends).
+        pool_in_flight: limit on requests handed to engines at once across the whole
+            pool, for models that share hardware (colocated on one GPU, or CPU cores).
+            Set, apps compete for the pool's capacity rather than each model's: a free
+            slot goes to the policy's choice among every model with room
+            (:meth:`~fairagents.policies.Policy.select_among`), so under ``hmfs`` an app
+            on an expensive model takes fewer slots than one on a cheap model, in
+            proportion to unified tokens. Unset (the default), models are scheduled
+            independently, each up to its own limit.
         d_base: ``d_base`` of unified tokens.
         w_input: weight of a prompt token in service.
         w_output: weight of a generated token in service.
@@ -199,6 +207,7 @@ class Arbiter:
         policy: str | Policy = "hmfs",
         *,
         in_flight: int | None = None,
+        pool_in_flight: int | None = None,
         d_base: int = DEFAULT_D_BASE,
         w_input: float = 1.0,
         w_output: float = 2.0,
@@ -208,11 +217,13 @@ class Arbiter:
         preprocess_inline: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if in_flight is not None:
-            _check_limit(in_flight)
+        for limit in (in_flight, pool_in_flight):
+            if limit is not None:
+                _check_limit(limit)
         self.cost = UnifiedTokenCost(d_base=d_base, w_input=w_input, w_output=w_output)
         self.policy = make_policy(policy, self.cost)
         self.in_flight = in_flight
+        self.pool_in_flight = pool_in_flight
         self.drain_timeout = drain_timeout
         self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, inline=preprocess_inline)
         self.clock = clock
@@ -224,6 +235,7 @@ class Arbiter:
         self._max_queued: dict[str, int] = {}
         self._waiting: dict[tuple[str, str], int] = defaultdict(int)  # (app, model) -> requests queued
         self._listeners: list[Callable[[RequestRecord], None]] = []
+        self._pool_running = 0
         self._started = False
         self._closing = False
         self._idle = asyncio.Event()
@@ -509,10 +521,17 @@ class Arbiter:
 
         ``max_request_tokens`` is the longest ``prompt + max_tokens`` a request takes;
         a model holds at most ``limit × max_request_tokens`` tokens (and at most its
-        context × limit) in flight.
+        context × limit) in flight. Under a pool limit ``N`` the pool holds at most
+        ``N`` requests in all, so ``U`` is also at most ``N`` times the dearest one.
         """
-        held = {m.name: self._limit(m) * min(max_request_tokens, m.engine.max_model_len) for m in self._models.values()}
-        return service_bound(self.cost, held)
+        per_request = {m.name: min(max_request_tokens, m.engine.max_model_len) for m in self._models.values()}
+        held = {m.name: min(self._limit(m), self.pool_in_flight or self._limit(m)) * per_request[m.name]
+                for m in self._models.values()}
+        bound = service_bound(self.cost, held)
+        if self.pool_in_flight is not None and per_request:
+            dearest = max(service_bound(self.cost, {name: tokens}) for name, tokens in per_request.items())
+            bound = min(bound, self.pool_in_flight * dearest)
+        return bound
 
     # -- internals -----------------------------------------------------------------
 
@@ -625,21 +644,43 @@ class Arbiter:
         return ticket
 
     def _pump(self, m: _Model) -> None:
-        """Dispatch into ``m`` while it has room and the policy has requests for it."""
+        """Dispatch into ``m`` while it has room and the policy has requests for it.
+
+        Under a pool limit, a slot freed anywhere goes to the policy's choice among
+        every model with room, not only ``m``.
+        """
+        if self.pool_in_flight is not None:
+            self._pump_pool()
+            return
         limit = self._limit(m)
         while m.running < limit and m.failure is None:
             now = self.clock()
             request = self.policy.select(m.name, now)
             if request is None:
                 return
-            ticket = self._tickets[request.id]
-            self.policy.on_dispatch(request, now)
-            self._charge(ticket, self.cost.input_cost(m.name, request.prompt_tokens), now)
-            ticket.state = _State.RUNNING
-            ticket.dispatch_time = now
-            self._waiting[(request.app, m.name)] -= 1
-            m.running += 1
-            ticket.dispatched.set_result(None)
+            self._dispatch(m, request, now)
+
+    def _pump_pool(self) -> None:
+        while self._pool_running < self.pool_in_flight:  # type: ignore[operator]
+            room = [m.name for m in self._models.values() if m.running < self._limit(m) and m.failure is None]
+            if not room:
+                return
+            now = self.clock()
+            request = self.policy.select_among(room, now)
+            if request is None:
+                return
+            self._dispatch(self._models[request.model], request, now)
+
+    def _dispatch(self, m: _Model, request: Request, now: float) -> None:
+        ticket = self._tickets[request.id]
+        self.policy.on_dispatch(request, now)
+        self._charge(ticket, self.cost.input_cost(m.name, request.prompt_tokens), now)
+        ticket.state = _State.RUNNING
+        ticket.dispatch_time = now
+        self._waiting[(request.app, m.name)] -= 1
+        m.running += 1
+        self._pool_running += 1
+        ticket.dispatched.set_result(None)
 
     async def _run(self, ticket: _Ticket) -> AsyncIterator[Delta]:
         m = self._models[ticket.request.model]
@@ -693,6 +734,7 @@ class Arbiter:
         r = ticket.request
         if was_running:
             m.running -= 1
+            self._pool_running -= 1
             if outcome is Outcome.FINISHED and ticket.dispatch_time is not None:
                 run = now - ticket.dispatch_time
                 m.run_time = run if m.run_time is None else 0.8 * m.run_time + 0.2 * run

@@ -175,6 +175,7 @@ def simulate(
     *,
     apps: Mapping[str, App] | None = None,
     d_base: int | None = None,
+    pool_running: int | None = None,
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
 
@@ -185,6 +186,12 @@ def simulate(
         apps: if given, the only apps (and their agents, as :class:`Agent` objects in
             the workload) allowed; otherwise every app in the workload is allowed.
         d_base: ``d_base`` of the unified-token cost (default 4096).
+        pool_running: most requests running across all engines at once (the models
+            share hardware), as :class:`~fairagents.Arbiter`'s ``pool_in_flight``: a
+            slot freed on any engine goes to the policy's choice among every model
+            with room (:meth:`~fairagents.policies.Policy.select_among`). A request
+            given a slot joins its engine's batch at that engine's next step boundary.
+            ``None``: each engine is filled on its own.
 
     Raises:
         BadInputError: a bad workload (an unknown model or app, a request that does not
@@ -199,10 +206,13 @@ def simulate(
         ...
         fairagents.errors.UnknownModelError: unknown model 'nope'; known models: none
     """
+    if pool_running is not None and (isinstance(pool_running, bool) or not isinstance(pool_running, int)
+                                     or pool_running < 1):
+        raise InvalidParameterError(f"pool_running must be an integer ≥ 1 or None, got {pool_running!r}")
     cost = UnifiedTokenCost({m: e.profile for m, e in engines.items()}, **({"d_base": d_base} if d_base else {}))
     policy_obj = make_policy(policy, cost)
     requests = _validate(workload, engines, apps)
-    run = _Run(policy_obj, engines, cost)
+    run = _Run(policy_obj, engines, cost, pool_running)
     return run.play(requests)
 
 
@@ -232,10 +242,15 @@ def _validate(
 class _Run:
     _STEP, _ARRIVAL, _CANCEL = 0, 1, 2  # order of events at the same instant
 
-    def __init__(self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost) -> None:
+    def __init__(
+        self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None
+    ) -> None:
         self.policy = policy
         self.engines = engines
         self.cost = cost
+        self.pool = pool
+        self.pool_used = 0  # requests holding a pool slot: reserved or in a batch
+        self.reserved: dict[str, list[Request]] = {m: [] for m in engines}  # given a slot, joining at the next step
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = itertools.count()
         self.output: dict[str, int] = {}
@@ -267,12 +282,18 @@ class _Run:
             if kind == self._ARRIVAL:
                 req = payload  # type: ignore[assignment]
                 self.policy.on_arrival(req, now)
-                self._fill(req.model, now)
+                if self.pool is None:
+                    self._fill(req.model, now)
+                else:
+                    self._fill_pool(now)
             elif kind == self._STEP:
                 self._step_done(payload, now)  # type: ignore[arg-type]
             else:
                 self._cancel(payload, now)  # type: ignore[arg-type]
         bound = service_bound(self.cost, {m: e.kv_capacity for m, e in self.engines.items()})
+        if self.pool is not None and self.engines:  # at most `pool` requests, each within its context
+            dearest = max(service_bound(self.cost, {m: e.max_model_len}) for m, e in self.engines.items())
+            bound = min(bound, self.pool * dearest)
         return SimResult(
             policy=self.policy.name,
             records=self.records,
@@ -295,6 +316,7 @@ class _Run:
         while (req := policy.select(model, now)) is not None and engine.fits(req):
             policy.on_dispatch(req, now)
             engine.admit(req, self.output[req.id])
+            self.pool_used += 1
             self.dispatched[req.id] = now
             self.order[model].append(req.id)
             self._charge(req, self.cost.input_cost(model, req.prompt_tokens), now)
@@ -303,6 +325,40 @@ class _Run:
             self.push(end, self._STEP, model)
         elif policy.queued(model):
             self.idle_with_backlog += 1
+
+    def _fill_pool(self, now: float) -> None:
+        """Give free pool slots to the policy's choices across models, then start idle engines."""
+        policy, engines, reserved = self.policy, self.engines, self.reserved
+        room = [m for m, e in engines.items() if e.running + len(reserved[m]) < e.max_running]
+        while self.pool_used < self.pool and room:  # type: ignore[operator]
+            req = policy.select_among(room, now)
+            if req is None:
+                break
+            model = req.model
+            engine = engines[model]
+            kv = engine.kv_used + sum(r.prompt_tokens + r.max_tokens for r in reserved[model])
+            if kv + req.prompt_tokens + req.max_tokens > engine.kv_capacity:
+                room.remove(model)  # its head waits for KV, as on its own; the others may go
+                continue
+            policy.on_dispatch(req, now)
+            self.pool_used += 1
+            reserved[model].append(req)
+            self.dispatched[req.id] = now
+            self.order[model].append(req.id)
+            self._charge(req, self.cost.input_cost(model, req.prompt_tokens), now)
+            if engine.running + len(reserved[model]) >= engine.max_running:
+                room.remove(model)
+        for model, engine in engines.items():
+            if engine.busy:
+                continue
+            for req in reserved[model]:
+                engine.admit(req, self.output[req.id])
+            reserved[model].clear()
+            end = engine.start_step(now)
+            if end is not None:
+                self.push(end, self._STEP, model)
+            elif policy.queued(model) and self.pool_used < self.pool:  # type: ignore[operator]
+                self.idle_with_backlog += 1
 
     def _step_done(self, model: str, now: float) -> None:
         for p in self.engines[model].finish_step(now):
@@ -315,16 +371,28 @@ class _Run:
             if p.finished:
                 self.policy.on_finish(req, Outcome.FINISHED, now)
                 self._record(req, Outcome.FINISHED, now)
-        self._fill(model, now)
+                self.pool_used -= 1
+        if self.pool is None:
+            self._fill(model, now)
+        else:
+            self._fill_pool(now)
 
     def _cancel(self, req: Request, now: float) -> None:
         if req.id in self.ended:
             return
         engine = self.engines[req.model]
-        engine.abort(req.id)  # no-op if it was still waiting
+        reserved = self.reserved[req.model]
+        if engine.abort(req.id):  # False if it was still waiting
+            self.pool_used -= 1
+        elif req in reserved:
+            reserved.remove(req)
+            self.pool_used -= 1
         self.policy.on_finish(req, Outcome.CANCELLED, now)
         self._record(req, Outcome.CANCELLED, now)
-        self._fill(req.model, now)
+        if self.pool is None:
+            self._fill(req.model, now)
+        else:
+            self._fill_pool(now)
 
     def _charge(self, req: Request, amount: float, now: float) -> None:
         self.charges.append(Charge(now, req.app, req.agent.name, amount))

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 
 import fairagents as fa
-from fairagents.testing import FakeEngine
+from fairagents.testing import FakeEngine, RecordingPolicy
 
 MSG = [{"role": "user", "content": "hello there"}]
 
@@ -294,3 +294,105 @@ async def test_request_ids_are_unique_across_arbiters_sharing_an_engine():
         async with arbiter:
             ids += [(await a.chat("chat", MSG)).request_id for _ in range(3)]
     assert len(set(ids)) == 6
+
+
+# -- a pool-wide in-flight limit: apps compete across models ------------------------
+
+
+def pooled(policy, pool_in_flight=1, token_time=0.001):
+    """Two models sharing a pool: 'big' costs 4x 'small' per token (unified)."""
+    arbiter = fa.Arbiter(policy=policy, pool_in_flight=pool_in_flight, d_base=64, drain_timeout=1.0)
+    arbiter.policy = RecordingPolicy(arbiter.policy)
+    big = FakeEngine(tokens_per_reply=2, token_time=token_time, profile=fa.ModelProfile(d_model=128, n_layers=2))
+    small = FakeEngine(tokens_per_reply=2, token_time=token_time, profile=fa.ModelProfile(d_model=64, n_layers=1))
+    arbiter.add_model("big", big)
+    arbiter.add_model("small", small)
+    return arbiter, big, small
+
+
+async def backlog(arbiter, n=12):
+    a, b = arbiter.app("a").agent("t"), arbiter.app("b").agent("t")
+    calls = [a.chat("big", MSG) for _ in range(n)] + [b.chat("small", MSG) for _ in range(n)]
+    return await asyncio.gather(*calls)
+
+
+async def test_pool_limit_bounds_requests_in_flight_across_models():
+    arbiter, big, small = pooled("fcfs", pool_in_flight=3)
+    async with arbiter:
+        replies = await backlog(arbiter, n=6)
+    assert len(replies) == 12
+    records = arbiter.ledger.records
+    events = sorted([(r.dispatched, 1) for r in records] + [(r.finished, -1) for r in records])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak == 3 and big.max_running <= 3 and small.max_running <= 3
+    assert arbiter._pool_running == 0
+
+
+async def test_hmfs_splits_the_pool_by_unified_tokens():
+    # A request on 'big' costs 4x one on 'small' (3 prompt + 2x2 output tokens, scaled by 4
+    # or 1): with one slot for the pool, b's cheap requests take four turns for each of a's.
+    arbiter, _, _ = pooled("hmfs")
+    async with arbiter:
+        await backlog(arbiter, n=20)
+    apps = "".join(d.app for d in arbiter.policy.decisions)
+    # a's first request runs alone before b arrives (b is lifted to a's counter), then 1:4
+    assert apps[1:21].count("a") == 4, apps
+    service = {name: s.service for name, s in arbiter.stats().apps.items()}
+    assert service["a"] == 20 * 28 and service["b"] == 20 * 7
+
+
+async def test_vtc_splits_the_pool_by_raw_tokens():
+    arbiter, _, _ = pooled("vtc")
+    async with arbiter:
+        await backlog(arbiter, n=20)
+    apps = "".join(d.app for d in arbiter.policy.decisions)
+    assert apps[:20].count("a") == 10, apps
+
+
+async def test_without_a_pool_limit_models_do_not_compete():
+    arbiter = fa.Arbiter(in_flight=1, d_base=64)
+    arbiter.policy = RecordingPolicy(arbiter.policy)
+    arbiter.add_model("big", FakeEngine(tokens_per_reply=2, token_time=0.001,
+                                        profile=fa.ModelProfile(d_model=128, n_layers=2)))
+    arbiter.add_model("small", FakeEngine(tokens_per_reply=2, token_time=0.001,
+                                          profile=fa.ModelProfile(d_model=64, n_layers=1)))
+    async with arbiter:
+        await backlog(arbiter, n=4)
+    apps = [d.app for d in arbiter.policy.decisions[:2]]
+    assert sorted(apps) == ["a", "b"]  # one of each at once: each model has its own slot
+
+
+async def test_a_cancelled_or_failed_request_gives_its_pool_slot_back():
+    arbiter, big, small = pooled("hmfs", token_time=0.05)
+    a, b = arbiter.app("a").agent("t"), arbiter.app("b").agent("t")
+    async with arbiter:
+        slow = asyncio.create_task(a.chat("big", MSG))
+        await asyncio.sleep(0.02)
+        assert arbiter._pool_running == 1
+        slow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await slow
+        assert arbiter._pool_running == 0
+        big.fail()
+        with pytest.raises(fa.EngineError):
+            await a.chat("big", MSG)
+        reply = await b.chat("small", MSG)  # the failure leaked no slot
+    assert reply.usage.completion_tokens == 2 and arbiter._pool_running == 0
+
+
+def test_pool_limit_is_validated_and_tightens_the_bound():
+    with pytest.raises(fa.InvalidParameterError):
+        fa.Arbiter(pool_in_flight=0)
+    free, _, _ = pooled("hmfs", pool_in_flight=None)
+    free.in_flight = 4
+    one, _, _ = pooled("hmfs", pool_in_flight=1)
+    one.in_flight = 4
+    for arbiter in (free, one):
+        for name in arbiter.models:
+            arbiter.cost.register(name, arbiter.engine(name).profile)
+    # 4 requests of 10 tokens on each model (scale 4 and 1), charged at most 2x: 2*(160+40);
+    # one pool slot holds one request at a time, the dearest: 2*40
+    assert free.bound(10) == 400.0 and one.bound(10) == 80.0

@@ -92,3 +92,47 @@ def test_slo_attainment_is_reported():
     result = simulate(Workload().burst(fast, "m", n=3, prompt=10, output=2), "fcfs", engines(max_running=1))
     (stats,) = result.agent_stats()
     assert stats.slo_attainment == 0.0
+
+
+def peak_running(records):
+    events = sorted([(r.dispatched, 1) for r in records if r.dispatched is not None] + [(r.finished, -1) for r in records
+                                                                                       if r.dispatched is not None])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def two_models(**kwargs):
+    return {m: SimEngine(PROFILE, max_running=4, **kwargs) for m in ("m", "n")}
+
+
+def test_pool_running_bounds_requests_across_engines_and_is_validated():
+    b = fa.Agent("t", fa.App("b"))
+    work = Workload().burst(WHO, "m", n=20, prompt=10, output=(1, 9)).burst(b, "n", n=20, prompt=10, output=(1, 9))
+    alone = simulate(work, "hmfs", two_models(max_model_len=64))
+    pooled = simulate(work, "hmfs", two_models(max_model_len=64), pool_running=3)
+    assert peak_running(alone.records) == 8 and peak_running(pooled.records) == 3
+    assert len(pooled.records) == 40 and pooled.idle_with_backlog == 0
+    assert pooled.bound < alone.bound
+    for bad in (0, 1.5, True):
+        with pytest.raises(fa.InvalidParameterError):
+            simulate(work, "hmfs", two_models(), pool_running=bad)
+
+
+def test_a_slot_given_to_a_busy_engine_waits_for_its_step_and_cancelling_frees_it():
+    b = fa.Agent("t", fa.App("b"))
+    work = Workload()
+    work.add(SimRequest(0.0, WHO, "m", 10, 1))  # r0: done after one step of 'm'
+    work.add(SimRequest(0.0, b, "n", 10, 50))  # r1: keeps 'n' busy
+    work.add(SimRequest(0.001, b, "n", 10, 2, cancel_at=0.005))  # r2: gets r0's slot mid-step of 'n'
+    work.add(SimRequest(0.002, WHO, "m", 10, 2))  # r3: waits for a slot
+    models = {"m": SimEngine(PROFILE, decode_base=0.004), "n": SimEngine(PROFILE, decode_base=0.003)}
+    result = simulate(work, "fcfs", models, pool_running=2)
+    r = {rec.id: rec for rec in result.records}
+    r0_done = r["r0"].finished
+    assert r["r2"].dispatched == r0_done and r["r2"].first_token is None  # reserved, not yet in the batch
+    assert r["r2"].outcome is fa.Outcome.CANCELLED and r["r2"].output_tokens == 0
+    assert r["r3"].dispatched == 0.005  # the cancelled reservation's slot, at once
+    assert peak_running(result.records) <= 2

@@ -4,12 +4,16 @@
 (b) no starvation: a waiting agent is bypassed a bounded number of times;
 (c) work conservation: no model idles while a request for it waits;
 (d) long-run weighted shares match weights within 5%;
-(e) an app that idles and returns gets no burst beyond U / weight (the lift).
+(e) an app that idles and returns gets no burst beyond U / weight (the lift);
+(f) across modalities: apps of equal weight, each backlogged on its own model, split a
+    shared pool within 10% in unified tokens (HMFS), where raw-token VTC does not.
 FCFS is shown violating (a) and (b) on a flood, so the baseline is documented by evidence.
+(a) and (c) also run with a pool-wide running limit (``pool_running``).
 """
 
 import itertools
 import math
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +26,7 @@ from fairagents.simulation import SimRequest, Workload, simulate
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WEIGHTS = st.sampled_from([0.5, 1.0, 2.0, 3.0])
+POOLS = st.one_of(st.none(), st.integers(1, 8))
 
 
 @st.composite
@@ -82,10 +87,10 @@ def pairs_within_bound(result, key, models):
 
 
 @PROPERTY
-@given(backlogged_workloads())
-def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(case):
+@given(backlogged_workloads(), POOLS)
+def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(case, pool):
     work, engines, _ = case
-    result = simulate(work, "hmfs", engines)
+    result = simulate(work, "hmfs", engines, pool_running=pool)
     for key in ("app", "agent"):
         for x, y, gap, bound in pairs_within_bound(result, key, sorted(engines)):
             assert gap <= bound * (1 + 1e-9), f"{key}s {x} and {y}: gap {gap} > {bound}"
@@ -177,10 +182,10 @@ def test_b_victim_waits_a_bounded_number_of_dispatches_whatever_the_flood():
 
 
 @PROPERTY
-@given(backlogged_workloads(), st.sampled_from(["fcfs", "rr", "vtc", "hmfs"]))
-def test_c_work_conservation(case, policy):
+@given(backlogged_workloads(), st.sampled_from(["fcfs", "rr", "vtc", "hmfs"]), POOLS)
+def test_c_work_conservation(case, policy, pool):
     work, engines, _ = case
-    result = simulate(work, policy, engines)
+    result = simulate(work, policy, engines, pool_running=pool)
     assert result.idle_with_backlog == 0
     assert len(result.records) == len(work)  # everything ran to the end
     busy = sum(r.output_tokens for r in result.records)
@@ -259,3 +264,58 @@ def test_e_fcfs_lets_the_returning_app_burst():
     start = 3.0
     lead = sum(c.amount * (1 if c.app == "idle" else -1) for c in result.charges if start <= c.time <= start + 2.0)
     assert lead > result.bound
+
+
+# -- (f) cross-modal shares of a shared pool ------------------------------------------------
+
+#: (prompt, output) token ranges per modality: a chat turn; an image (hundreds of vision
+#: tokens) and a question; a short prompt and denoising work (latent tokens × steps).
+MODALITIES = {"text": ((20, 200), (10, 100)), "vision": ((600, 1000), (10, 60)), "image": ((10, 30), (64, 256))}
+
+
+def cross_modal(policy, profiles, pool, seed, dearest_requests=60, jitter=0.0, shared=True):
+    """Three apps of weight 1, one per modality, each backlogged on its own model.
+
+    Each app sends enough requests to stay backlogged for about ``dearest_requests`` of
+    the dearest app's requests: a fair split gives the cheap app proportionally more.
+    The models share ``pool`` running slots (``shared``) or each has ``pool`` of its own.
+    Returns each app's unified-token service while all three were backlogged.
+    """
+    engines = {m: SimEngine(p, max_running=pool, kv_capacity=16384, jitter=jitter, seed=seed) for m, p in profiles.items()}
+    cost = fa.UnifiedTokenCost(profiles)
+    mean_cost = {m: cost.input_cost(m, sum(prompt) // 2) + cost.output_cost(m, sum(output) // 2)
+                 for m, (prompt, output) in MODALITIES.items()}
+    work = Workload(seed=seed)
+    for m, (prompt, output) in MODALITIES.items():
+        n = math.ceil(dearest_requests * max(mean_cost.values()) / mean_cost[m])
+        work.burst(fa.Agent("bot", fa.App(f"{m}-app")), m, n=n, prompt=prompt, output=output)
+    result = simulate(work, policy, engines, pool_running=pool if shared else None)
+    until = min(max(r.dispatched for r in result.records if r.app == app) for app in result.apps)
+    return {s.name: s.service for s in result.app_stats(until)}
+
+
+def spread(values):
+    values = list(values)
+    return (max(values) - min(values)) / (sum(values) / len(values))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_f_equal_apps_on_different_modalities_split_the_pool_within_10_percent(seed):
+    rng = random.Random(seed)
+    profiles = {m: fa.ModelProfile(d_model=rng.choice([512, 1024, 2048, 4096]), n_layers=rng.randint(8, 32))
+                for m in MODALITIES}
+    service = cross_modal("hmfs", profiles, pool=rng.randint(2, 6), seed=seed, jitter=rng.choice([0.0, 0.2]))
+    assert spread(service.values()) <= 0.10, service
+
+
+def test_f_flat_vtc_on_raw_tokens_does_not_and_neither_do_separate_models():
+    # Shapes of a 7B LLM, a 7B VLM and a DiT-XL-sized denoiser.
+    profiles = {"text": fa.ModelProfile(d_model=4096, n_layers=32), "vision": fa.ModelProfile(d_model=3584, n_layers=28),
+                "image": fa.ModelProfile(d_model=1152, n_layers=28)}
+    hmfs = cross_modal("hmfs", profiles, pool=4, seed=1)
+    vtc = cross_modal("vtc", profiles, pool=4, seed=1)
+    apart = cross_modal("hmfs", profiles, pool=4, seed=1, shared=False)
+    assert spread(hmfs.values()) <= 0.10 < 0.5 < min(spread(vtc.values()), spread(apart.values()))
+    # raw tokens equalise instead: the image app's cheap latent tokens count like the LLM's
+    assert vtc["image-app"] < vtc["text-app"] / 2
