@@ -68,12 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-tokens", type=int, default=64)
     srv.add_argument("--rounds", type=int, default=2)
     srv.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    moda = benches.add_parser("modality", help="text TTFT under image preprocessing load (pool vs inline); cross-modal accounting")
+    moda = benches.add_parser("modality", help="text TTFT under image preprocessing load (pool vs inline); cross-modal shares")
     moda.add_argument("--images", type=int, default=40)
     moda.add_argument("--image-side", type=int, default=1400)
     moda.add_argument("--text-requests", type=int, default=20)
     moda.add_argument("--text-tokens", type=int, default=4)
-    moda.add_argument("--seconds", type=float, default=8.0)
+    moda.add_argument("--seconds", type=float, default=30.0, help="length of each cross-modal run")
+    moda.add_argument("--pool", type=int, default=3, help="in-flight slots the three models share")
     moda.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return parser
 

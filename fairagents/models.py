@@ -38,6 +38,7 @@ from typing import Any
 
 import structlog
 
+from fairagents.engines.base import LOAD_LOCK
 from fairagents.errors import InvalidParameterError
 
 __all__ = [
@@ -104,7 +105,10 @@ def ensure_default_models(kinds: Iterable[str] = ("text", "vision", "image")) ->
     """Build the embedded models of ``kinds`` that are missing; their folders by kind.
 
     Kinds are ``"text"``, ``"vision"`` and ``"image"``; each is built at most once,
-    under a file lock, into a staging folder renamed into place when complete.
+    under a file lock, into a staging folder renamed into place when complete. In one
+    process a build holds :data:`~fairagents.engines.base.LOAD_LOCK`, as engines do
+    while they load: engines start in parallel threads, and importing transformers'
+    lazily loaded classes in two threads at once can fail.
     """
     builders = {
         "text": (DEFAULT_TEXT_MODEL, build_text_model),
@@ -118,7 +122,7 @@ def ensure_default_models(kinds: Iterable[str] = ("text", "vision", "image")) ->
         name, build = builders[kind]
         path = model_path(name)
         if not (path / _MARKER[kind]).exists():
-            with _lock(path.parent / f".{name}.lock"):
+            with LOAD_LOCK, _lock(path.parent / f".{name}.lock"):
                 if not (path / _MARKER[kind]).exists():  # someone else may have built it meanwhile
                     build(path)
         paths[kind] = path

@@ -1,0 +1,31 @@
+"""Models that share one capacity: apps compete across models (FakeEngine: a test double that runs no model)."""
+
+import asyncio
+
+import fairagents as fa
+from fairagents.testing import FakeEngine
+
+
+def engine(width):
+    return FakeEngine(tokens_per_reply=8, token_time=0.001, profile=fa.ModelProfile(d_model=width, n_layers=1))
+
+
+async def main():
+    # --8<-- [start:pool]
+    arbiter = fa.Arbiter(pool_in_flight=2)  # at most 2 requests run across the pool
+    arbiter.add_model("wide", engine(4096))  # 4x the unified tokens per token of "narrow"
+    arbiter.add_model("narrow", engine(1024))
+    a, b = arbiter.app("a").agent("bot"), arbiter.app("b").agent("bot")
+    messages = [{"role": "user", "content": "go"}]
+    async with arbiter:
+        await asyncio.gather(*[a.chat("wide", messages) for _ in range(10)],
+                             *[b.chat("narrow", messages) for _ in range(40)])
+    # --8<-- [end:pool]
+    done = {name: s.done for name, s in arbiter.stats().apps.items()}
+    assert done == {"a": 10, "b": 40}
+    first = [r for r in sorted(arbiter.ledger.records, key=lambda r: r.dispatched)][:25]
+    assert sum(r.app == "b" for r in first) >= 18  # b took ~4 slots for each of a's while both waited
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
