@@ -1,24 +1,32 @@
-"""The main demo: several apps share one real vLLM engine, one of them flooding it.
+"""The main demo: three apps share a real multi-modal pool, one of them flooding it.
 
-Three apps of different weights run their agents concurrently against the embedded
-tiny model (random weights: the text is gibberish; serving, batching, token counts
-and timings are real). ``flood`` keeps ten times the requests of any other agent in
-flight. The demo runs the same load under each policy, prints per app and per agent
-the share of service against the share its weight entitles it to, with wait and TTFT
-percentiles, and plots each app's service over time.
+The pool is the embedded default (tiny models of random weights: text is gibberish,
+images are noise; serving, batching, token counts and timings are real): ``chat``, an
+LLM on vLLM; ``vision``, a vision-language model on vLLM; ``image``, a diffusion model
+on diffusers. The three share :data:`POOL` in-flight slots, as models on one accelerator
+share it, so apps compete for the pool as a whole and a denoising step, an image token
+and an LLM token are charged in one currency (unified tokens).
+
+``driving`` (weight 2) plans on ``chat`` and looks at camera frames on ``vision``;
+``studio`` writes on ``chat`` and illustrates on ``image``; ``flood`` keeps ten times the
+requests of any other agent in flight on ``chat``. The demo runs the same load under
+each policy, prints per app and per agent the share of service against the share its
+weight entitles it to, with wait and TTFT percentiles, and plots each app's service
+over time.
 
 Examples:
     >>> from fairagents.demo import AGENTS
-    >>> sorted({app for app, *_ in AGENTS})
-    ['driving', 'flood', 'studio']
+    >>> sorted({app for app, *_ in AGENTS}), sorted({model for _, _, _, _, model, *_ in AGENTS})
+    (['driving', 'flood', 'studio'], ['chat', 'image', 'vision'])
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -28,43 +36,71 @@ from fairagents.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.stats import ClientSnapshot, Stats
 
-__all__ = ["AGENTS", "APPS", "main", "run"]
+__all__ = ["AGENTS", "APPS", "POOL", "main", "run", "run_async"]
 
-#: Requests the engine runs at once: fewer than the callers of any app's fair share, so every app stays
-#: backlogged and its weight decides (the engine's own batch capacity would leave the light apps demand-limited).
-IN_FLIGHT = 16
+#: Requests the three models run at once in all: fewer than the callers of any app's fair share, so every
+#: app stays backlogged and its weight decides.
+POOL = 12
 #: app → weight.
 APPS = {"driving": 2.0, "studio": 1.0, "flood": 1.0}
-#: (app, agent, agent weight, concurrent callers, max_tokens, prompt).
+#: (app, agent, agent weight, concurrent callers, model, max_tokens, prompt).
 AGENTS = [
-    ("driving", "planner", 2.0, 6, 48, "Plan a safe route from the depot to the harbour avoiding the closed bridge."),
-    ("driving", "perception", 1.0, 6, 24, "Describe the obstacles ahead: a cyclist, a parked van, a red light."),
-    ("studio", "writer", 1.0, 6, 64, "Write the opening paragraph of a story about a lighthouse keeper."),
-    ("studio", "critic", 1.0, 6, 32, "Critique this paragraph for pacing and imagery in two sentences."),
-    ("flood", "chatty", 1.0, 60, 32, "Tell me something. Anything. Then tell me more."),
+    ("driving", "planner", 2.0, 6, "chat", 48, "Plan a safe route from the depot to the harbour avoiding the closed bridge."),
+    ("driving", "perception", 1.0, 6, "vision", 24, "Describe the obstacles ahead in this camera frame."),
+    ("studio", "writer", 1.0, 6, "chat", 64, "Write the opening paragraph of a story about a lighthouse keeper."),
+    ("studio", "illustrator", 1.0, 2, "image", 0, "A lighthouse on a cliff at dusk, watercolour."),
+    ("flood", "chatty", 1.0, 60, "chat", 32, "Tell me something. Anything. Then tell me more."),
 ]
+#: Images the illustrator asks for: (width, height) and denoising steps.
+IMAGE_SIZE, IMAGE_STEPS = (64, 64), 8
+
+
+def camera_frame() -> bytes:
+    """A synthetic road scene as PNG bytes (what ``perception`` sends with each question)."""
+    from PIL import Image, ImageDraw
+
+    frame = Image.new("RGB", (96, 64), (135, 190, 235))
+    draw = ImageDraw.Draw(frame)
+    draw.polygon([(0, 64), (96, 64), (60, 28), (36, 28)], fill=(90, 90, 90))
+    draw.rectangle((70, 18, 76, 34), fill=(30, 30, 30))
+    draw.ellipse((71, 19, 75, 23), fill=(230, 30, 30))
+    draw.rectangle((40, 40, 52, 52), fill=(240, 240, 240))
+    out = io.BytesIO()
+    frame.save(out, format="PNG")
+    return out.getvalue()
 
 
 async def run(
-    engine: Engine, policy: str, seconds: float, in_flight: int | None = None
+    engines: Mapping[str, Engine], policy: str, seconds: float, pool: int = POOL
 ) -> tuple[Stats, list[tuple[float, str, str, float]]]:
-    """Run the demo load for ``seconds`` under ``policy``; stats and (seconds, app, agent, service) charges."""
-    arbiter = Arbiter(policy=policy, **({"in_flight": in_flight} if in_flight else {}))
-    arbiter.add_model("chat", engine)
+    """Run the demo load for ``seconds`` under ``policy`` on started ``engines`` (``chat``, ``vision``, ``image``).
+
+    Returns the stats and the charges as (seconds since start, app, agent, unified tokens).
+    """
+    arbiter = Arbiter(policy=policy, pool_in_flight=pool)
+    for name, engine in engines.items():
+        arbiter.add_model(name, engine)
     handles = {name: arbiter.app(name, weight=w) for name, w in APPS.items()}
+    frame = camera_frame()
     await arbiter.start()
     start = time.monotonic()
     deadline = start + seconds
 
-    async def caller(app: str, agent: str, weight: float, max_tokens: int, prompt: str) -> None:
+    async def caller(app: str, agent: str, weight: float, model: str, max_tokens: int, prompt: str) -> None:
         who = handles[app].agent(agent, weight=weight)
-        messages = [{"role": "user", "content": prompt}]
         while time.monotonic() < deadline:
-            await who.chat("chat", messages, max_tokens=max_tokens)
+            if model == "image":
+                await who.generate_image(model, prompt, size=IMAGE_SIZE, steps=IMAGE_STEPS)
+            elif model == "vision":
+                content = [{"type": "image", "image": frame}, {"type": "text", "text": prompt}]
+                await who.chat(model, [{"role": "user", "content": content}], max_tokens=max_tokens)
+            else:
+                await who.chat(model, [{"role": "user", "content": prompt}], max_tokens=max_tokens)
 
     try:
         await asyncio.gather(
-            *(caller(app, agent, w, max_tokens, prompt) for app, agent, w, n, max_tokens, prompt in AGENTS for _ in range(n))
+            *(caller(app, agent, w, model, max_tokens, prompt)
+              for app, agent, w, n, model, max_tokens, prompt in AGENTS for _ in range(n))
         )
     finally:
         await arbiter.close(stop_engines=False)
@@ -73,13 +109,17 @@ async def run(
 
 
 def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]], seconds: float) -> Table:
-    """Per app and agent: weight share, share of the service delivered while the load ran, latencies."""
+    """Per app and agent (with its model): weight share, share of the service delivered while the load ran, latencies.
+
+    For image generation, TTFT is the time to the first denoising step.
+    """
     served: dict[str, float] = defaultdict(float)
     for t, app, agent, amount in charges:
         if t <= seconds:  # after the deadline only the flood's leftovers drain
             served[app] += amount
             served[f"{app}/{agent}"] += amount
     total = sum(served[app] for app in stats.apps) or 1.0
+    models = {f"{app}/{agent}": model for app, agent, _, _, model, *_ in AGENTS}
     t = Table(title=f"policy {policy}")
     for column in ("app / agent", "weight", "served", "done", "wait p50", "wait p99", "TTFT p50", "TTFT p99"):
         t.add_column(column, justify="left" if column == "app / agent" else "right")
@@ -87,7 +127,8 @@ def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]
         t.add_row(f"[bold]{app}[/]", *_cells(s, served[app] / total))
         for key, a in stats.agents.items():
             if key.startswith(f"{app}/"):
-                t.add_row(f"  {key.split('/', 1)[1]}", *_cells(a, served[key] / (served[app] or 1.0)))
+                label = f"  {key.split('/', 1)[1]}" + (f" [dim]({models[key]})[/]" if key in models else "")
+                t.add_row(label, *_cells(a, served[key] / (served[app] or 1.0)))
     return t
 
 
@@ -125,26 +166,43 @@ def plot(runs: dict[str, list[tuple[float, str, str, float]]], out: Path) -> Pat
     return out
 
 
-async def _main(console: Console, policies: Sequence[str], seconds: float, out: Path, model: str | None) -> dict[str, Stats]:
-    from fairagents.engines.vllm import VLLMEngine
+async def run_async(
+    console: Console,
+    policies: Sequence[str] = ("fcfs", "hmfs"),
+    seconds: float = 12.0,
+    out: str | Path = "fairagents-demo.png",
+    model: str | None = None,
+    engines: Mapping[str, Engine] | None = None,
+) -> dict[str, Stats]:
+    """The demo in a running event loop: serve ``engines`` (started and stopped here) or the embedded pool.
 
+    ``model`` serves another text model as ``chat`` (a folder or a name); vision and image
+    stay the embedded ones.
+    """
+    from fairagents.engines import embedded_pool
+
+    if engines is None:
+        pool = embedded_pool(model)
+        engines = {"chat": pool["text"], "vision": pool["vision"], "image": pool["image"]}
+    text = model or "the embedded tiny LLM"
     console.print(
-        f"fairagents demo: {len(APPS)} apps, {len(AGENTS)} agents ('flood' keeps 10x the requests in flight) on a real "
-        f"in-process vLLM engine serving {model or 'the embedded tiny model (random weights: gibberish text, real serving)'}; "
-        f"{seconds:g} s per policy, {IN_FLIGHT} requests in flight."
+        f"fairagents demo: {len(APPS)} apps, {len(AGENTS)} agents ('flood' keeps 10x the requests in flight) sharing "
+        f"a real multi-modal pool of {POOL} in-flight slots: {text} and a tiny vision-language model on in-process "
+        f"vLLM engines, a tiny diffusion model on diffusers (random weights: gibberish text, noise images, real "
+        f"serving); {seconds:g} s per policy."
     )
-    engine = VLLMEngine(model, kv_cache_bytes=256 * 2**20, max_model_len=1024 if model is None else None)
-    await engine.start()
+    await asyncio.gather(*(e.start() for e in engines.values()))
     results, runs = {}, {}
     try:
         for policy in policies:
-            stats, charges = await run(engine, policy, seconds, IN_FLIGHT)
+            stats, charges = await run(engines, policy, seconds)
             results[policy], runs[policy] = stats, charges
             console.print(table(policy, stats, charges, seconds))
     finally:
-        await engine.stop()
-    console.print(f"served: share of the service (unified tokens) delivered while the load ran; an agent's share "
-                  f"is of its app's. weight: what the weights entitle it to. Each app's service over time: {plot(runs, out)}")
+        await asyncio.gather(*(e.stop() for e in engines.values()), return_exceptions=True)
+    console.print(f"served: share of the service (unified tokens, on every model) delivered while the load ran; an "
+                  f"agent's share is of its app's. weight: what the weights entitle it to. Each app's service over "
+                  f"time: {plot(runs, Path(out))}")
     return results
 
 
@@ -155,5 +213,5 @@ def main(
     out: str | Path = "fairagents-demo.png",
     model: str | None = None,
 ) -> dict[str, Stats]:
-    """Run the demo under each policy; print the tables and write the plot."""
-    return asyncio.run(_main(console, policies, seconds, Path(out), model))
+    """Run the demo under each policy on the embedded pool; print the tables and write the plot."""
+    return asyncio.run(run_async(console, policies, seconds, out, model))

@@ -2,6 +2,8 @@ import pytest
 
 from fairagents.cli import main
 
+from ._shared import SharedEngine
+
 
 def test_simulated_demo_says_so_and_compares_policies(capsys):
     assert main(["demo", "--simulated", "--policy", "fcfs", "--policy", "hmfs"]) == 0
@@ -12,13 +14,34 @@ def test_simulated_demo_says_so_and_compares_policies(capsys):
         assert app in out
 
 
-def test_real_demo_runs_end_to_end_and_writes_the_plot(tmp_path, capsys):
-    pytest.importorskip("vllm")
+@pytest.mark.asyncio(loop_scope="session")
+async def test_real_demo_serves_all_three_modalities_and_writes_the_plot(tmp_path, text_engine, vision_engine,
+                                                                          image_engine):
+    from rich.console import Console
+
+    from fairagents import demo
+
     out = tmp_path / "demo.png"
-    assert main(["demo", "--seconds", "2", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "policy fcfs" in text and "policy hmfs" in text and "real in-process vLLM engine" in text
+    console = Console(record=True, width=160)
+    engines = {"chat": SharedEngine(text_engine), "vision": SharedEngine(vision_engine),
+               "image": SharedEngine(image_engine)}
+    results = await demo.run_async(console, seconds=3.0, out=out, engines=engines)
+    text = console.export_text()
+    assert "policy fcfs" in text and "policy hmfs" in text and "multi-modal pool" in text
+    for agent, model in [("perception", "vision"), ("illustrator", "image"), ("planner", "chat")]:
+        assert f"{agent} ({model})" in text
+    hmfs = results["hmfs"]  # under hmfs every agent is served, whatever the flood does
+    assert all(a.done > 0 for a in hmfs.agents.values()) and len(hmfs.agents) == len(demo.AGENTS)
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_demo_command_runs_the_real_demo_with_its_options(monkeypatch):
+    from fairagents import demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "main", lambda console, **kw: seen.update(kw))
+    assert main(["demo", "--seconds", "2", "--out", "x.png", "--policy", "vtc"]) == 0
+    assert seen == {"policies": ["vtc"], "seconds": 2.0, "out": "x.png", "model": None}
 
 
 def test_models_build_into_a_fresh_home(tmp_path, monkeypatch, capsys):

@@ -6,10 +6,10 @@ import sys
 
 START_ALL_THREE = """
 import asyncio
-from fairagents.bench.modality import _default_engines
+from fairagents.engines import embedded_pool
 
 async def main():
-    engines = list(_default_engines().values())
+    engines = list(embedded_pool().values())
     await asyncio.gather(*(e.start() for e in engines))  # each builds its model, in its own thread
     for e in engines:
         await e.stop()

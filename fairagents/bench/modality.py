@@ -13,8 +13,8 @@ Two measurements, on the embedded text, vision and image models (or the engines 
    (text chat, vision chat with a small image, image generation), on models that share
    ``pool`` in-flight slots (``Arbiter(pool_in_flight=pool)``: the apps compete for one
    capacity), for ``seconds``, under ``hmfs`` (unified tokens) and ``vtc`` (raw tokens).
-   Per app over the run less its first fifth: raw tokens, unified tokens, and
-   slot-seconds (the time its requests held pool slots: the compute time it was given,
+   Per app over the run less its first fifth: raw tokens charged (input ×1, output ×2:
+   VTC's currency), unified tokens charged, requests ended, and slot-seconds (the time its requests held pool slots: the compute time it was given,
    as far as the arbiter decides it). Reported with each column's spread,
    ``(max − min) / mean`` across the apps.
 
@@ -40,12 +40,14 @@ from typing import Any
 from rich.table import Table
 
 from fairagents.arbiter import Arbiter
+from fairagents.engines import embedded_pool
 from fairagents.metrics import percentile
 
 __all__ = ["POLICIES", "render", "run"]
 
 POLICIES = ("hmfs", "vtc")
 APPS = ("text-app", "vision-app", "image-app")
+MODEL_OF = {"text-app": "text", "vision-app": "vision", "image-app": "image"}
 WARMUP = 0.2  # the first fifth of a run is left out of the shares
 TEXT = [{"role": "user", "content": "Summarise the state of the road network in three sentences."}]
 
@@ -136,10 +138,11 @@ async def _shares(engines: dict[str, Any], policy: str, seconds: float, pool: in
             row["slot_seconds"] += min(r.finished, hi) - max(r.dispatched, lo)
         if lo <= r.finished <= hi:
             row["requests"] += 1
-            row["raw_tokens"] += r.prompt_tokens + r.output_tokens
     for c in arbiter.ledger.charges:
         if lo <= c.time <= hi:
             apps[c.app]["unified_tokens"] += c.amount
+    for app, row in apps.items():  # one model per app: its charges in raw tokens are unified / the model's scale
+        row["raw_tokens"] = row["unified_tokens"] / arbiter.cost.scale(MODEL_OF[app])
     spread = {key: _spread([row[key] for row in apps.values()]) for key in ("raw_tokens", "unified_tokens", "slot_seconds")}
     return {"apps": apps, "spread": spread, "window_s": hi - lo}
 
@@ -166,7 +169,7 @@ def run(
 
     async def main() -> dict[str, Any]:
         own = engines is None
-        served = engines or _default_engines()
+        served = engines or embedded_pool()
         await asyncio.gather(*(e.start() for e in served.values()))
         try:
             pngs = [_noise_png(image_side, seed) for seed in range(4)]
@@ -191,18 +194,6 @@ def run(
     return asyncio.run(main())
 
 
-def _default_engines() -> dict[str, Any]:
-    from fairagents.engines.diffusion import DiffusionEngine
-    from fairagents.engines.vision import VisionEngine
-    from fairagents.engines.vllm import VLLMEngine
-
-    return {
-        "text": VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024),
-        "vision": VisionEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024, max_num_seqs=8),
-        "image": DiffusionEngine(max_size=256, default_steps=8),
-    }
-
-
 def render(result: dict[str, Any]) -> list[Table]:
     """Two tables: text TTFT under image load, and the cross-modal shares."""
     load = result["load"]
@@ -215,14 +206,14 @@ def render(result: dict[str, Any]) -> list[Table]:
         first.add_row(labels[mode], f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p99_s'] * 1e3:.0f} ms")
     second = Table(title=f"Three apps of equal weight, each backlogged on one modality, sharing {load['pool']} "
                          f"in-flight slots for {load['seconds']:.0f} s")
-    for column in ("policy", "app", "requests", "raw tokens", "unified tokens", "slot-seconds"):
+    for column in ("policy", "app", "requests", "raw tokens (in + 2·out)", "unified tokens", "slot-seconds"):
         second.add_column(column, justify="right")
     for policy, r in result["shares"].items():
         for app, row in r["apps"].items():
             second.add_row(policy, app, f"{row['requests']:.0f}", f"{row['raw_tokens']:,.0f}",
                            f"{row['unified_tokens']:,.1f}", f"{row['slot_seconds']:.1f}")
         s = r["spread"]
-        second.add_row(policy, "spread", "", f"{s['raw_tokens']:.0%}", f"{s['unified_tokens']:.0%}",
-                       f"{s['slot_seconds']:.0%}", end_section=True)
+        second.add_row(policy, "spread", "", f"{s['raw_tokens']:.1%}", f"{s['unified_tokens']:.1%}",
+                       f"{s['slot_seconds']:.1%}", end_section=True)
     second.caption = "over the run less its first fifth; spread = (max − min) / mean across the three apps"
     return [first, second]

@@ -4,6 +4,10 @@
 discrete-event simulator of a continuous-batching engine for benchmarks and tests
 (it serves no one).
 
+The real engines live in their own modules, imported on use (they pull in vLLM, torch
+and diffusers): :mod:`fairagents.engines.vllm`, :mod:`~fairagents.engines.vision`,
+:mod:`~fairagents.engines.diffusion`; :func:`embedded_pool` builds all three.
+
 Examples:
     >>> import fairagents as fa
     >>> fa.engines.SimEngine(fa.ModelProfile(d_model=64, n_layers=2)).max_running
@@ -15,4 +19,29 @@ from __future__ import annotations
 from fairagents.engines.base import Delta, Engine, GenerationParams, ImageEngine, Prompt
 from fairagents.engines.sim import SimEngine, SimProgress
 
-__all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt", "SimEngine", "SimProgress"]
+__all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt", "SimEngine", "SimProgress", "embedded_pool"]
+
+
+def embedded_pool(text_model: str | None = None) -> dict[str, Engine]:
+    """A text, a vision and an image engine on the embedded tiny models, not yet started.
+
+    Sized for a small machine: 64 MiB of KV cache each for the vLLM engines, images up
+    to 256 px in 8 denoising steps by default. ``text_model`` serves another text model
+    (a folder or a name) in place of the embedded one. The engines build their models
+    on first start.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> pool = fa.engines.embedded_pool()   # nothing loads until the arbiter starts them
+        >>> {name: engine.modality.value for name, engine in pool.items()}
+        {'text': 'text', 'vision': 'vision', 'image': 'image'}
+    """
+    from fairagents.engines.diffusion import DiffusionEngine
+    from fairagents.engines.vision import VisionEngine
+    from fairagents.engines.vllm import VLLMEngine
+
+    return {
+        "text": VLLMEngine(text_model, kv_cache_bytes=64 * 2**20, max_model_len=1024 if text_model is None else None),
+        "vision": VisionEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024, max_num_seqs=8),
+        "image": DiffusionEngine(max_size=256, default_steps=8),
+    }

@@ -7,6 +7,7 @@ a weight ≤ 0, two apps with one key, keys on but an app without one) is an
 .. code-block:: toml
 
     policy = "hmfs"
+    pool_in_flight = 24           # optional: the models share one GPU, so one limit for all
 
     [server]
     host = "127.0.0.1"
@@ -261,6 +262,8 @@ class Config(_Section):
     """Scheduling policy: ``hmfs``, ``vtc``, ``rr`` or ``fcfs``."""
     in_flight: int | None = Field(default=None, ge=1)
     """Default in-flight limit of the models that set none."""
+    pool_in_flight: int | None = Field(default=None, ge=1)
+    """One in-flight limit for the whole pool, for models on shared hardware (see ``Arbiter``)."""
     d_base: int = Field(default=DEFAULT_D_BASE, ge=1)
     w_input: float = Field(default=1.0, ge=0)
     w_output: float = Field(default=2.0, ge=0)
@@ -361,6 +364,7 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
     arbiter = Arbiter(
         policy=config.policy,
         in_flight=config.in_flight,
+        pool_in_flight=config.pool_in_flight,
         d_base=config.d_base,
         w_input=config.w_input,
         w_output=config.w_output,

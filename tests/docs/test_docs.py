@@ -14,28 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from .._shared import SharedEngine
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 SNIPPETS = sorted((DOCS / "snippets").glob("*.py"))
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
 
 SESSION_LOOP = pytest.mark.asyncio(loop_scope="session")  # the shared engine lives in the session's loop
-
-
-class _SharedEngine:
-    """The session's engine, lent to a snippet: starting and stopping it are no-ops."""
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    async def start(self):
-        return None
-
-    async def stop(self):
-        return None
 
 
 def _uses_real_engine(path: Path) -> bool:
@@ -66,8 +52,8 @@ async def test_snippet_runs_on_the_multimodal_engines(path, vision_engine, image
     import fairagents.engines.diffusion as diffusion_module
     import fairagents.engines.vision as vision_module
 
-    monkeypatch.setattr(vision_module, "VisionEngine", lambda *a, **k: _SharedEngine(vision_engine))
-    monkeypatch.setattr(diffusion_module, "DiffusionEngine", lambda *a, **k: _SharedEngine(image_engine))
+    monkeypatch.setattr(vision_module, "VisionEngine", lambda *a, **k: SharedEngine(vision_engine))
+    monkeypatch.setattr(diffusion_module, "DiffusionEngine", lambda *a, **k: SharedEngine(image_engine))
     await _run(path)
 
 
@@ -78,7 +64,7 @@ async def test_snippet_runs_on_the_multimodal_engines(path, vision_engine, image
 async def test_snippet_runs_on_the_real_engine(path, text_engine, monkeypatch):
     import fairagents.engines.vllm as vllm_module
 
-    monkeypatch.setattr(vllm_module, "VLLMEngine", lambda *a, **k: _SharedEngine(text_engine))
+    monkeypatch.setattr(vllm_module, "VLLMEngine", lambda *a, **k: SharedEngine(text_engine))
     await _run(path)
 
 

@@ -29,6 +29,7 @@ api_key_env = "FAIRAGENTS_TEST_STUDIO_KEY"
 
 YAML = """
 policy: fcfs
+pool_in_flight: 6
 server: {auth: false}
 models:
   small: {max_num_seqs: 4}
@@ -57,7 +58,9 @@ def test_yaml_with_keys_off(tmp_path):
     path.write_text(YAML)
     config = load_config(path)
     assert config.policy == "fcfs" and not config.server.auth and config.apps["local"].weight == 3.0
-    assert build_arbiter(config).in_flight_limit("small") == 4
+    arbiter = build_arbiter(config)
+    assert arbiter.in_flight_limit("small") == 4 and arbiter.pool_in_flight == 6
+    assert build_arbiter(Config.default()).pool_in_flight is None
 
 
 def test_engines_made_elsewhere_must_be_configured_models():
