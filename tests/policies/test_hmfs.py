@@ -240,21 +240,29 @@ def test_matches_reference_decisions_and_counters(ops, weights):
                 assert value == pytest.approx(ref.cagent[(app.name, name)])
 
 
-def test_select_among_goes_to_the_lowest_app_across_models(req, unit_cost):
-    # The pool's capacity is shared: a request on 'big' costs 4x one on 'm', so 'b'
-    # takes four slots for each of a's while both stay backlogged.
-    p = HMFS(unit_cost)
+@pytest.mark.parametrize(
+    ("make", "order"),
+    [
+        # unified tokens: a request on 'big' costs 4x one on 'm', so b takes four slots for each of a's;
+        # at 40 apiece the tie goes to the earlier arrival
+        (lambda cost: HMFS(cost), ["a", "b", "b", "b", "b", "a", "b"]),
+        # flat VTC on raw tokens: 10 tokens on 'big' weigh like 10 on 'm', so the apps alternate
+        (lambda cost: VTC(), ["a", "b", "a", "b", "b", "b", "b"]),
+    ],
+    ids=["hmfs", "vtc"],
+)
+def test_select_among_goes_to_the_lowest_app_across_models(req, unit_cost, make, order):
+    p = make(unit_cost)
     a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
     for _ in range(2):
         p.on_arrival(req(a, model="big", prompt=10, arrival=0.0), 0.0)
     for _ in range(5):
         p.on_arrival(req(b, model="m", prompt=10, arrival=0.1), 0.1)
-    order = []
+    seen = []
     while (r := p.select_among(["big", "m"], 0.1)) is not None:
         p.on_dispatch(r, 0.1)
-        order.append(r.app)
-    assert order == ["a", "b", "b", "b", "b", "a", "b"]  # at 40 apiece the tie goes to the earlier arrival
-    assert p.app_counters() == {"a": 80.0, "b": 50.0}
+        seen.append(r.app)
+    assert seen == order
 
 
 def test_select_among_picks_the_lowest_agent_of_the_app_across_models(req, unit_cost):

@@ -74,18 +74,3 @@ def test_rejects_unknown_client_kind():
     with pytest.raises(fa.InvalidParameterError):
         VTC(client="team")
 
-
-def test_select_among_counts_raw_tokens_across_models(req):
-    # Flat VTC on raw tokens: 10 tokens on 'big' weigh like 10 on 'm', so the apps
-    # alternate across the pool whatever each model costs (HMFS gives b four turns).
-    p = VTC()
-    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
-    for _ in range(2):
-        p.on_arrival(req(a, model="big", prompt=10, arrival=0.0), 0.0)
-    for _ in range(5):
-        p.on_arrival(req(b, model="m", prompt=10, arrival=0.1), 0.1)
-    order = []
-    while (r := p.select_among(["big", "m"], 0.1)) is not None:
-        p.on_dispatch(r, 0.1)
-        order.append(r.app)
-    assert order == ["a", "b", "a", "b", "b", "b", "b"]
