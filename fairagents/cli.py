@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-tokens", type=int, default=64)
     srv.add_argument("--rounds", type=int, default=2)
     srv.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    moda = benches.add_parser("modality", help="text TTFT under image preprocessing load (pool vs inline); cross-modal shares")
+    moda = benches.add_parser(
+        "modality", help="text TTFT under image preprocessing load (pool vs inline); cross-modal shares of a pool"
+    )
     moda.add_argument("--images", type=int, default=40)
     moda.add_argument("--image-side", type=int, default=1400)
     moda.add_argument("--text-requests", type=int, default=20)

@@ -13,10 +13,11 @@ Two measurements, on the embedded text, vision and image models (or the engines 
    (text chat, vision chat with a small image, image generation), on models that share
    ``pool`` in-flight slots (``Arbiter(pool_in_flight=pool)``: the apps compete for one
    capacity), for ``seconds``, under ``hmfs`` (unified tokens) and ``vtc`` (raw tokens).
-   Per app over the run less its first fifth: raw tokens charged (input ×1, output ×2:
-   VTC's currency), unified tokens charged, requests ended, and slot-seconds (the time its requests held pool slots: the compute time it was given,
-   as far as the arbiter decides it). Reported with each column's spread,
-   ``(max − min) / mean`` across the apps.
+   Per app, over the run less its first fifth: raw tokens charged (input ×1, output ×2:
+   VTC's currency), unified tokens charged, requests ended, and slot-seconds (the time
+   its requests held pool slots: the compute time it was given, as far as the arbiter
+   decides it). Reported with each column's spread, ``(max − min) / mean`` across the
+   apps.
 
 What the second table shows: the scheduler equalises the currency it counts. Under
 ``hmfs`` the three apps' unified tokens agree; under ``vtc`` their raw tokens do, and a
@@ -143,7 +144,8 @@ async def _shares(engines: dict[str, Any], policy: str, seconds: float, pool: in
             apps[c.app]["unified_tokens"] += c.amount
     for app, row in apps.items():  # one model per app: its charges in raw tokens are unified / the model's scale
         row["raw_tokens"] = row["unified_tokens"] / arbiter.cost.scale(MODEL_OF[app])
-    spread = {key: _spread([row[key] for row in apps.values()]) for key in ("raw_tokens", "unified_tokens", "slot_seconds")}
+    columns = ("raw_tokens", "unified_tokens", "slot_seconds")
+    spread = {key: _spread([row[key] for row in apps.values()]) for key in columns}
     return {"apps": apps, "spread": spread, "window_s": hi - lo}
 
 

@@ -56,4 +56,14 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
         return cls(cost) if cls.charges_unified_tokens else cls()
     if isinstance(policy, Policy):
         return policy
+    missing = [name for name in _PROTOCOL if not callable(getattr(policy, name, None))]
+    if not isinstance(getattr(policy, "name", None), str):
+        missing.insert(0, "name")
+    if len(missing) < len(_PROTOCOL):  # a policy written against part of the interface
+        raise InvalidParameterError(
+            f"policy {policy!r} lacks {', '.join(missing)}; subclass fairagents.policies.BasePolicy to inherit them"
+        )
     raise InvalidParameterError(f"policy must be a name or a Policy, got {policy!r}")
+
+
+_PROTOCOL = ("on_arrival", "select", "select_among", "on_dispatch", "on_progress", "on_finish", "queued")

@@ -140,3 +140,20 @@ def test_select_among_drains_every_model(policy, req):
         policy.on_progress(r, 2, 0.0)
         seen.append(r.id)
     assert sorted(seen) == sorted(r.id for r in policy_requests)
+
+
+def test_a_policy_object_missing_part_of_the_interface_is_named():
+    class OldStyle:  # written before policies chose across models
+        name = "old"
+
+        def on_arrival(self, req, now): ...
+        def select(self, model, now): ...
+        def on_dispatch(self, req, now): ...
+        def on_progress(self, req, n, now): ...
+        def on_finish(self, req, outcome, now): ...
+        def queued(self, model=None): ...
+
+    with pytest.raises(fa.InvalidParameterError, match="lacks select_among; subclass"):
+        fa.Arbiter(policy=OldStyle())
+    with pytest.raises(fa.InvalidParameterError, match="must be a name or a Policy"):
+        fa.policies.make_policy(42)

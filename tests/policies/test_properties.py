@@ -281,7 +281,8 @@ def cross_modal(policy, profiles, pool, seed, dearest_requests=60, jitter=0.0, s
     The models share ``pool`` running slots (``shared``) or each has ``pool`` of its own.
     Returns each app's unified-token service while all three were backlogged.
     """
-    engines = {m: SimEngine(p, max_running=pool, kv_capacity=16384, jitter=jitter, seed=seed) for m, p in profiles.items()}
+    engines = {m: SimEngine(p, max_running=pool, kv_capacity=16384, jitter=jitter, seed=seed)
+               for m, p in profiles.items()}
     cost = fa.UnifiedTokenCost(profiles)
     mean_cost = {m: cost.input_cost(m, sum(prompt) // 2) + cost.output_cost(m, sum(output) // 2)
                  for m, (prompt, output) in MODALITIES.items()}
