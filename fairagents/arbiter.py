@@ -550,6 +550,11 @@ class Arbiter:
         capacity = getattr(m.engine, "max_num_seqs", None)
         return capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
 
+    @property
+    def pool_running(self) -> int:
+        """Requests handed to engines and not yet ended, across the pool (bounded by ``pool_in_flight`` if set)."""
+        return self._pool_running
+
     def in_flight_limit(self, model: str) -> int:
         """The in-flight limit ``model`` runs under."""
         return self._limit(self._model(model))

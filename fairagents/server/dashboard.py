@@ -230,7 +230,9 @@ function drawTable(data) {
 function drawHeader(data) {
   $("policy").textContent = `policy ${data.policy}` + (data.draining ? " · draining" : "");
   $("uptime").textContent = `up ${dur(data.uptime_seconds)}`;
-  $("models").innerHTML = Object.entries(data.models).map(([name, m]) =>
+  const pool = data.pool && data.pool.in_flight_limit !== null
+    ? `<span class="chip">pool · ${data.pool.in_flight}/${data.pool.in_flight_limit} in flight</span>` : "";
+  $("models").innerHTML = pool + Object.entries(data.models).map(([name, m]) =>
     `<span class="chip"><span class="dot ${m.healthy ? "ok" : "bad"}"></span>${esc(name)} · ${m.in_flight}/${m.in_flight_limit} in flight · ${m.queued} queued</span>`).join("");
 }
 

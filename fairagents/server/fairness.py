@@ -120,6 +120,7 @@ class FairnessView:
             "unit": "unified_tokens",
             "draining": draining,
             "models": self._models(),
+            "pool": {"in_flight": self.arbiter.pool_running, "in_flight_limit": self.arbiter.pool_in_flight},
             "apps": apps,
             "history": self._history(now, history),
         }

@@ -20,6 +20,7 @@ prometheus_client's global one, so several servers in one process do not collide
 | ``fairagents_{queued,in_flight}_requests`` | app, agent | requests waiting, and running in an engine |
 | ``fairagents_{app,agent}_{service,weight}_share_ratio`` | app (, agent) | share of service vs share of weight (agents: within their app) |
 | ``fairagents_model_{up,in_flight_limit,queued_requests,in_flight_requests}`` | model | per-model health and load |
+| ``fairagents_pool_in_flight_{requests,limit}`` | | requests running across the pool, and its limit (if set) |
 | ``fairagents_draining`` | | 1 while the server drains after SIGTERM |
 
 Examples:
@@ -113,7 +114,7 @@ class Metrics:
             "fairagents_request_duration_seconds", "Arrival at the arbiter to the end of the request, however it ended.",
             _LABELS, buckets=LATENCY_BUCKETS, registry=r,
         )
-        r.register(_Live(view, draining, models))
+        r.register(_Live(arbiter, view, draining, models))
         arbiter.add_listener(self.observe)
 
     def observe(self, record: RequestRecord) -> None:
@@ -141,7 +142,14 @@ class Metrics:
 class _Live(Collector):
     """What is read from the arbiter at scrape time."""
 
-    def __init__(self, view: FairnessView, draining: Callable[[], bool], models: Callable[[], dict[str, dict[str, Any]]]):
+    def __init__(
+        self,
+        arbiter: Arbiter,
+        view: FairnessView,
+        draining: Callable[[], bool],
+        models: Callable[[], dict[str, dict[str, Any]]],
+    ):
+        self._arbiter = arbiter
         self._view = view
         self._draining = draining
         self._models = models
@@ -182,9 +190,14 @@ class _Live(Collector):
             limit.add_metric([name], m["in_flight_limit"])
             model_queued.add_metric([name], m["queued"])
             model_running.add_metric([name], m["in_flight"])
+        pool = [GaugeMetricFamily("fairagents_pool_in_flight_requests", "Requests running across the pool.",
+                                  value=float(self._arbiter.pool_running))]
+        if self._arbiter.pool_in_flight is not None:
+            pool.append(GaugeMetricFamily("fairagents_pool_in_flight_limit", "Requests the pool runs at once.",
+                                          value=float(self._arbiter.pool_in_flight)))
         draining = GaugeMetricFamily("fairagents_draining", "1 while the server drains after SIGTERM.", value=float(self._draining()))
         yield from (service, queued, running, agent_share, agent_weight, app_share, app_weight)
-        yield from (up, limit, model_queued, model_running, draining)
+        yield from (up, limit, model_queued, model_running, *pool, draining)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -19,8 +19,8 @@ from fairagents.testing import FakeEngine
 from ._support import KEYS, MSG, client, live, make_config, wait_until
 
 
-def fake(policy="hmfs", in_flight=4, **engine_kw):
-    arbiter = fa.Arbiter(policy=policy, in_flight=in_flight, drain_timeout=1.0)
+def fake(policy="hmfs", in_flight=4, pool_in_flight=None, **engine_kw):
+    arbiter = fa.Arbiter(policy=policy, in_flight=in_flight, pool_in_flight=pool_in_flight, drain_timeout=1.0)
     engine = FakeEngine(**engine_kw)
     arbiter.add_model("chat", engine)
     return arbiter, engine
@@ -234,6 +234,7 @@ async def test_models_fairness_metrics_health_and_dashboard():
     driving, studio = fairness["apps"]["driving"], fairness["apps"]["studio"]
     assert fairness["policy"] == "hmfs" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
     assert fairness["models"]["chat"] == {"healthy": True, "in_flight": 0, "in_flight_limit": 4, "queued": 0}
+    assert fairness["pool"] == {"in_flight": 0, "in_flight_limit": None}
     assert (driving["weight"], driving["weight_share"], driving["done"], driving["service"]) == (2.0, 2 / 3, 3, 3 * (3 + 8))
     assert studio["agents"]["writer"]["service"] == 5 + 2 * 2 and driving["agents"]["planner"]["share"] == 1.0
     assert driving["share"] == pytest.approx(33 / 42) and driving["ttft_seconds"]["p50"] >= 0
@@ -248,6 +249,8 @@ async def test_models_fairness_metrics_health_and_dashboard():
     assert _samples(metrics, "fairagents_service_unified_tokens_total") == {("driving", "planner"): 33, ("studio", "writer"): 9}
     assert _samples(metrics, "fairagents_ttft_seconds_count")[("driving", "planner", "chat")] == 3
     assert _samples(metrics, "fairagents_app_weight_share_ratio")[("driving",)] == pytest.approx(2 / 3)
+    assert _samples(metrics, "fairagents_pool_in_flight_requests") == {(): 0}
+    assert "fairagents_pool_in_flight_limit" not in families  # no pool limit configured
     assert health.json() == {"status": "ok", "models": {"chat": {"healthy": True}}}
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html") and "/v1/fairness" in page.text
 
@@ -285,3 +288,19 @@ async def test_a_body_past_the_limit_is_413(monkeypatch):
         assert info.value.status_code == 413
         assert (await c.chat.completions.create(model="chat", messages=MSG)).usage.completion_tokens == 8
     assert len(engine.started_order) == 1
+
+
+async def test_a_pool_limit_shows_in_the_fairness_view_and_metrics():
+    arbiter, _ = fake(pool_in_flight=1, tokens_per_reply=50, token_time=0.01)
+    async with live(arbiter, make_config()) as (url, gateway):
+        async with client(url, agent="planner") as c:
+            calls = [asyncio.create_task(c.chat.completions.create(model="chat", messages=MSG)) for _ in range(3)]
+            await wait_until(lambda: arbiter.pool_running == 1 and arbiter.policy.queued() == 2)
+            async with httpx.AsyncClient(base_url=url) as http:
+                fairness = (await http.get("/v1/fairness")).json()
+                metrics = (await http.get("/metrics")).text
+            await asyncio.gather(*calls)
+    assert fairness["pool"] == {"in_flight": 1, "in_flight_limit": 1}
+    assert fairness["models"]["chat"]["in_flight"] == 1 and fairness["models"]["chat"]["queued"] == 2
+    assert _samples(metrics, "fairagents_pool_in_flight_requests") == {(): 1}
+    assert _samples(metrics, "fairagents_pool_in_flight_limit") == {(): 1}
