@@ -23,7 +23,6 @@ Examples:
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from rich.table import Table
 
 from fairagents.arbiter import Arbiter
 from fairagents.engines.base import Engine
+from fairagents.images import to_png
 from fairagents.stats import ClientSnapshot, Stats
 
 __all__ = ["AGENTS", "APPS", "POOL", "main", "run", "run_async"]
@@ -65,9 +65,7 @@ def camera_frame() -> bytes:
     draw.rectangle((70, 18, 76, 34), fill=(30, 30, 30))
     draw.ellipse((71, 19, 75, 23), fill=(230, 30, 30))
     draw.rectangle((40, 40, 52, 52), fill=(240, 240, 240))
-    out = io.BytesIO()
-    frame.save(out, format="PNG")
-    return out.getvalue()
+    return to_png(frame)
 
 
 async def run(

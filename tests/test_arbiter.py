@@ -299,9 +299,9 @@ async def test_request_ids_are_unique_across_arbiters_sharing_an_engine():
 # -- a pool-wide in-flight limit: apps compete across models ------------------------
 
 
-def pooled(policy, pool_in_flight=1, token_time=0.001):
+def pooled(policy, pool_in_flight=1, token_time=0.001, in_flight=None):
     """Two models sharing a pool: 'big' costs 4x 'small' per token (unified)."""
-    arbiter = fa.Arbiter(policy=policy, pool_in_flight=pool_in_flight, d_base=64, drain_timeout=1.0)
+    arbiter = fa.Arbiter(policy=policy, pool_in_flight=pool_in_flight, in_flight=in_flight, d_base=64, drain_timeout=1.0)
     arbiter.policy = RecordingPolicy(arbiter.policy)
     big = FakeEngine(tokens_per_reply=2, token_time=token_time, profile=fa.ModelProfile(d_model=128, n_layers=2))
     small = FakeEngine(tokens_per_reply=2, token_time=token_time, profile=fa.ModelProfile(d_model=64, n_layers=1))
@@ -386,10 +386,8 @@ async def test_a_cancelled_or_failed_request_gives_its_pool_slot_back():
 def test_pool_limit_is_validated_and_tightens_the_bound():
     with pytest.raises(fa.InvalidParameterError):
         fa.Arbiter(pool_in_flight=0)
-    free, _, _ = pooled("hmfs", pool_in_flight=None)
-    free.in_flight = 4
-    one, _, _ = pooled("hmfs", pool_in_flight=1)
-    one.in_flight = 4
+    free, _, _ = pooled("hmfs", pool_in_flight=None, in_flight=4)
+    one, _, _ = pooled("hmfs", pool_in_flight=1, in_flight=4)
     for arbiter in (free, one):
         for name in arbiter.models:
             arbiter.cost.register(name, arbiter.engine(name).profile)
