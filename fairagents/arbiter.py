@@ -524,14 +524,10 @@ class Arbiter:
         context × limit) in flight. Under a pool limit ``N`` the pool holds at most
         ``N`` requests in all, so ``U`` is also at most ``N`` times the dearest one.
         """
-        per_request = {m.name: min(max_request_tokens, m.engine.max_model_len) for m in self._models.values()}
-        held = {m.name: min(self._limit(m), self.pool_in_flight or self._limit(m)) * per_request[m.name]
+        longest = {m.name: min(max_request_tokens, m.engine.max_model_len) for m in self._models.values()}
+        held = {m.name: min(self._limit(m), self.pool_in_flight or self._limit(m)) * longest[m.name]
                 for m in self._models.values()}
-        bound = service_bound(self.cost, held)
-        if self.pool_in_flight is not None and per_request:
-            dearest = max(service_bound(self.cost, {name: tokens}) for name, tokens in per_request.items())
-            bound = min(bound, self.pool_in_flight * dearest)
-        return bound
+        return service_bound(self.cost, held, pool=self.pool_in_flight, longest=longest)
 
     # -- internals -----------------------------------------------------------------
 

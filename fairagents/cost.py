@@ -210,12 +210,19 @@ class RawTokenCost:
         return self.w_output * n
 
 
-def service_bound(cost: CostModel, held: Mapping[str, int]) -> float:
+def service_bound(
+    cost: CostModel, held: Mapping[str, int], *, pool: int | None = None, longest: Mapping[str, int] | None = None
+) -> float:
     """``U``, the unit of the fairness bound, in the cost model's units.
 
     ``held`` maps each model to ``M``: the most tokens (prompts and outputs) it holds
     in its running batch, i.e. its KV capacity in tokens, or the arbiter's in-flight
     limit × the longest ``prompt + max_tokens`` if that is smaller.
+
+    ``pool`` is a limit on requests in flight across all the models (models sharing
+    hardware), with ``longest`` the longest request (``prompt + max_tokens``) on each
+    model: the pool then holds at most ``pool`` requests in all, so ``U`` is also at
+    most ``pool × max_m max(w_input, w_output) · T(longest_m, m)``.
 
     Why this ``U``. A client is dispatched on a model only while its counter is the
     lowest among the clients waiting for that model. Take two clients that stay
@@ -239,9 +246,15 @@ def service_bound(cost: CostModel, held: Mapping[str, int]) -> float:
         >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
         >>> fa.service_bound(cost, {"chat": 1000})
         2000.0
+        >>> fa.service_bound(cost, {"chat": 1000}, pool=2, longest={"chat": 100})
+        400.0
     """
-    total = 0.0
-    for model, tokens in held.items():
+
+    def dearest(tokens: int, model: str) -> float:
         _check_count(tokens, "M")
-        total += max(cost.input_cost(model, tokens), cost.output_cost(model, tokens))
+        return max(cost.input_cost(model, tokens), cost.output_cost(model, tokens))
+
+    total = sum(dearest(tokens, model) for model, tokens in held.items())
+    if pool is not None and longest:
+        total = min(total, pool * max(dearest(tokens, model) for model, tokens in longest.items()))
     return total

@@ -133,7 +133,7 @@ class SimResult:
     agents: dict[tuple[str, str], Agent]
     cost: UnifiedTokenCost
     bound: float
-    """``U`` of this run (:func:`~fairagents.service_bound`) from the engines' KV capacity."""
+    """``U`` of this run (:func:`~fairagents.service_bound`) from the engines' KV capacity (and the pool limit)."""
     end: float
     """Virtual time of the last event."""
     idle_with_backlog: int
@@ -290,10 +290,8 @@ class _Run:
                 self._step_done(payload, now)  # type: ignore[arg-type]
             else:
                 self._cancel(payload, now)  # type: ignore[arg-type]
-        bound = service_bound(self.cost, {m: e.kv_capacity for m, e in self.engines.items()})
-        if self.pool is not None and self.engines:  # at most `pool` requests, each within its context
-            dearest = max(service_bound(self.cost, {m: e.max_model_len}) for m, e in self.engines.items())
-            bound = min(bound, self.pool * dearest)
+        bound = service_bound(self.cost, {m: e.kv_capacity for m, e in self.engines.items()},
+                              pool=self.pool, longest={m: e.max_model_len for m, e in self.engines.items()})
         return SimResult(
             policy=self.policy.name,
             records=self.records,

@@ -66,4 +66,4 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
     raise InvalidParameterError(f"policy must be a name or a Policy, got {policy!r}")
 
 
-_PROTOCOL = ("on_arrival", "select", "select_among", "on_dispatch", "on_progress", "on_finish", "queued")
+_PROTOCOL = tuple(name for name, member in vars(Policy).items() if not name.startswith("_") and callable(member))
