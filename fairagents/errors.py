@@ -16,7 +16,12 @@ retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
     │   └── ModalityError                    the model does not take or make that modality (an image to a text model)
     ├── EngineError                          the engine serving a model failed
     ├── OverloadedError                      the app's queue is full; retry after ``retry_after`` seconds
-    └── ShutdownError                        the arbiter is closing; the request did not run to the end
+    ├── ShutdownError                        the arbiter is closing; the request did not run to the end
+    └── ProtocolError (also RuntimeError)    a driver called a policy, dispatcher or engine out of order (a bug)
+
+Every error carries what it is about as attributes, where they apply: ``model``,
+``app``, ``agent``, ``request_id`` (``None`` when not known), and ``retry_after`` on
+:class:`OverloadedError`. Code should branch on these, not on the message.
 
 Examples:
     >>> import fairagents as fa
@@ -38,6 +43,7 @@ __all__ = [
     "InvalidParameterError",
     "ModalityError",
     "OverloadedError",
+    "ProtocolError",
     "ShutdownError",
     "UnknownAgentError",
     "UnknownAppError",
@@ -48,11 +54,36 @@ __all__ = [
 class FairAgentsError(Exception):
     """Base class of every error fairagents raises on purpose.
 
+    Args:
+        message: what went wrong, for people.
+        model: the model the error is about, if one.
+        app: the calling app, if known.
+        agent: the calling agent's name, if known.
+        request_id: the request's id, if it had one.
+
     Examples:
         >>> import fairagents as fa
         >>> issubclass(fa.UnknownModelError, fa.FairAgentsError)
         True
+        >>> err = fa.EngineError("model 'chat' is down", model="chat", request_id="fa-7")
+        >>> err.model, err.app, err.request_id
+        ('chat', None, 'fa-7')
     """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        model: str | None = None,
+        app: str | None = None,
+        agent: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.model = model
+        self.app = app
+        self.agent = agent
+        self.request_id = request_id
 
 
 class BadInputError(FairAgentsError, ValueError):
@@ -169,8 +200,8 @@ class OverloadedError(FairAgentsError):
         (0.5, False)
     """
 
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
+    def __init__(self, message: str = "", *, retry_after: float = 1.0, **about: str | None) -> None:
+        super().__init__(message, **about)
         self.retry_after = retry_after
 
 
@@ -181,4 +212,18 @@ class ShutdownError(FairAgentsError):
         >>> import fairagents as fa
         >>> issubclass(fa.ShutdownError, ValueError)
         False
+    """
+
+
+class ProtocolError(FairAgentsError, RuntimeError):
+    """A driver called a policy, the dispatcher or an engine out of order: a bug, not bad input.
+
+    Dispatching a request that is not waiting, finishing one twice, admitting into a
+    simulated batch mid-step. Not a ``ValueError``: retrying will not help, and code
+    that treats ``ValueError`` as the caller's fault must not swallow it.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> issubclass(fa.errors.ProtocolError, ValueError), issubclass(fa.errors.ProtocolError, RuntimeError)
+        (False, True)
     """

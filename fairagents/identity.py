@@ -126,6 +126,10 @@ class App:
         _check_positive(self.weight, "app weight")
 
 
+#: The settings of an agent's identity that a caller may state: its weight and SLO, and its app's.
+SETTINGS = ("weight", "slo", "app weight", "app slo")
+
+
 @dataclass(frozen=True, slots=True)
 class Agent:
     """A role inside an app: a LangGraph node, a decorated function.
@@ -145,6 +149,11 @@ class Agent:
     """Share of its app relative to the app's other agents (> 0)."""
     slo: SLO | None = None
     """The agent's SLO; falls back to the app's."""
+    declared: frozenset[str] = field(default=frozenset(SETTINGS), repr=False, compare=False)
+    """Which of :data:`SETTINGS` the caller stated. An arbiter refuses a call whose stated
+    settings differ from the agent's declaration (:meth:`conflicts`); the others are
+    taken from the declaration. An agent built directly states all of them;
+    :func:`agent` states only what it is given."""
     key: tuple[str, str] = field(init=False, repr=False, compare=False)
     """``(app name, agent name)``, the agent's identity in counters and stats."""
 
@@ -159,6 +168,34 @@ class Agent:
     def effective_slo(self) -> SLO | None:
         """The agent's SLO, or its app's default when the agent has none."""
         return self.slo if self.slo is not None else self.app.slo
+
+    def conflicts(self, declared: Agent) -> list[tuple[str, Any, Any]]:
+        """``(setting, stated, declared)`` for each stated setting that differs from ``declared``'s.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> declared = fa.Agent("planner", fa.App("driving", weight=2.0), weight=3.0)
+            >>> fa.Agent("planner", fa.App("driving")).conflicts(declared)
+            [('weight', 1.0, 3.0), ('app weight', 1.0, 2.0)]
+            >>> @fa.agent(app="driving", name="planner")
+            ... def plan():
+            ...     return fa.current_agent().conflicts(declared)
+            >>> plan()
+            []
+        """
+        out = []
+        for what in SETTINGS:
+            if what in self.declared:
+                mine, theirs = _setting(self, what), _setting(declared, what)
+                if mine != theirs:
+                    out.append((what, mine, theirs))
+        return out
+
+
+
+def _setting(agent: Agent, what: str) -> Any:
+    owner = agent.app if what.startswith("app ") else agent
+    return getattr(owner, what.removeprefix("app "))
 
 
 _current: contextvars.ContextVar[Agent | None] = contextvars.ContextVar("fairagents_agent", default=None)
@@ -198,13 +235,16 @@ def acting_as(who: Any) -> Iterator[Agent]:
         _current.reset(token)
 
 
-def agent(app: str | App, name: str = DEFAULT_AGENT, *, weight: float = 1.0, slo: SLO | None = None) -> Callable[[F], F]:
+def agent(
+    app: str | App, name: str = DEFAULT_AGENT, *, weight: float | None = None, slo: SLO | None = None
+) -> Callable[[F], F]:
     """Decorate a function so that every model call made inside it acts as this agent.
 
     Works on plain functions and coroutine functions (not generators: bind with
     :func:`acting_as` inside those).
-    An app given by name gets weight 1 here; an arbiter that knows the app by that name
-    uses its own registered weights.
+    Settings left out (``weight``, ``slo``, and the app's when it is given by name) are
+    the arbiter's declaration of the agent; settings given must match that declaration,
+    or the arbiter refuses the call (:meth:`Agent.conflicts`) rather than replace them.
 
     Examples:
         >>> import fairagents as fa
@@ -214,7 +254,11 @@ def agent(app: str | App, name: str = DEFAULT_AGENT, *, weight: float = 1.0, slo
         >>> plan()
         ('driving', 'planner')
     """
-    who = Agent(name, app if isinstance(app, App) else App(app), weight=weight, slo=slo)
+    stated = {"weight"} if weight is not None else set()
+    stated |= {"slo"} if slo is not None else set()
+    stated |= {"app weight", "app slo"} if isinstance(app, App) else set()
+    who = Agent(name, app if isinstance(app, App) else App(app), weight=1.0 if weight is None else weight, slo=slo,
+                declared=frozenset(stated))
 
     def decorate(fn: F) -> F:
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):

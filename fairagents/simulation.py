@@ -3,6 +3,9 @@
 This is the simulator: :class:`~fairagents.engines.SimEngine` models engines, the
 clock is virtual, and a run is deterministic. It exists to compare policies at scale
 and to test their guarantees; real serving goes through the arbiter and real engines.
+What runs is decided by the same :class:`~fairagents.dispatcher.Dispatcher` the
+arbiter uses, with each engine's batch size as its slots and its KV capacity as its
+token budget, so a property shown here is a property of the serving path.
 
 Examples:
     >>> import fairagents as fa
@@ -26,13 +29,14 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fairagents.cost import UnifiedTokenCost, service_bound
+from fairagents.cost import UnifiedTokenCost
+from fairagents.dispatcher import Changes, Dispatcher
 from fairagents.engines.sim import SimEngine
 from fairagents.errors import InvalidParameterError, UnknownAgentError, UnknownAppError, UnknownModelError
 from fairagents.identity import Agent, App
 from fairagents.metrics import Charge, ClientStats, RequestRecord, client_stats, jain_index, max_service_gap
 from fairagents.policies import Policy, make_policy
-from fairagents.request import Outcome, Request
+from fairagents.request import Request
 
 __all__ = ["SimRequest", "SimResult", "Workload", "simulate"]
 
@@ -133,7 +137,8 @@ class SimResult:
     agents: dict[tuple[str, str], Agent]
     cost: UnifiedTokenCost
     bound: float
-    """``U`` of this run (:func:`~fairagents.service_bound`) from the engines' KV capacity (and the pool limit)."""
+    """``U`` of this run (:meth:`~fairagents.dispatcher.Dispatcher.bound`): from the engines' batch and KV
+    capacity (the dispatcher's slots and token budgets), and the pool limit."""
     end: float
     """Virtual time of the last event."""
     idle_with_backlog: int
@@ -240,6 +245,8 @@ def _validate(
 
 
 class _Run:
+    """Plays events on a virtual clock: the dispatcher decides, simulated engines run."""
+
     _STEP, _ARRIVAL, _CANCEL = 0, 1, 2  # order of events at the same instant
 
     def __init__(
@@ -249,17 +256,17 @@ class _Run:
         self.engines = engines
         self.cost = cost
         self.pool = pool
-        self.pool_used = 0  # requests holding a pool slot: reserved or in a batch
-        self.reserved: dict[str, list[Request]] = {m: [] for m in engines}  # given a slot, joining at the next step
+        self.charges: list[Charge] = []
+        self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge)
+        for model, engine in engines.items():
+            # The engine's batch and KV capacity are the dispatcher's slots and token budget.
+            self.dispatcher.add_model(model, engine.profile, slots=engine.max_running,
+                                      token_budget=engine.kv_capacity, max_model_len=engine.max_model_len)
+        self.joining: dict[str, list[Request]] = {m: [] for m in engines}  # dispatched; join at the next step
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = itertools.count()
         self.output: dict[str, int] = {}
-        self.produced: dict[str, int] = {}
-        self.dispatched: dict[str, float] = {}
-        self.first: dict[str, float] = {}
-        self.ended: set[str] = set()
         self.records: list[RequestRecord] = []
-        self.charges: list[Charge] = []
         self.order: dict[str, list[str]] = {m: [] for m in engines}
         self.idle_with_backlog = 0
 
@@ -280,18 +287,12 @@ class _Run:
         while self.events:
             now, kind, _, payload = heapq.heappop(self.events)
             if kind == self._ARRIVAL:
-                req = payload  # type: ignore[assignment]
-                self.policy.on_arrival(req, now)
-                if self.pool is None:
-                    self._fill(req.model, now)
-                else:
-                    self._fill_pool(now)
+                self._apply(self.dispatcher.arrive(payload, now))  # type: ignore[arg-type]
             elif kind == self._STEP:
                 self._step_done(payload, now)  # type: ignore[arg-type]
             else:
                 self._cancel(payload, now)  # type: ignore[arg-type]
-        bound = service_bound(self.cost, {m: e.kv_capacity for m, e in self.engines.items()},
-                              pool=self.pool, longest={m: e.max_model_len for m, e in self.engines.items()})
+            self._start_steps(now)
         return SimResult(
             policy=self.policy.name,
             records=self.records,
@@ -299,117 +300,45 @@ class _Run:
             apps=apps,
             agents=agents,
             cost=self.cost,
-            bound=bound,
+            bound=self.dispatcher.bound(),
             end=now,
             idle_with_backlog=self.idle_with_backlog,
             dispatch_order=self.order,
         )
 
-    def _fill(self, model: str, now: float) -> None:
-        """Dispatch into ``model``'s batch while it has room, then start a step."""
-        engine = self.engines[model]
-        if engine.busy:
-            return  # new requests join at the end of the step, as in continuous batching
-        policy = self.policy
-        while (req := policy.select(model, now)) is not None and engine.fits(req):
-            policy.on_dispatch(req, now)
-            engine.admit(req, self.output[req.id])
-            self.pool_used += 1
-            self.dispatched[req.id] = now
-            self.order[model].append(req.id)
-            self._charge(req, self.cost.input_cost(model, req.prompt_tokens), now)
-        end = engine.start_step(now)
-        if end is not None:
-            self.push(end, self._STEP, model)
-        elif policy.queued(model):
-            self.idle_with_backlog += 1
+    def _apply(self, changes: Changes) -> None:
+        for ticket in changes.started:
+            req = ticket.request
+            self.joining[req.model].append(req)
+            self.order[req.model].append(req.id)
+        self.records.extend(ticket.record() for ticket in changes.ended)
 
-    def _fill_pool(self, now: float) -> None:
-        """Give free pool slots to the policy's choices across models, then start idle engines."""
-        policy, engines, reserved = self.policy, self.engines, self.reserved
-        room = [m for m, e in engines.items() if e.running + len(reserved[m]) < e.max_running]
-        while self.pool_used < self.pool and room:  # type: ignore[operator]
-            req = policy.select_among(room, now)
-            if req is None:
-                break
-            model = req.model
-            engine = engines[model]
-            kv = engine.kv_used + sum(r.prompt_tokens + r.max_tokens for r in reserved[model])
-            if kv + req.prompt_tokens + req.max_tokens > engine.kv_capacity:
-                room.remove(model)  # its head waits for KV, as on its own; the others may go
-                continue
-            policy.on_dispatch(req, now)
-            self.pool_used += 1
-            reserved[model].append(req)
-            self.dispatched[req.id] = now
-            self.order[model].append(req.id)
-            self._charge(req, self.cost.input_cost(model, req.prompt_tokens), now)
-            if engine.running + len(reserved[model]) >= engine.max_running:
-                room.remove(model)
-        for model, engine in engines.items():
+    def _start_steps(self, now: float) -> None:
+        """Every idle engine admits what was dispatched to it and starts a step (continuous batching)."""
+        for model, engine in self.engines.items():
             if engine.busy:
                 continue
-            for req in reserved[model]:
+            for req in self.joining[model]:
                 engine.admit(req, self.output[req.id])
-            reserved[model].clear()
+            self.joining[model].clear()
             end = engine.start_step(now)
             if end is not None:
                 self.push(end, self._STEP, model)
-            elif policy.queued(model) and self.pool_used < self.pool:  # type: ignore[operator]
+            elif self.policy.queued(model) and (self.pool is None or self.dispatcher.pool_running < self.pool):
                 self.idle_with_backlog += 1
 
     def _step_done(self, model: str, now: float) -> None:
         for p in self.engines[model].finish_step(now):
-            req = p.request
-            self.policy.on_progress(req, p.new_tokens, now)
-            self._charge(req, self.cost.output_cost(model, p.new_tokens), now)
-            self.produced[req.id] = self.produced.get(req.id, 0) + p.new_tokens
-            if p.first:
-                self.first[req.id] = now
+            self.dispatcher.progress(p.request.id, p.new_tokens, now)
             if p.finished:
-                self.policy.on_finish(req, Outcome.FINISHED, now)
-                self._record(req, Outcome.FINISHED, now)
-                self.pool_used -= 1
-        if self.pool is None:
-            self._fill(model, now)
-        else:
-            self._fill_pool(now)
+                self._apply(self.dispatcher.finish(p.request.id, now))
 
     def _cancel(self, req: Request, now: float) -> None:
-        if req.id in self.ended:
-            return
-        engine = self.engines[req.model]
-        reserved = self.reserved[req.model]
-        if engine.abort(req.id):  # False if it was still waiting
-            self.pool_used -= 1
-        elif req in reserved:
-            reserved.remove(req)
-            self.pool_used -= 1
-        self.policy.on_finish(req, Outcome.CANCELLED, now)
-        self._record(req, Outcome.CANCELLED, now)
-        if self.pool is None:
-            self._fill(req.model, now)
-        else:
-            self._fill_pool(now)
+        if self.dispatcher.ticket(req.id) is None:
+            return  # it already ended
+        if not self.engines[req.model].abort(req.id) and req in self.joining[req.model]:
+            self.joining[req.model].remove(req)
+        self._apply(self.dispatcher.cancel(req.id, now))
 
-    def _charge(self, req: Request, amount: float, now: float) -> None:
+    def _charge(self, now: float, req: Request, amount: float) -> None:
         self.charges.append(Charge(now, req.app, req.agent.name, amount))
-
-    def _record(self, req: Request, outcome: Outcome, now: float) -> None:
-        self.ended.add(req.id)
-        self.records.append(
-            RequestRecord(
-                id=req.id,
-                app=req.app,
-                agent=req.agent.name,
-                model=req.model,
-                arrival=req.arrival,
-                dispatched=self.dispatched.get(req.id),
-                first_token=self.first.get(req.id),
-                finished=now,
-                prompt_tokens=req.prompt_tokens,
-                output_tokens=self.produced.get(req.id, 0),
-                outcome=outcome,
-                slo=req.agent.effective_slo,
-            )
-        )

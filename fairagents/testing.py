@@ -20,7 +20,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -92,6 +92,11 @@ class RecordingPolicy:
         self.name = inner.name  # type: ignore[misc]
         self.decisions: list[Decision] = []
 
+    @property
+    def cost(self) -> Any:
+        """The wrapped policy's cost model (an arbiter prices with it when it counts unified tokens)."""
+        return getattr(self.inner, "cost", None)
+
     def on_arrival(self, req: Request, now: float) -> None:
         self.inner.on_arrival(req, now)
 
@@ -116,12 +121,20 @@ class RecordingPolicy:
 
 
 class FakeEngine:
-    """A test double of an engine: counts words as tokens and emits canned tokens on a timer.
+    """A test double of an engine: counts words as tokens and emits canned tokens.
 
     It runs no model and is for testing code around the arbiter (fault handling,
-    cancellation, scheduling order) in milliseconds. Each request generates
-    ``min(max_tokens, tokens_per_reply)`` tokens, one every ``token_time`` seconds;
+    cancellation, scheduling order) in milliseconds. Two modes:
+
+    - **timed** (default): each request generates ``min(max_tokens, tokens_per_reply)``
+      tokens, one every ``token_time`` seconds;
+    - **manual** (``manual=True``): a request produces nothing until the test says so
+      with :meth:`emit`, :meth:`fail_request` or :meth:`fail` — for deterministic
+      interleavings (:attr:`running` lists what the engine holds).
+
     :meth:`fail` makes every running and future request fail like a crashed engine.
+    ``token_capacity`` and ``kv_block_size`` play a real engine's KV capacity (the
+    arbiter's token budget reads them); ``max_num_seqs`` its batch capacity.
 
     Examples:
         >>> from fairagents.testing import FakeEngine
@@ -136,11 +149,20 @@ class FakeEngine:
         token_time: float = 0.0,
         max_model_len: int = 4096,
         profile: ModelProfile | None = None,
+        token_capacity: int | None = None,
+        kv_block_size: int = 1,
+        max_num_seqs: int | None = None,
+        manual: bool = False,
     ) -> None:
         self.profile = profile or ModelProfile(d_model=4096, n_layers=1)
         self.max_model_len = max_model_len
         self.tokens_per_reply = tokens_per_reply
         self.token_time = token_time
+        self.token_capacity = token_capacity
+        self.kv_block_size = kv_block_size
+        if max_num_seqs is not None:
+            self.max_num_seqs = max_num_seqs
+        self.manual = manual
         self.healthy = True
         self.started = False
         self.running: set[str] = set()
@@ -148,6 +170,7 @@ class FakeEngine:
         self.started_order: list[str] = []
         self._aborted: set[str] = set()
         self._failure: str | None = None
+        self._inbox: dict[str, asyncio.Queue[tuple[Any, ...]]] = {}
 
     async def start(self) -> None:
         self.started = True
@@ -168,17 +191,34 @@ class FakeEngine:
         """Make the engine fail: running requests raise, later ones too."""
         self._failure = reason
         self.healthy = False
+        for inbox in self._inbox.values():
+            inbox.put_nowait(("fail",))
+
+    def emit(self, request_id: str, tokens: int = 1, finish: str | None = None) -> None:
+        """Manual mode: ``request_id`` produces ``tokens`` tokens; ``finish`` (``"stop"``, ``"length"``) ends it."""
+        self._inbox[request_id].put_nowait(("emit", tokens, finish))
+
+    def fail_request(self, request_id: str, error: BaseException) -> None:
+        """Manual mode: ``request_id``'s stream raises ``error`` (a per-request failure)."""
+        self._inbox[request_id].put_nowait(("raise", error))
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
+        inbox = self._inbox.get(request_id)
+        if inbox is not None:
+            inbox.put_nowait(("abort",))
 
-    async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
+    async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncGenerator[Delta, None]:
         if self._failure is not None:
             raise EngineError(f"engine failed: {self._failure}")
         self.running.add(request_id)
         self.started_order.append(request_id)
         self.max_running = max(self.max_running, len(self.running))
         try:
+            if self.manual:
+                async for delta in self._manual(request_id):
+                    yield delta
+                return
             n = min(params.max_tokens, self.tokens_per_reply)
             for i in range(n):
                 await asyncio.sleep(self.token_time)
@@ -193,3 +233,22 @@ class FakeEngine:
         finally:
             self.running.discard(request_id)
             self._aborted.discard(request_id)
+            self._inbox.pop(request_id, None)
+
+    async def _manual(self, request_id: str) -> AsyncGenerator[Delta, None]:
+        inbox = self._inbox[request_id] = asyncio.Queue()
+        if request_id in self._aborted:
+            inbox.put_nowait(("abort",))
+        while True:
+            command = await inbox.get()
+            if command[0] == "fail" or self._failure is not None:
+                raise EngineError(f"engine failed: {self._failure}")
+            if command[0] == "raise":
+                raise command[1]
+            if command[0] == "abort":
+                yield Delta(0, "", "abort")
+                return
+            _, tokens, finish = command
+            yield Delta(tokens, "t " * tokens, finish)
+            if finish is not None:
+                return

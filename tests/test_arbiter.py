@@ -301,8 +301,9 @@ async def test_request_ids_are_unique_across_arbiters_sharing_an_engine():
 
 def pooled(policy, pool_in_flight=1, token_time=0.001, in_flight=None):
     """Two models sharing a pool: 'big' costs 4x 'small' per token (unified)."""
-    arbiter = fa.Arbiter(policy=policy, pool_in_flight=pool_in_flight, in_flight=in_flight, d_base=64, drain_timeout=1.0)
-    arbiter.policy = RecordingPolicy(arbiter.policy)
+    recording = RecordingPolicy(fa.policies.make_policy(policy, fa.UnifiedTokenCost(d_base=64)))
+    arbiter = fa.Arbiter(policy=recording, pool_in_flight=pool_in_flight, in_flight=in_flight, d_base=64,
+                         drain_timeout=1.0)
     big = FakeEngine(tokens_per_reply=2, token_time=token_time, profile=fa.ModelProfile(d_model=128, n_layers=2))
     small = FakeEngine(tokens_per_reply=2, token_time=token_time, profile=fa.ModelProfile(d_model=64, n_layers=1))
     arbiter.add_model("big", big)
@@ -328,7 +329,7 @@ async def test_pool_limit_bounds_requests_in_flight_across_models():
         running += step
         peak = max(peak, running)
     assert peak == 3 and big.max_running <= 3 and small.max_running <= 3
-    assert arbiter._pool_running == 0
+    assert arbiter.pool_running == 0
 
 
 async def test_hmfs_splits_the_pool_by_unified_tokens():
@@ -353,8 +354,7 @@ async def test_vtc_splits_the_pool_by_raw_tokens():
 
 
 async def test_without_a_pool_limit_models_do_not_compete():
-    arbiter = fa.Arbiter(in_flight=1, d_base=64)
-    arbiter.policy = RecordingPolicy(arbiter.policy)
+    arbiter = fa.Arbiter(RecordingPolicy(fa.policies.HMFS(fa.UnifiedTokenCost(d_base=64))), in_flight=1)
     arbiter.add_model("big", FakeEngine(tokens_per_reply=2, token_time=0.001,
                                         profile=fa.ModelProfile(d_model=128, n_layers=2)))
     arbiter.add_model("small", FakeEngine(tokens_per_reply=2, token_time=0.001,
@@ -371,26 +371,24 @@ async def test_a_cancelled_or_failed_request_gives_its_pool_slot_back():
     async with arbiter:
         slow = asyncio.create_task(a.chat("big", MSG))
         await asyncio.sleep(0.02)
-        assert arbiter._pool_running == 1
+        assert arbiter.pool_running == 1
         slow.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await slow
-        assert arbiter._pool_running == 0
+        assert arbiter.pool_running == 0
         big.fail()
         with pytest.raises(fa.EngineError):
             await a.chat("big", MSG)
         reply = await b.chat("small", MSG)  # the failure leaked no slot
-    assert reply.usage.completion_tokens == 2 and arbiter._pool_running == 0
+    assert reply.usage.completion_tokens == 2 and arbiter.pool_running == 0
 
 
-def test_pool_limit_is_validated_and_tightens_the_bound():
+async def test_pool_limit_is_validated_and_tightens_the_bound():
     with pytest.raises(fa.InvalidParameterError):
         fa.Arbiter(pool_in_flight=0)
     free, _, _ = pooled("hmfs", pool_in_flight=None, in_flight=4)
     one, _, _ = pooled("hmfs", pool_in_flight=1, in_flight=4)
-    for arbiter in (free, one):
-        for name in arbiter.models:
-            arbiter.cost.register(name, arbiter.engine(name).profile)
-    # 4 requests of 10 tokens on each model (scale 4 and 1), charged at most 2x: 2*(160+40);
-    # one pool slot holds one request at a time, the dearest: 2*40
-    assert free.bound(10) == 400.0 and one.bound(10) == 80.0
+    async with free, one:
+        # 4 requests of 10 tokens on each model (scale 4 and 1), charged at most 2x: 2*(160+40);
+        # one pool slot holds one request at a time, the dearest: 2*40
+        assert free.bound(10) == 400.0 and one.bound(10) == 80.0

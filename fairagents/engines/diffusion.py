@@ -50,7 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fairagents.cost import ModelProfile  # noqa: E402
 from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
-from fairagents.errors import EngineError, InvalidParameterError, ModalityError  # noqa: E402
+from fairagents.errors import EngineError, InvalidParameterError, ModalityError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 
 __all__ = ["DiffusionEngine", "ImageSpec"]
@@ -236,7 +236,7 @@ class DiffusionEngine:
         if not isinstance(spec, ImageSpec):
             raise ModalityError("an image model runs prompts made by prepare_image")
         if request_id in self._running:
-            raise InvalidParameterError(f"request id {request_id!r} is already running")
+            raise ProtocolError(f"request id {request_id!r} is already running")
         per_step = self.latent_tokens(spec.size, 1, spec.n)
         sink: asyncio.Queue[Any] = asyncio.Queue()
         self._running.add(request_id)

@@ -36,7 +36,7 @@ import random
 from dataclasses import dataclass
 
 from fairagents.cost import ModelProfile
-from fairagents.errors import ContextLengthError, InvalidParameterError
+from fairagents.errors import ContextLengthError, InvalidParameterError, ProtocolError
 from fairagents.request import Request
 
 __all__ = ["SimEngine", "SimProgress"]
@@ -167,12 +167,12 @@ class SimEngine:
     def admit(self, req: Request, output_tokens: int) -> None:
         """Add ``req`` to the batch between steps; it will generate ``output_tokens`` (1 ≤ n ≤ max_tokens)."""
         if self._step_end is not None:
-            raise InvalidParameterError("requests join the batch between steps, not during one")
+            raise ProtocolError("requests join the batch between steps, not during one")
         self.check(req)
         if not 1 <= output_tokens <= req.max_tokens:
             raise InvalidParameterError(f"output_tokens must be in [1, {req.max_tokens}], got {output_tokens!r}")
         if not self.fits(req):
-            raise InvalidParameterError(f"request {req.id!r} does not fit the running batch now")
+            raise ProtocolError(f"request {req.id!r} does not fit the running batch now")
         self._running[req.id] = _Running(req, output_tokens)
         self._kv_used += req.prompt_tokens + req.max_tokens
 
@@ -187,7 +187,7 @@ class SimEngine:
     def start_step(self, now: float) -> float | None:
         """Start a step over the current batch; its end time, or ``None`` if the batch is empty."""
         if self._step_end is not None:
-            raise InvalidParameterError("a step is already in progress")
+            raise ProtocolError("a step is already in progress")
         if not self._running:
             return None
         new_prompt = sum(s.request.prompt_tokens for s in self._running.values() if not s.prefilled)
@@ -204,7 +204,7 @@ class SimEngine:
     def finish_step(self, now: float) -> list[SimProgress]:
         """End the step in progress: one new token for each request that was in it."""
         if self._step_end is None:
-            raise InvalidParameterError("no step is in progress")
+            raise ProtocolError("no step is in progress")
         self._step_end = None
         progress = []
         for rid, state in list(self._running.items()):

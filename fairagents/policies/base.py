@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from fairagents.cost import CostModel
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import ProtocolError
 from fairagents.request import Outcome, Request
 
 __all__ = ["BasePolicy", "Policy"]
@@ -118,7 +118,7 @@ class BasePolicy(abc.ABC):
     def on_arrival(self, req: Request, now: float) -> None:
         """Queue ``req``; raises (queuing nothing) if it cannot be priced or is a duplicate."""
         if req.id in self._waiting or req.id in self._running:
-            raise InvalidParameterError(f"request id {req.id!r} is already queued or running")
+            raise ProtocolError(f"request id {req.id!r} is already queued or running")
         self.cost.input_cost(req.model, req.prompt_tokens)  # raises UnknownModelError before queuing
         self._waiting[req.id] = req
         self._waiting_per_model[req.model] = self._waiting_per_model.get(req.model, 0) + 1
@@ -127,7 +127,7 @@ class BasePolicy(abc.ABC):
     def on_dispatch(self, req: Request, now: float) -> None:
         """Move ``req`` from the queue to running and charge its input."""
         if self._waiting.pop(req.id, None) is None:
-            raise InvalidParameterError(f"request {req.id!r} is not waiting")
+            raise ProtocolError(f"request {req.id!r} is not waiting")
         self._waiting_per_model[req.model] -= 1
         self._dequeue(req, now, dispatched=True)
         self._running[req.id] = req
@@ -136,7 +136,7 @@ class BasePolicy(abc.ABC):
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
         """Charge ``new_output_tokens`` of output to ``req``'s app and agent."""
         if req.id not in self._running:
-            raise InvalidParameterError(f"request {req.id!r} is not running")
+            raise ProtocolError(f"request {req.id!r} is not running")
         if new_output_tokens:  # the cost model rejects a negative or non-integer count
             self._charge(req, self._output_cost(req.model, new_output_tokens), now)
 
@@ -146,7 +146,7 @@ class BasePolicy(abc.ABC):
             self._waiting_per_model[req.model] -= 1
             self._dequeue(req, now, dispatched=False)
         elif self._running.pop(req.id, None) is None:
-            raise InvalidParameterError(f"request {req.id!r} is neither waiting nor running")
+            raise ProtocolError(f"request {req.id!r} is neither waiting nor running")
 
     def queued(self, model: str | None = None) -> int:
         """Number of waiting requests, for one model or all."""

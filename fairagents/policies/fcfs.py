@@ -44,14 +44,14 @@ class FCFS(BasePolicy):
     def __init__(self, cost: CostModel | None = None) -> None:
         super().__init__(cost if cost is not None else RawTokenCost())
         self._heaps: dict[str, list[tuple[float, int, Request]]] = {}
-        self._gone: set[str] = set()
+        self._gone: dict[str, set[str]] = {}  # per model: ids left the queue but still in its heap (lazy removal)
         self._seq = 0
 
     def select(self, model: str, now: float) -> Request | None:
         heap = self._heaps.get(model)
         if not heap:
             return None
-        gone = self._gone
+        gone = self._gone.get(model)
         while heap and gone and heap[0][2].id in gone:
             gone.discard(heapq.heappop(heap)[2].id)
         return heap[0][2] if heap else None
@@ -65,4 +65,4 @@ class FCFS(BasePolicy):
         if heap[0][2] is req:
             heapq.heappop(heap)
         else:
-            self._gone.add(req.id)
+            self._gone.setdefault(req.model, set()).add(req.id)

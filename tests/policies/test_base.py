@@ -3,6 +3,7 @@
 import pytest
 
 import fairagents as fa
+from fairagents.errors import ProtocolError
 from fairagents.policies import FCFS, HMFS, VTC, RoundRobin
 
 ALL = [FCFS, RoundRobin, VTC, HMFS]
@@ -42,27 +43,29 @@ def test_unknown_model_is_rejected_before_queueing(policy, req):
 def test_duplicate_id_is_rejected(policy, req):
     r = req(fa.Agent("t", fa.App("a")))
     policy.on_arrival(r, 0.0)
-    with pytest.raises(fa.InvalidParameterError, match="already"):
+    with pytest.raises(ProtocolError, match="already"):
         policy.on_arrival(r, 0.0)
     assert policy.queued() == 1
 
 
 def test_transitions_are_checked(policy, req):
+    """Out-of-order calls are a driver's bug: ProtocolError, which is not a ValueError (not bad input)."""
+    assert not issubclass(ProtocolError, ValueError)
     r = req(fa.Agent("t", fa.App("a")))
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         policy.on_dispatch(r, 0.0)
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         policy.on_progress(r, 1, 0.0)
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
     policy.on_arrival(r, 0.0)
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         policy.on_progress(r, 1, 0.0)  # not running yet
     policy.on_dispatch(r, 0.0)
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         policy.on_dispatch(r, 0.0)
     policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         policy.on_finish(r, fa.Outcome.FINISHED, 0.0)
 
 

@@ -1,0 +1,319 @@
+"""The model calls of an arbiter: chat, completion and image generation, whole or streamed.
+
+:class:`ModelCalls` is the calling surface of :class:`~fairagents.Arbiter`: it checks
+a call's parameters, hands the request to the arbiter, and turns what the engine
+streams back into a :class:`~fairagents.Reply` (or :class:`~fairagents.ImageReply`).
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.calls import ModelCalls
+    >>> issubclass(fa.Arbiter, ModelCalls)
+    True
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fairagents.dispatcher import Ticket
+from fairagents.engines.base import Delta, Engine, GenerationParams, Prompt
+from fairagents.errors import EngineError, FairAgentsError, ModalityError, ShutdownError
+from fairagents.handles import AgentHandle
+from fairagents.identity import Agent, Modality
+from fairagents.images import to_png
+from fairagents.prompts import Messages, text_input
+from fairagents.reply import ImageReply, Reply, Timing, Usage
+from fairagents.request import Outcome, Request
+
+__all__ = ["Call", "ModelCalls"]
+
+
+@dataclass(eq=False)
+class Call:
+    """The async side of one request: what its engine needs, and the future its caller awaits.
+
+    Examples:
+        >>> from fairagents.calls import Call
+        >>> Call.__dataclass_fields__["shutdown"].default
+        False
+    """
+
+    request: Request
+    prompt: Prompt
+    params: GenerationParams
+    dispatched: asyncio.Future[None]
+    """Resolved when the dispatcher hands the request to its engine (or failed when it ends it first)."""
+    ticket: Ticket | None = None
+    """The dispatcher's accounting of it (kept after it ended, for the reply)."""
+    shutdown: bool = False
+    """Aborted by the arbiter's shutdown, not by its caller."""
+
+
+class ModelCalls(abc.ABC):
+    """The calls an agent makes, on top of an arbiter's submission and run of a request.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> callable(fa.Arbiter().chat)
+        True
+    """
+
+    clock: Callable[[], float]
+
+    async def chat(
+        self,
+        model: str,
+        messages: Messages,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> Reply:
+        """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
+
+        A message's content may be a list of text and image parts for a vision model
+        (:mod:`fairagents.images` lists the shapes: OpenAI ``image_url`` parts with data
+        URLs, file paths, PIL images). Such a request is prepared in the preprocessing
+        pool and queued with the time it arrived; its image tokens count in its prompt.
+
+        Raises:
+            BadInputError: bad input (an unknown model, app or agent; invalid messages or
+                parameters; a prompt longer than the context; an unreadable, unsupported or
+                too large image, or an image for a model that takes none): nothing was
+                charged or queued.
+            EngineError: the model's engine failed.
+            OverloadedError: the app's queue, or the preprocessing queue, is full.
+            ShutdownError: the arbiter closed before the request finished.
+        """
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
+        return await self._collect(await self._chat_call(model, agent, params, messages))
+
+    async def stream_chat(
+        self,
+        model: str,
+        messages: Messages,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[Delta]:
+        """Like :meth:`chat`, yielding each :class:`~fairagents.engines.Delta` as it is generated.
+
+        Bad input raises at the first ``__anext__``; stopping iteration early cancels
+        the request (it is charged only for what it produced).
+        """
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
+        call = await self._chat_call(model, agent, params, messages)
+        async with contextlib.aclosing(self._run(call)) as run:
+            async for delta in run:
+                yield delta
+
+    async def complete(
+        self,
+        model: str,
+        prompt: str | Prompt,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        arrival: float | None = None,
+    ) -> Reply:
+        """Like :meth:`chat` for a plain prompt, which the model continues (no chat template).
+
+        ``prompt`` is text, tokenized by the model's engine (``prepare_text``), or a
+        ready :class:`~fairagents.engines.Prompt` (token ids, or :meth:`prepare_chat`'s
+        when the caller needs the prompt's length before sending). ``arrival`` (on
+        :attr:`clock`) keeps the time the call came in, before the caller prepared its
+        prompt, as its place in the queue. Raises as :meth:`chat`.
+        """
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
+        return await self._collect(self._submit(model, agent, params, text_input(prompt), arrival=arrival))
+
+    async def stream_complete(
+        self,
+        model: str,
+        prompt: str | Prompt,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        arrival: float | None = None,
+    ) -> AsyncIterator[Delta]:
+        """:meth:`complete`, yielding each :class:`~fairagents.engines.Delta` as :meth:`stream_chat` does."""
+        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
+        call = self._submit(model, agent, params, text_input(prompt), arrival=arrival)
+        async with contextlib.aclosing(self._run(call)) as run:
+            async for delta in run:
+                yield delta
+
+    async def generate_image(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        agent: AgentHandle | Agent | None = None,
+        size: tuple[int, int] | None = None,
+        steps: int | None = None,
+        n: int = 1,
+        guidance: float | None = None,
+        seed: int | None = None,
+    ) -> ImageReply:
+        """Make ``n`` images of ``size`` (width, height) from ``prompt`` on an image model, as ``agent``.
+
+        ``size`` and ``steps`` default to the model's own. The request is charged in
+        unified tokens of the denoiser's latent tokens (latent patches × steps × ``n``),
+        step by step as the denoiser runs; ``reply.usage.completion_tokens`` counts them.
+
+        Raises:
+            BadInputError: as :meth:`chat`, and a size, ``steps`` or ``n`` the model cannot
+                make (:class:`~fairagents.InvalidParameterError`), or a model that makes no
+                images (:class:`~fairagents.errors.ModalityError`).
+            EngineError: the model's engine failed.
+            ShutdownError: the arbiter closed before the request finished.
+        """
+        engine = self._engine_for_images(model)
+        if engine.profile.modality is not Modality.IMAGE or not hasattr(engine, "prepare_image"):
+            raise ModalityError(
+                f"model {model!r} makes no images (it is a {engine.profile.modality.value} model)", model=model
+            )
+        size = engine.default_size if size is None else size  # type: ignore[attr-defined]
+        steps = engine.default_steps if steps is None else steps  # type: ignore[attr-defined]
+        params = GenerationParams(engine.latent_tokens(size, steps, n), seed=seed)  # type: ignore[attr-defined]
+
+        def prepare(engine: Engine) -> Prompt:
+            return engine.prepare_image(prompt, size=size, steps=steps, n=n, guidance=guidance)  # type: ignore[attr-defined]
+
+        call = self._submit(model, agent, params, prepare)
+        images: tuple[Any, ...] = ()
+        finish = "stop"
+        async with contextlib.aclosing(self._run(call)) as run:
+            async for delta in run:
+                images = delta.images or images
+                finish = delta.finish_reason or finish
+        reply = self._reply(call, "", finish)
+        return ImageReply(
+            images=list(images), png=[to_png(image) for image in images], finish_reason=finish, model=model,
+            request_id=reply.request_id, usage=reply.usage, timing=reply.timing,
+        )
+
+    # -- what the arbiter provides -------------------------------------------------
+
+    @abc.abstractmethod
+    def _submit(
+        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams,
+        prepare: Callable[[Engine], Prompt], *, arrival: float | None = None,
+    ) -> Call:
+        """Validate, prepare and queue a request."""
+
+    @abc.abstractmethod
+    async def _chat_call(self, model: str, who: AgentHandle | Agent | None, params: GenerationParams,
+                         messages: Messages) -> Call:
+        """:meth:`_submit` for chat messages (images prepared off the event loop)."""
+
+    @abc.abstractmethod
+    def _engine_for_images(self, model: str) -> Engine:
+        """The engine of an image model, for a running arbiter (typed errors otherwise)."""
+
+    @abc.abstractmethod
+    def _engine_of(self, call: Call) -> Engine:
+        """The engine that runs ``call``."""
+
+    @abc.abstractmethod
+    def _progress(self, call: Call, new_tokens: int) -> None:
+        """``call`` produced ``new_tokens`` output tokens."""
+
+    @abc.abstractmethod
+    def _end(self, call: Call, outcome: Outcome) -> None:
+        """``call`` ended; never raises."""
+
+    @abc.abstractmethod
+    def _fail_model(self, model: str, err: EngineError) -> None:
+        """``model``'s engine failed."""
+
+    # -- running a call -----------------------------------------------------------------
+
+    async def _run(self, call: Call) -> AsyncIterator[Delta]:
+        """Wait for the call's dispatch, stream its engine's output, and report progress and its end."""
+        r = call.request
+        outcome = Outcome.CANCELLED
+        try:
+            await call.dispatched
+            stream = self._engine_of(call).generate(r.id, call.prompt, call.params)
+            try:
+                async for delta in stream:
+                    if delta.new_tokens:
+                        self._progress(call, delta.new_tokens)
+                    if delta.finish_reason == "abort" and call.shutdown:
+                        raise ShutdownError("the arbiter shut down and aborted the request after the drain timeout",
+                                            model=r.model, app=r.app, request_id=r.id)
+                    yield delta
+            finally:
+                await stream.aclose()
+            outcome = Outcome.FINISHED
+        except EngineError as err:
+            outcome = Outcome.FAILED
+            self._fail_model(r.model, err)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = Outcome.FAILED if call.shutdown else Outcome.CANCELLED
+            raise
+        except FairAgentsError:  # shut down, or rejected by the engine after dispatch
+            outcome = Outcome.FAILED
+            raise
+        except Exception as err:  # an engine bug: surface it typed, keep the rest serving
+            outcome = Outcome.FAILED
+            failure = EngineError(f"model {r.model!r} failed: {err!r}", model=r.model, app=r.app, request_id=r.id)
+            self._fail_model(r.model, failure)
+            raise failure from err
+        finally:
+            self._end(call, outcome)
+
+    # -- replies --------------------------------------------------------------------
+
+    async def _collect(self, call: Call) -> Reply:
+        texts, finish = [], "stop"
+        async with contextlib.aclosing(self._run(call)) as run:
+            async for delta in run:
+                texts.append(delta.text)
+                finish = delta.finish_reason or finish
+        return self._reply(call, "".join(texts), finish)
+
+    def _reply(self, call: Call, text: str, finish: str) -> Reply:
+        r = call.request
+        t = call.ticket
+        assert t is not None  # set when it was queued
+        end = self.clock()
+        dispatched = end if t.dispatched is None else t.dispatched
+        return Reply(
+            text=text,
+            finish_reason=finish,
+            model=r.model,
+            request_id=r.id,
+            usage=Usage(r.prompt_tokens, t.produced, t.charged),
+            timing=Timing(
+                queue_wait=dispatched - r.arrival,
+                ttft=None if t.first_token is None else t.first_token - r.arrival,
+                e2e=end - r.arrival,
+            ),
+        )

@@ -1,0 +1,518 @@
+"""The dispatcher: what is admitted, what runs, and what it costs — for the arbiter and the simulator alike.
+
+One synchronous object owns every admission decision. The live
+:class:`~fairagents.Arbiter` is an async adapter over it (futures, streams, engine
+calls); the simulator drives the same object on a virtual clock. So the guarantees
+proven on the simulator are properties of the code that serves.
+
+It is pure like the policies: no asyncio, no clock of its own (``now`` comes in, in
+seconds), no engine calls. Drivers report **events** — :meth:`~Dispatcher.arrive`,
+:meth:`~Dispatcher.cancel`, :meth:`~Dispatcher.progress`, :meth:`~Dispatcher.finish`,
+:meth:`~Dispatcher.fail`, :meth:`~Dispatcher.model_down`, :meth:`~Dispatcher.model_up`,
+:meth:`~Dispatcher.close` — and each returns the :class:`Changes` it caused: the
+tickets to start on their engines now, and the tickets that ended. Dispatching is
+not an event of its own: it happens inside every event, whenever a model has room.
+
+**Admission.** A model takes a waiting request when all three hold:
+
+- it has a free **slot** (its in-flight limit: requests handed to its engine at once);
+- the pool has a free slot, if the models share a pool-wide limit;
+- its **token budget** has room for the request's reservation: ``prompt + max_tokens``
+  tokens, rounded up to the engine's KV block, of the model's KV capacity.
+
+The reservation is the request's worst case, so the engine never runs out of KV for
+what it was handed: it never preempts, and nothing waits in its own (FCFS) queue, so
+the order of service stays the policy's. The price is throughput when requests ask
+for far more ``max_tokens`` than they use: the budget then runs fewer requests than
+the KV could hold. That is the choice made here — a guarantee over a guess; set a
+larger budget than the KV (``token_budget=``) to overcommit knowingly, and the engine
+then preempts in its own order when output runs long.
+
+When the policy's choice for a model does not fit the budget, the model takes nothing
+else until it does (no smaller request jumps ahead): skipping would hand the model to
+whoever asks least, and a large request could wait forever. A request whose
+reservation exceeds the whole budget is refused at arrival
+(:class:`~fairagents.ContextLengthError`), so the head always fits once the model
+drains: a model with waiting requests is never left with nothing running (work
+conservation).
+
+**Pricing.** One cost model prices everything (:attr:`Dispatcher.cost`): input is
+charged at dispatch and output as :meth:`~Dispatcher.progress` reports it; the
+``charge`` callback receives every amount (the arbiter's ledger, the simulator's
+charge list). The policy prices its own counters through its cost model, which is the
+same object unless the policy counts raw tokens on purpose (``vtc``).
+
+**It never raises into a bystander.** Events about one request raise only for that
+request's own bad input (at :meth:`~Dispatcher.arrive`, before anything changes) or a
+driver's bug (:class:`~fairagents.errors.ProtocolError`). Ending a request that has
+already ended is a no-op, so a cancellation and a completion racing in one tick are
+both safe. ``is_live`` lets the driver veto a dispatch: a request whose caller left
+before its turn came is ended as cancelled, uncharged, and the slot goes to the next.
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.dispatcher import Dispatcher
+    >>> cost = fa.UnifiedTokenCost()
+    >>> d = Dispatcher(fa.policies.HMFS(cost), cost)
+    >>> d.add_model("chat", fa.ModelProfile(d_model=4096, n_layers=1), slots=2, token_budget=50, max_model_len=100).slots
+    2
+    >>> who = fa.Agent("bot", fa.App("a"))
+    >>> first = d.arrive(fa.Request("r1", who, "chat", prompt_tokens=10, max_tokens=20, arrival=0.0), now=0.0)
+    >>> [t.request.id for t in first.started]
+    ['r1']
+    >>> d.arrive(fa.Request("r2", who, "chat", prompt_tokens=10, max_tokens=20, arrival=0.0), now=0.0).started
+    []
+    >>> d.model("chat").running, d.model("chat").reserved   # a free slot, but not 30 more tokens of KV
+    (1, 30)
+    >>> d.progress("r1", 5, now=1.0)
+    10.0
+    >>> [t.request.id for t in d.finish("r1", now=2.0).started]
+    ['r2']
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairagents.cost import ModelProfile, UnifiedTokenCost, service_bound
+from fairagents.errors import (
+    ContextLengthError,
+    EngineError,
+    FairAgentsError,
+    InvalidParameterError,
+    ProtocolError,
+    ShutdownError,
+    UnknownModelError,
+)
+from fairagents.metrics import RequestRecord
+from fairagents.policies.base import Policy
+from fairagents.request import Outcome, Request
+
+__all__ = ["Changes", "Dispatcher", "ModelState", "Ticket", "TicketState"]
+
+
+class TicketState(enum.Enum):
+    """Where a request is.
+
+    Examples:
+        >>> from fairagents.dispatcher import TicketState
+        >>> TicketState.WAITING.value
+        'waiting'
+    """
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's admission and accounting, from arrival to its end.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.dispatcher import Ticket
+        >>> who = fa.Agent("bot", fa.App("a"))
+        >>> Ticket(fa.Request("r1", who, "chat", 10, 20, 0.0), reserved=32).state.value
+        'waiting'
+    """
+
+    request: Request
+    reserved: int
+    """Tokens of the model's budget this request holds while it runs (raw tokens)."""
+    state: TicketState = TicketState.WAITING
+    dispatched: float | None = None
+    """When it was handed to its engine (seconds), if it was."""
+    first_token: float | None = None
+    """When its first output arrived (seconds), if it did."""
+    ended: float | None = None
+    """When it ended (seconds), if it did."""
+    produced: int = 0
+    """Output tokens generated (raw tokens)."""
+    charged: float = 0.0
+    """Service charged for it so far (the cost model's units: unified tokens)."""
+    outcome: Outcome | None = None
+    error: FairAgentsError | None = None
+    """Why the dispatcher ended it, when it did so itself (model down, shut down)."""
+
+    def record(self) -> RequestRecord:
+        """The request's record (valid once it ended)."""
+        r = self.request
+        return RequestRecord(
+            r.id, r.app, r.agent.name, r.model, r.arrival, self.dispatched, self.first_token,
+            self.ended if self.ended is not None else r.arrival, r.prompt_tokens, self.produced,
+            self.outcome or Outcome.FAILED, r.agent.effective_slo,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What one event caused: requests to start on their engines now, and requests that ended.
+
+    Examples:
+        >>> from fairagents.dispatcher import Changes
+        >>> Changes().started, Changes().ended
+        ([], [])
+    """
+
+    started: list[Ticket] = field(default_factory=list)
+    """Dispatched by this event, in dispatch order: the driver starts each on its engine."""
+    ended: list[Ticket] = field(default_factory=list)
+    """Ended by this event, the event's own request included; each ``outcome`` is set."""
+
+
+@dataclass(eq=False, slots=True)
+class ModelState:
+    """A model's admission state.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.dispatcher import ModelState
+        >>> ModelState("chat", slots=4, token_budget=None, max_model_len=128, block=1).has_slot()
+        True
+    """
+
+    name: str
+    slots: int
+    """Most requests handed to the engine at once."""
+    token_budget: int | None
+    """Most KV tokens reserved at once (``None``: no token budget)."""
+    max_model_len: int
+    """Longest ``prompt + max_tokens`` the model takes (raw tokens)."""
+    block: int
+    """Reservations are rounded up to this many tokens (the engine's KV block)."""
+    running: int = 0
+    reserved: int = 0
+    """KV tokens reserved by its running requests."""
+    down: EngineError | None = None
+    """Why it is down, while it is."""
+
+    def has_slot(self) -> bool:
+        return self.running < self.slots and self.down is None
+
+    def fits(self, ticket: Ticket) -> bool:
+        return self.token_budget is None or self.reserved + ticket.reserved <= self.token_budget
+
+
+_NOTHING = Changes()
+
+
+class Dispatcher:
+    """Admission and dispatch over a pool of models, for one policy.
+
+    Args:
+        policy: the policy that orders waiting requests.
+        cost: the cost model that prices every charge (unified tokens).
+        pool_slots: most requests handed to engines at once across the pool (models
+            sharing hardware); ``None``: each model is filled on its own.
+        charge: called with ``(now, request, amount)`` for every charge.
+        is_live: called with a request id just before it is dispatched; ``False``
+            means its caller has gone: it ends as cancelled, uncharged.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.dispatcher import Dispatcher
+        >>> Dispatcher(fa.policies.FCFS(), fa.UnifiedTokenCost(), pool_slots=0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: pool slots must be an integer ≥ 1 or None, got 0
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        cost: UnifiedTokenCost,
+        *,
+        pool_slots: int | None = None,
+        charge: Callable[[float, Request, float], None] | None = None,
+        is_live: Callable[[str], bool] | None = None,
+    ) -> None:
+        if pool_slots is not None:
+            _check_count(pool_slots, "pool slots", optional=True)
+        self.policy = policy
+        self.cost = cost
+        self.pool_slots = pool_slots
+        self.pool_running = 0
+        self._charge_cb = charge
+        self._is_live = is_live
+        self._models: dict[str, ModelState] = {}
+        self._tickets: dict[str, Ticket] = {}
+        self._withdrawn: list[Ticket] = []  # ended by is_live during the current event
+        self._closed = False
+
+    # -- the pool ------------------------------------------------------------------
+
+    def add_model(
+        self,
+        name: str,
+        profile: ModelProfile,
+        *,
+        slots: int,
+        token_budget: int | None,
+        max_model_len: int,
+        block: int = 1,
+    ) -> ModelState:
+        """Add a model: its profile joins the cost model (and the policy's, if separate)."""
+        if name in self._models:
+            raise InvalidParameterError(f"model {name!r} is already in the pool", model=name)
+        _check_count(slots, "slots")
+        _check_count(max_model_len, "max_model_len")
+        _check_count(block, "KV block size")
+        if token_budget is not None:
+            _check_count(token_budget, "token budget")
+        self.cost.register(name, profile)
+        policy_cost = getattr(self.policy, "cost", None)
+        if isinstance(policy_cost, UnifiedTokenCost) and policy_cost is not self.cost:
+            policy_cost.register(name, profile)
+        state = self._models[name] = ModelState(name, slots, token_budget, max_model_len, block)
+        return state
+
+    def model(self, name: str) -> ModelState:
+        """The admission state of ``name``."""
+        state = self._models.get(name)
+        if state is None:
+            known = ", ".join(sorted(self._models)) or "none"
+            raise UnknownModelError(f"unknown model {name!r}; known models: {known}", model=name)
+        return state
+
+    @property
+    def models(self) -> dict[str, ModelState]:
+        """Every model's admission state, by name."""
+        return dict(self._models)
+
+    def tickets(self) -> list[Ticket]:
+        """Requests waiting or running."""
+        return list(self._tickets.values())
+
+    def ticket(self, request_id: str) -> Ticket | None:
+        """The ticket of a request that has not ended, if any."""
+        return self._tickets.get(request_id)
+
+    def reservation(self, model: str, prompt_tokens: int, max_tokens: int) -> int:
+        """Tokens a request of that size reserves of ``model``'s budget (rounded up to its KV block)."""
+        block = self.model(model).block
+        return -(-(prompt_tokens + max_tokens) // block) * block
+
+    def bound(self, max_request_tokens: int | None = None) -> float:
+        """``U`` of the fairness guarantee under these limits (see :func:`~fairagents.service_bound`).
+
+        A model holds at most ``slots`` requests of at most ``max_request_tokens``
+        (default and cap: its context), and at most its token budget.
+        """
+        longest, held = {}, {}
+        for m in self._models.values():
+            longest[m.name] = m.max_model_len if max_request_tokens is None else min(max_request_tokens, m.max_model_len)
+            slots = m.slots if self.pool_slots is None else min(m.slots, self.pool_slots)
+            held[m.name] = slots * longest[m.name]
+            if m.token_budget is not None:
+                held[m.name] = min(held[m.name], m.token_budget)
+        return service_bound(self.cost, held, pool=self.pool_slots, longest=longest)
+
+    # -- events ------------------------------------------------------------------------
+
+    def arrive(self, request: Request, now: float) -> Changes:
+        """Queue ``request``; raises, changing nothing, if it can never run here.
+
+        Raises:
+            UnknownModelError: the model is not in the pool.
+            ContextLengthError: ``prompt + max_tokens`` exceeds the model's context or
+                its whole token budget.
+            EngineError: the model is down.
+            ShutdownError: the dispatcher is closed.
+        """
+        about = {"model": request.model, "app": request.app, "agent": request.agent.name, "request_id": request.id}
+        if self._closed:
+            raise ShutdownError("the arbiter is closed and admits no new requests", **about)
+        m = self.model(request.model)
+        if request.id in self._tickets:
+            raise ProtocolError(f"request id {request.id!r} is already queued or running", **about)
+        size = request.prompt_tokens + request.max_tokens
+        if size > m.max_model_len:
+            raise ContextLengthError(
+                f"prompt ({request.prompt_tokens} tokens) + max_tokens ({request.max_tokens}) exceeds the context of "
+                f"model {m.name!r} ({m.max_model_len} tokens)", **about,
+            )
+        reserved = self.reservation(m.name, request.prompt_tokens, request.max_tokens)
+        if m.token_budget is not None and reserved > m.token_budget:
+            raise ContextLengthError(
+                f"prompt ({request.prompt_tokens} tokens) + max_tokens ({request.max_tokens}) needs {reserved} tokens "
+                f"of KV cache; model {m.name!r} holds {m.token_budget} in all", **about,
+            )
+        if m.down is not None:
+            raise EngineError(f"model {m.name!r} is down: {m.down}", **about)
+        self.policy.on_arrival(request, now)  # raises (queuing nothing) for a request it cannot price
+        self._tickets[request.id] = Ticket(request, reserved)
+        return self._changes(m, now, [])
+
+    def progress(self, request_id: str, new_tokens: int, now: float) -> float:
+        """A running request produced ``new_tokens`` more output tokens; returns their charge."""
+        ticket = self._tickets.get(request_id)
+        if ticket is None or ticket.state is not TicketState.RUNNING:
+            raise ProtocolError(f"request {request_id!r} is not running", request_id=request_id)
+        if not new_tokens:
+            return 0.0
+        r = ticket.request
+        if ticket.first_token is None:
+            ticket.first_token = now
+        ticket.produced += new_tokens
+        self.policy.on_progress(r, new_tokens, now)
+        amount = self.cost.output_cost(r.model, new_tokens)
+        self._charge(ticket, amount, now)
+        return amount
+
+    def finish(self, request_id: str, now: float) -> Changes:
+        """A running request ran to its end."""
+        return self.end(request_id, Outcome.FINISHED, now)
+
+    def cancel(self, request_id: str, now: float) -> Changes:
+        """The caller gave up: a waiting request leaves the queue uncharged, a running one stops."""
+        return self.end(request_id, Outcome.CANCELLED, now)
+
+    def fail(self, request_id: str, now: float) -> Changes:
+        """The request failed (its engine raised, or it was aborted at shutdown)."""
+        return self.end(request_id, Outcome.FAILED, now)
+
+    def end(self, request_id: str, outcome: Outcome, now: float) -> Changes:
+        """End a request with ``outcome``; a no-op for one that has already ended."""
+        ticket = self._tickets.get(request_id)
+        if ticket is None:
+            return _NOTHING
+        if outcome is Outcome.FINISHED and ticket.state is not TicketState.RUNNING:
+            raise ProtocolError(f"request {request_id!r} finished without running", **_about(ticket))
+        m = self._models[ticket.request.model]
+        self._end(ticket, outcome, now)
+        return self._changes(m, now, [ticket])
+
+    def model_down(self, model: str, error: EngineError, now: float) -> Changes:
+        """``model``'s engine failed: its waiting requests end (failed) and it takes no more.
+
+        Its running requests end as their streams report the failure (:meth:`fail`).
+        """
+        m = self.model(model)
+        if m.down is not None:
+            return _NOTHING
+        m.down = error
+        ended = []
+        for ticket in [t for t in self._tickets.values() if t.request.model == model and t.state is TicketState.WAITING]:
+            ticket.error = EngineError(f"model {model!r} is down: {error}", **_about(ticket))
+            self._end(ticket, Outcome.FAILED, now)
+            ended.append(ticket)
+        return self._changes(m, now, ended)
+
+    def model_up(self, model: str, now: float) -> Changes:
+        """``model``'s engine serves again: it takes requests."""
+        m = self.model(model)
+        m.down = None
+        return self._changes(m, now, [])
+
+    def close(self, now: float) -> Changes:
+        """Admit and dispatch nothing more: every waiting request ends (failed, with a ShutdownError)."""
+        self._closed = True
+        ended = []
+        for ticket in [t for t in self._tickets.values() if t.state is TicketState.WAITING]:
+            ticket.error = ShutdownError("the arbiter shut down before the request ran", **_about(ticket))
+            self._end(ticket, Outcome.FAILED, now)
+            ended.append(ticket)
+        return Changes([], ended)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _end(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        r = ticket.request
+        del self._tickets[r.id]
+        if ticket.state is TicketState.RUNNING:
+            m = self._models[r.model]
+            m.running -= 1
+            m.reserved -= ticket.reserved
+            self.pool_running -= 1
+        ticket.state = TicketState.DONE
+        ticket.outcome = outcome
+        ticket.ended = now
+        self.policy.on_finish(r, outcome, now)
+
+    def _changes(self, touched: ModelState, now: float, ended: list[Ticket]) -> Changes:
+        started = self._fill(touched, now)
+        if self._withdrawn:
+            ended = ended + self._withdrawn
+            self._withdrawn = []
+        return Changes(started, ended)
+
+    def _fill(self, touched: ModelState, now: float) -> list[Ticket]:
+        """Dispatch while there is room: into ``touched``, or anywhere in the pool under a pool limit."""
+        if self._closed:
+            return []
+        if self.pool_slots is None:
+            return self._fill_model(touched, now)
+        return self._fill_pool(now)
+
+    def _fill_model(self, m: ModelState, now: float) -> list[Ticket]:
+        started: list[Ticket] = []
+        select = self.policy.select
+        while m.has_slot():
+            req = select(m.name, now)
+            if req is None:
+                break
+            ticket = self._tickets[req.id]
+            if not m.fits(ticket):
+                break  # the head waits for KV; nothing jumps ahead of it
+            if self._dispatch(ticket, m, now):
+                started.append(ticket)
+        return started
+
+    def _fill_pool(self, now: float) -> list[Ticket]:
+        started: list[Ticket] = []
+        room = [m.name for m in self._models.values() if m.has_slot()]
+        while room and self.pool_running < self.pool_slots:  # type: ignore[operator]
+            req = self.policy.select_among(room, now)
+            if req is None:
+                break
+            m = self._models[req.model]
+            ticket = self._tickets[req.id]
+            if not m.fits(ticket):
+                room.remove(m.name)  # its head waits for KV; other models may still go
+                continue
+            if self._dispatch(ticket, m, now):
+                started.append(ticket)
+                if not m.has_slot():
+                    room.remove(m.name)
+        return started
+
+    def _dispatch(self, ticket: Ticket, m: ModelState, now: float) -> bool:
+        r = ticket.request
+        if self._is_live is not None and not self._is_live(r.id):
+            self._end(ticket, Outcome.CANCELLED, now)  # its caller left before its turn: uncharged
+            self._withdrawn.append(ticket)
+            return False
+        self.policy.on_dispatch(r, now)
+        ticket.state = TicketState.RUNNING
+        ticket.dispatched = now
+        m.running += 1
+        m.reserved += ticket.reserved
+        self.pool_running += 1
+        self._charge(ticket, self.cost.input_cost(m.name, r.prompt_tokens), now)
+        return True
+
+    def _charge(self, ticket: Ticket, amount: float, now: float) -> None:
+        ticket.charged += amount
+        if self._charge_cb is not None:
+            self._charge_cb(now, ticket.request, amount)
+
+
+def _about(ticket: Ticket) -> dict[str, Any]:
+    r = ticket.request
+    return {"model": r.model, "app": r.app, "agent": r.agent.name, "request_id": r.id}
+
+
+def _check_count(value: Any, what: str, *, optional: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        extra = " or None" if optional else ""
+        raise InvalidParameterError(f"{what} must be an integer ≥ 1{extra}, got {value!r}")
+

@@ -1,0 +1,151 @@
+"""The pool of models behind an arbiter: each model's engine and its admission limits.
+
+A model runs under two limits (see :mod:`fairagents.dispatcher`): **in-flight**, the
+requests handed to its engine at once, and a **token budget**, the KV tokens those
+requests may reserve. Unset, the in-flight limit is the engine's batch capacity
+(``max_num_seqs``) and the token budget its KV capacity (``token_capacity``), as the
+engine reports them once started.
+
+Examples:
+    >>> from fairagents.pool import Pool
+    >>> from fairagents.testing import FakeEngine
+    >>> pool = Pool(in_flight=None, token_budget="engine")
+    >>> m = pool.add("chat", FakeEngine(token_capacity=512), in_flight=4)
+    >>> pool.limit(m), pool.budget(m)
+    (4, 512)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Literal
+
+from fairagents.engines.base import Engine
+from fairagents.errors import InvalidParameterError, UnknownModelError
+
+__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "TokenBudget"]
+
+#: Requests a model runs at once when neither the call nor the engine says (``fairagents bench overhead``).
+DEFAULT_IN_FLIGHT = 32
+
+#: A token budget: the engine's reported KV capacity (``"engine"``), a number of tokens, or none.
+TokenBudget = Literal["engine"] | int | None
+
+
+@dataclass(eq=False)
+class PoolModel:
+    """A model of the pool: its engine and the limits it was added with.
+
+    Examples:
+        >>> from fairagents.pool import PoolModel
+        >>> from fairagents.testing import FakeEngine
+        >>> PoolModel("chat", FakeEngine(), None, "engine").run_time is None
+        True
+    """
+
+    name: str
+    engine: Engine
+    in_flight: int | None
+    """Its own in-flight limit (``None``: the pool's)."""
+    token_budget: TokenBudget
+    """Its token budget setting."""
+    run_time: float | None = None
+    """Moving average of dispatch-to-finish seconds: the retry hint of an overloaded app."""
+
+
+class Pool:
+    """The models of an arbiter, by name.
+
+    Args:
+        in_flight: the in-flight limit of models added without their own.
+        token_budget: the token budget of models added without their own.
+
+    Examples:
+        >>> from fairagents.pool import Pool
+        >>> Pool(in_flight=0, token_budget=None)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: in-flight limit must be an integer ≥ 1, got 0
+    """
+
+    def __init__(self, *, in_flight: int | None, token_budget: TokenBudget) -> None:
+        if in_flight is not None:
+            check_limit(in_flight)
+        check_budget(token_budget)
+        self.in_flight = in_flight
+        self.token_budget = token_budget
+        self.models: dict[str, PoolModel] = {}
+
+    def add(
+        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
+    ) -> PoolModel:
+        """Add a model (``token_budget=False``: the pool's budget setting)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
+        if name in self.models:
+            raise InvalidParameterError(f"model {name!r} is already in the pool", model=name)
+        if in_flight is not None:
+            check_limit(in_flight)
+        if token_budget is not False:
+            check_budget(token_budget)
+        budget = self.token_budget if token_budget is False else token_budget
+        model = self.models[name] = PoolModel(name, engine, in_flight, budget)  # type: ignore[arg-type]
+        return model
+
+    def get(self, name: str) -> PoolModel:
+        """The model of that name; raises :class:`~fairagents.UnknownModelError`."""
+        m = self.models.get(name)
+        if m is None:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise UnknownModelError(f"unknown model {name!r}; known models: {known}", model=name)
+        return m
+
+    def limit(self, m: PoolModel) -> int:
+        """``m``'s in-flight limit: its own, the pool's, its engine's batch capacity, or :data:`DEFAULT_IN_FLIGHT`."""
+        if m.in_flight is not None:
+            return m.in_flight
+        if self.in_flight is not None:
+            return self.in_flight
+        capacity = getattr(m.engine, "max_num_seqs", None)
+        return capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
+
+    def budget(self, m: PoolModel) -> int | None:
+        """``m``'s token budget in tokens (``"engine"``: its engine's KV capacity, once started), or ``None``."""
+        if m.token_budget != "engine":
+            return m.token_budget  # type: ignore[return-value]
+        capacity = getattr(m.engine, "token_capacity", None)
+        return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0 else None
+
+    @staticmethod
+    def block(m: PoolModel) -> int:
+        """Tokens of ``m``'s engine's KV block (1 if it reports none)."""
+        block = getattr(m.engine, "kv_block_size", 1)
+        return block if isinstance(block, int) and not isinstance(block, bool) and block > 0 else 1
+
+    async def start(self, models: list[PoolModel]) -> None:
+        """Start the engines of ``models`` in parallel; if one fails, stop them all and raise its error."""
+        results = await asyncio.gather(*(m.engine.start() for m in models), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.stop(models)
+            raise failures[0]
+
+    async def stop(self, models: list[PoolModel] | None = None) -> None:
+        """Stop the engines of ``models`` (default: all), in parallel; a failure to stop is not raised."""
+        models = list(self.models.values()) if models is None else models
+        await asyncio.gather(*(m.engine.stop() for m in models), return_exceptions=True)
+
+
+def check_limit(value: object) -> None:
+    """Raise unless ``value`` is an integer ≥ 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(f"in-flight limit must be an integer ≥ 1, got {value!r}")
+
+
+def check_budget(value: object) -> None:
+    """Raise unless ``value`` is a token budget setting."""
+    if value == "engine" or value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(f"token budget must be 'engine', an integer ≥ 1 or None, got {value!r}")

@@ -1,0 +1,102 @@
+"""The apps and agents declared on an arbiter, and who a call is made by.
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.tenants import Tenants
+    >>> tenants = Tenants()
+    >>> planner = tenants.declare_agent(tenants.declare_app("driving", 2.0, None, None), "planner", 1.0, None)
+    >>> tenants.resolve(planner).app.weight
+    2.0
+    >>> tenants.resolve(fa.Agent("planner", fa.App("driving", weight=3.0)))
+    Traceback (most recent call last):
+    ...
+    fairagents.errors.InvalidParameterError: agent 'planner' of app 'driving' is called with app weight=3.0, but it is declared with app weight=2.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairagents.errors import InvalidParameterError, UnknownAgentError, UnknownAppError
+from fairagents.identity import SLO, Agent, App, current_agent
+
+__all__ = ["Tenants"]
+
+
+class Tenants:
+    """Declared apps (with their queue bounds) and agents; resolves a caller to its declared agent.
+
+    Examples:
+        >>> from fairagents.tenants import Tenants
+        >>> Tenants().resolve(None)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.UnknownAgentError: no agent given and none bound: pass agent=... or use fa.acting_as(...)
+    """
+
+    def __init__(self) -> None:
+        self.apps: dict[str, App] = {}
+        self.agents: dict[tuple[str, str], Agent] = {}
+        self.max_queued: dict[str, int] = {}
+
+    def declare_app(self, name: str, weight: float, slo: SLO | None, max_queued: int | None) -> App:
+        """Declare (or get) an app; re-declaring with other settings is an error."""
+        new = App(name, weight=weight, slo=slo)
+        if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1):
+            raise InvalidParameterError(f"max_queued must be an integer ≥ 1 or None, got {max_queued!r}", app=name)
+        existing = self.apps.get(name)
+        if existing is not None and (existing != new or self.max_queued.get(name) != max_queued):
+            raise InvalidParameterError(
+                f"app {name!r} is already declared as {existing} with max_queued={self.max_queued.get(name)}", app=name
+            )
+        self.apps[name] = existing or new
+        if max_queued is not None:
+            self.max_queued[name] = max_queued
+        return self.apps[name]
+
+    def declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> Agent:
+        """Declare (or get) an agent of a declared app; re-declaring with other settings is an error."""
+        new = Agent(name, app, weight=weight, slo=slo)
+        existing = self.agents.get(new.key)
+        if existing is not None and existing != new:
+            raise InvalidParameterError(
+                f"agent {name!r} of app {app.name!r} is already declared as {existing}", app=app.name, agent=name
+            )
+        self.agents[new.key] = existing or new
+        return self.agents[new.key]
+
+    def resolve(self, who: Any) -> Agent:
+        """The declared agent a call is made by: ``who`` (an agent handle or :class:`Agent`), or the one bound in context.
+
+        Raises:
+            UnknownAppError: the app is not declared.
+            UnknownAgentError: no agent given or bound, or the agent is not declared.
+            InvalidParameterError: the caller's identity states settings (weights, SLOs)
+                other than the declared ones; they are not replaced in silence.
+        """
+        if who is None:
+            who = current_agent()
+            if who is None:
+                raise UnknownAgentError("no agent given and none bound: pass agent=... or use fa.acting_as(...)")
+        identity = getattr(who, "identity", who)  # an AgentHandle carries its Agent
+        if not isinstance(identity, Agent):
+            raise InvalidParameterError(f"agent must be an AgentHandle or Agent, got {who!r}")
+        app, name = identity.key
+        if app not in self.apps:
+            raise UnknownAppError(f"unknown app {app!r}; declare it with arbiter.app(...)", app=app, agent=name)
+        agent = self.agents.get(identity.key)
+        if agent is None:
+            raise UnknownAgentError(
+                f"unknown agent {name!r} of app {app!r}; declare it with arbiter.app({app!r}).agent({name!r})",
+                app=app, agent=name,
+            )
+        if identity is not agent:
+            conflicts = identity.conflicts(agent)
+            if conflicts:
+                given = ", ".join(f"{what}={mine}" for what, mine, _ in conflicts)
+                declared = ", ".join(f"{what}={theirs}" for what, _, theirs in conflicts)
+                raise InvalidParameterError(
+                    f"agent {name!r} of app {app!r} is called with {given}, but it is declared with {declared}",
+                    app=app, agent=name,
+                )
+        return agent
