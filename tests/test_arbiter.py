@@ -6,7 +6,7 @@ import contextlib
 import pytest
 
 import fairagents as fa
-from fairagents.testing import FakeEngine, RecordingPolicy
+from fairagents.testing import FakeClock, FakeEngine, RecordingPolicy
 
 MSG = [{"role": "user", "content": "hello there"}]
 
@@ -392,3 +392,190 @@ async def test_pool_limit_is_validated_and_tightens_the_bound():
         # 4 requests of 10 tokens on each model (scale 4 and 1), charged at most 2x: 2*(160+40);
         # one pool slot holds one request at a time, the dearest: 2*40
         assert free.bound(10) == 400.0 and one.bound(10) == 80.0
+
+
+# -- regressions: races, pricing and lifecycle traps ---------------------------------------------
+
+
+async def settle(rounds=10):
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def test_a_finish_and_a_waiting_callers_cancel_in_one_tick_harm_neither():
+    """A finishes and B (waiting) is cancelled in the same loop tick: B must not be dispatched."""
+    engine = FakeEngine(manual=True)
+    arbiter = fa.Arbiter(in_flight=1, drain_timeout=1.0)
+    arbiter.add_model("chat", engine)
+    records = []
+    arbiter.add_listener(records.append)
+    a, b = arbiter.app("a").agent("t"), arbiter.app("b").agent("t")
+    async with arbiter:
+        first = asyncio.create_task(a.chat("chat", MSG))
+        await settle()
+        second = asyncio.create_task(b.chat("chat", MSG))
+        await settle()
+        [running] = engine.running
+        engine.emit(running, 2, finish="stop")
+        second.cancel()
+        reply = await first  # no InvalidStateError leaks into A's caller
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert reply.usage.completion_tokens == 2
+    assert engine.started_order == [running]  # B never reached the engine
+    by_app = {r.app: r for r in records}
+    assert by_app["b"].outcome is fa.Outcome.CANCELLED and by_app["b"].dispatched is None
+    assert sum(c.amount for c in arbiter.ledger.charges) == reply.usage.unified_tokens  # B was charged nothing
+    assert arbiter.pool_running == 0 and not arbiter.stats().apps["b"].queued
+
+
+async def test_close_after_the_drain_timeout_fails_waiting_and_running_alike():
+    engine = FakeEngine(manual=True)
+    arbiter = fa.Arbiter(in_flight=1)
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    await arbiter.start()
+    tasks = [asyncio.create_task(who.chat("chat", MSG)) for _ in range(3)]
+    await settle()
+    await arbiter.close(timeout=0.01)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r) for r in results] == [fa.ShutdownError] * 3
+    assert {r.outcome for r in arbiter.ledger.records} == {fa.Outcome.FAILED}
+    assert len(arbiter.ledger.records) == 3
+    assert sum(c.amount for c in arbiter.ledger.charges) == 3  # only the running one's input (3 tokens)
+
+
+@pytest.mark.parametrize("policy", [fa.policies.HMFS(), fa.policies.VTC(fa.UnifiedTokenCost())],
+                         ids=["HMFS()", "VTC(UnifiedTokenCost())"])
+async def test_a_policy_object_prices_with_the_arbiter_on_one_path(policy):
+    arbiter = fa.Arbiter(policy=policy)
+    arbiter.add_model("chat", FakeEngine(tokens_per_reply=2, profile=fa.ModelProfile(d_model=8192, n_layers=1)))
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        reply = await who.chat("chat", MSG)
+    assert arbiter.cost is policy.cost
+    assert reply.usage.unified_tokens == 2 * (3 + 2 * 2)  # width 8192 over d_base 4096
+    counters = policy.app_counters() if isinstance(policy, fa.policies.HMFS) else policy.counters()
+    assert counters["a"] == reply.usage.unified_tokens == arbiter.stats().apps["a"].service
+
+
+def test_a_policy_object_and_contradicting_pricing_is_an_error():
+    with pytest.raises(fa.InvalidParameterError, match="w_output=2.0, not 3.0"):
+        fa.Arbiter(policy=fa.policies.HMFS(), w_output=3.0)
+    assert fa.Arbiter(policy=fa.policies.HMFS(), w_output=2.0).cost.w_output == 2.0
+
+
+async def test_the_policy_is_fixed_at_construction():
+    with pytest.raises(AttributeError):
+        fa.Arbiter().policy = fa.policies.FCFS()
+
+
+async def test_a_model_added_to_a_running_arbiter_is_started():
+    arbiter, _ = make()
+    who = arbiter.app("a").agent("t")
+    late = FakeEngine(tokens_per_reply=1)
+    async with arbiter:
+        with pytest.raises(fa.InvalidParameterError, match="start_model"):
+            arbiter.add_model("late", late)
+        assert "late" not in arbiter.models
+        await arbiter.start_model("late", late, in_flight=2)
+        assert late.started and arbiter.in_flight_limit("late") == 2
+        assert (await who.chat("late", MSG)).usage.completion_tokens == 1
+
+
+class _Broken(FakeEngine):
+    async def start(self):
+        await asyncio.sleep(0.01)
+        raise fa.EngineError("no such model")
+
+
+async def test_a_start_that_fails_part_way_stops_the_engines_it_started():
+    arbiter, good = make()
+    arbiter.add_model("broken", _Broken())
+    with pytest.raises(fa.EngineError, match="no such model"):
+        await arbiter.start()
+    assert not good.started
+    with pytest.raises(fa.ShutdownError):
+        await arbiter.app("a").agent("t").chat("chat", MSG)
+
+
+async def test_queue_wait_is_zero_for_a_request_dispatched_at_time_zero():
+    clock = FakeClock()
+    engine = FakeEngine(manual=True)
+    arbiter = fa.Arbiter(clock=clock)
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        task = asyncio.create_task(who.chat("chat", MSG))
+        await settle()
+        clock.advance(5.0)
+        engine.emit(next(iter(engine.running)), 1, finish="stop")
+        reply = await task
+    assert reply.timing.queue_wait == 0.0 and reply.timing.ttft == reply.timing.e2e == 5.0
+
+
+def test_engine_streams_are_typed_as_closable_generators():
+    import typing
+    from collections.abc import AsyncGenerator
+
+    hint = typing.get_type_hints(fa.engines.Engine.generate)["return"]
+    assert typing.get_origin(hint) is AsyncGenerator  # the arbiter closes them (aclose)
+
+
+async def test_identity_settings_that_contradict_the_declaration_are_refused():
+    arbiter, _ = make(tokens_per_reply=1)
+    arbiter.app("driving", weight=2.0).agent("planner", weight=3.0)
+
+    @fa.agent(app="driving", name="planner", weight=1.5)
+    async def wrong_weight():
+        return await arbiter.chat("chat", MSG)
+
+    @fa.agent(app="driving", name="planner")
+    async def as_declared():
+        return await arbiter.chat("chat", MSG)
+
+    async with arbiter:
+        with pytest.raises(fa.InvalidParameterError, match="called with weight=1.5, but it is declared with weight=3.0"):
+            await wrong_weight()
+        with pytest.raises(fa.InvalidParameterError, match="app weight=1.0"):
+            await arbiter.chat("chat", MSG, agent=fa.Agent("planner", fa.App("driving"), weight=3.0))
+        assert (await as_declared()).usage.completion_tokens == 1
+    assert len(arbiter.ledger.records) == 1
+
+
+async def test_the_token_budget_admits_what_the_kv_holds_and_refuses_what_never_fits():
+    engine = FakeEngine(manual=True, token_capacity=32, kv_block_size=8)
+    arbiter = fa.Arbiter(in_flight=8)
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        assert arbiter.token_budget_of("chat") == 32
+        with pytest.raises(fa.ContextLengthError, match="needs 40 tokens of KV cache") as err:
+            await who.chat("chat", MSG, max_tokens=37)  # 3 + 37 = 40 > 32
+        assert err.value.model == "chat" and err.value.app == "a"
+        nothing_happened(arbiter)
+        tasks = [asyncio.create_task(who.chat("chat", MSG, max_tokens=10)) for _ in range(3)]  # 16 each
+        await settle()
+        assert len(engine.running) == 2  # 2 × 16 = 32: the third waits for KV, not in the engine
+        for rid in list(engine.running):
+            engine.emit(rid, 1, finish="stop")
+        await settle()
+        assert len(engine.running) == 1
+        engine.emit(next(iter(engine.running)), 1, finish="stop")
+        await asyncio.gather(*tasks)
+    unbounded = fa.Arbiter(token_budget=None)
+    unbounded.add_model("chat", FakeEngine(token_capacity=32))
+    async with unbounded:
+        assert unbounded.token_budget_of("chat") is None
+
+
+async def test_errors_name_what_they_are_about():
+    arbiter, _ = make()
+    who = arbiter.app("a", max_queued=1).agent("t")
+    async with arbiter:
+        with pytest.raises(fa.UnknownModelError) as unknown:
+            await who.chat("nope", MSG)
+        assert unknown.value.model == "nope"
+        with pytest.raises(fa.UnknownAgentError) as agent:
+            await arbiter.chat("chat", MSG, agent=fa.Agent("ghost", fa.App("a")))
+        assert (agent.value.app, agent.value.agent) == ("a", "ghost")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -121,7 +121,8 @@ class Engine(Protocol):
       synchronous and may run in a worker thread.
     - ``generate`` yields :class:`Delta` events for one request, the last with a
       ``finish_reason``; it starts the request at once (no queueing of its own beyond
-      the engine's batch). Closing the iterator early aborts the request in the engine.
+      the engine's batch). It is an async generator: the arbiter always closes it
+      (``aclose()``), and closing it early aborts the request in the engine.
     - ``abort`` ends a running request; its stream then ends with ``"abort"``.
     - A failure of the engine itself raises :class:`~fairagents.EngineError` from
       ``generate``; after that ``healthy`` is false.
@@ -142,6 +143,10 @@ class Engine(Protocol):
     max_model_len: int
     healthy: bool
 
+    # Optional, read after start() when present: ``max_num_seqs`` (batch capacity: the
+    # default in-flight limit), ``token_capacity`` (KV tokens requests can hold at once:
+    # the default token budget) and ``kv_block_size`` (tokens per KV block).
+
     async def start(self) -> None:
         """Load the model; idempotent."""
         ...
@@ -158,7 +163,7 @@ class Engine(Protocol):
         """Tokenize a plain prompt as the model reads it (special tokens such as BOS included)."""
         ...
 
-    def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
+    def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncGenerator[Delta, None]:
         """Run one request, streaming what it produces."""
         ...
 

@@ -26,3 +26,18 @@ def test_flood_goes_first_whoever_it_starves(req):
         p.on_dispatch(r, 1.0)
         apps.append(r.app)
     assert apps == ["flood"] * 10 + ["victim"]
+
+
+def test_a_removal_on_one_model_does_not_hide_a_request_of_another():
+    """Lazy removals are kept per model: an id removed on 'm' and reused on 'n' is not skipped."""
+    policy = fa.policies.FCFS()
+    who = fa.Agent("t", fa.App("a"))
+    head = fa.Request("head", who, "m", 1, 1, 0.0)
+    behind = fa.Request("x", who, "m", 1, 1, 1.0)
+    policy.on_arrival(head, 0.0)
+    policy.on_arrival(behind, 1.0)
+    policy.on_finish(behind, fa.Outcome.CANCELLED, 1.0)  # not at the head: removed lazily
+    reused = fa.Request("x", who, "n", 1, 1, 2.0)  # the id is free again, on another model
+    policy.on_arrival(reused, 2.0)
+    assert policy.select("n", 2.0) is reused
+    assert policy.queued("n") == 1
