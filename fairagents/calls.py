@@ -274,6 +274,8 @@ class ModelCalls(abc.ABC):
         except EngineError as err:
             outcome = Outcome.FAILED
             self._fail_model(r.model, err)
+            if err.model is None:  # the engine's own error: say which model and request it is about
+                raise EngineError(str(err), model=r.model, app=r.app, agent=r.agent.name, request_id=r.id) from err
             raise
         except (asyncio.CancelledError, GeneratorExit):
             outcome = Outcome.FAILED if call.shutdown else Outcome.CANCELLED

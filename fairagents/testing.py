@@ -20,19 +20,33 @@ Examples:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable, Sequence
+import heapq
+import itertools
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fairagents.arbiter import Arbiter
 from fairagents.cost import ModelProfile
 from fairagents.engines.base import Delta, GenerationParams, Prompt
 from fairagents.engines.sim import SimEngine
 from fairagents.errors import EngineError, InvalidParameterError
+from fairagents.identity import Agent, App
 from fairagents.policies.base import Policy
 from fairagents.request import Outcome, Request
-from fairagents.simulation import SimRequest, Workload, simulate
+from fairagents.simulation import SimRequest, SimResult, Workload, simulate
 
-__all__ = ["Decision", "FakeClock", "FakeEngine", "RecordingPolicy", "SimEngine", "SimRequest", "Workload", "simulate"]
+__all__ = [
+    "Decision",
+    "FakeClock",
+    "FakeEngine",
+    "RecordingPolicy",
+    "SimEngine",
+    "SimRequest",
+    "Workload",
+    "replay_on_arbiter",
+    "simulate",
+]
 
 
 class FakeClock:
@@ -171,6 +185,8 @@ class FakeEngine:
         self._aborted: set[str] = set()
         self._failure: str | None = None
         self._inbox: dict[str, asyncio.Queue[tuple[Any, ...]]] = {}
+        self.prompts: dict[str, Prompt] = {}
+        """The prompt of every request started, by id."""
 
     async def start(self) -> None:
         self.started = True
@@ -213,6 +229,7 @@ class FakeEngine:
             raise EngineError(f"engine failed: {self._failure}")
         self.running.add(request_id)
         self.started_order.append(request_id)
+        self.prompts[request_id] = prompt
         self.max_running = max(self.max_running, len(self.running))
         try:
             if self.manual:
@@ -252,3 +269,128 @@ class FakeEngine:
             yield Delta(tokens, "t " * tokens, finish)
             if finish is not None:
                 return
+
+
+def replay_on_arbiter(
+    workload: Workload,
+    policy: str | Policy,
+    engines: Mapping[str, SimEngine],
+    *,
+    pool_running: int | None = None,
+    settle_rounds: int = 4,
+) -> SimResult:
+    """Play ``workload`` through a live :class:`~fairagents.Arbiter` on a fake clock, timed by simulated engines.
+
+    The twin of :func:`~fairagents.simulation.simulate` on the serving path: each
+    request is a real call (``arbiter.complete``) from its own task; each model is a
+    :class:`FakeEngine` in manual mode whose tokens are released as its
+    :class:`SimEngine` twin finishes a step, with the engine's batch size and KV
+    capacity as the arbiter's in-flight limit and token budget. The result has the
+    shape of :class:`~fairagents.simulation.SimResult`, so the same properties check
+    both paths. A request's caller that raises anything but its own cancellation
+    makes the replay raise.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.testing import SimEngine, Workload, replay_on_arbiter
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> work = Workload().burst(who, "m", n=3, prompt=4, output=2)
+        >>> engines = {"m": SimEngine(fa.ModelProfile(d_model=4096, n_layers=1), max_running=2)}
+        >>> result = replay_on_arbiter(work, "hmfs", engines)
+        >>> [r.output_tokens for r in result.records], result.idle_with_backlog
+        ([2, 2, 2], 0)
+    """
+    return asyncio.run(_Replay(workload, policy, engines, pool_running, settle_rounds).play())
+
+
+class _Replay:
+    _STEP, _ARRIVAL, _CANCEL = 0, 1, 2  # the simulator's order of events at one instant
+
+    def __init__(self, workload: Workload, policy: str | Policy, engines: Mapping[str, SimEngine],
+                 pool: int | None, settle_rounds: int) -> None:
+        self.workload, self.sims, self.pool, self.rounds = workload, engines, pool, settle_rounds
+        self.clock = FakeClock()
+        self.arbiter = Arbiter(policy, pool_in_flight=pool, clock=self.clock, drain_timeout=0.0)
+        self.fakes = {
+            m: FakeEngine(manual=True, profile=e.profile, max_model_len=e.max_model_len,
+                          token_capacity=e.kv_capacity, max_num_seqs=e.max_running)
+            for m, e in engines.items()
+        }
+        for m, fake in self.fakes.items():
+            self.arbiter.add_model(m, fake)
+        self.apps: dict[str, App] = {}
+        self.agents: dict[tuple[str, str], Agent] = {}
+        for item in workload.requests:
+            who = item.agent
+            if who.key not in self.agents:
+                self.arbiter.app(who.app.name, who.app.weight, who.app.slo).agent(who.name, who.weight, who.slo)
+                self.apps[who.app.name], self.agents[who.key] = who.app, who
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.seq = itertools.count()
+        self.admitted = dict.fromkeys(engines, 0)
+        self.idle_with_backlog = 0
+
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self.events, (t, kind, next(self.seq), payload))
+
+    async def play(self) -> SimResult:
+        tasks: dict[int, asyncio.Task[Any]] = {}
+        cancelled: set[int] = set()
+        for i, item in enumerate(self.workload.requests):
+            self.push(item.at, self._ARRIVAL, i)
+            if item.cancel_at is not None:
+                self.push(max(item.cancel_at, item.at), self._CANCEL, i)
+        async with self.arbiter:
+            while self.events:
+                now, kind, _, payload = heapq.heappop(self.events)
+                self.clock.now = max(self.clock.now, now)
+                if kind == self._ARRIVAL:
+                    item = self.workload.requests[payload]
+                    prompt = Prompt(token_ids=tuple(range(item.prompt_tokens)), data=payload)
+                    tasks[payload] = asyncio.create_task(self.arbiter.complete(
+                        item.model, prompt, agent=item.agent, max_tokens=item.max_tokens or item.output_tokens))
+                elif kind == self._STEP:
+                    fake = self.fakes[payload]
+                    for p in self.sims[payload].finish_step(now):
+                        fake.emit(p.request.id, p.new_tokens, "stop" if p.finished else None)
+                elif not tasks[payload].done():
+                    cancelled.add(payload)
+                    tasks[payload].cancel()
+                await self._settle()
+                self._start_steps(now)
+            results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for i, result in zip(tasks, results, strict=True):
+            if isinstance(result, BaseException) and not (i in cancelled and isinstance(result, asyncio.CancelledError)):
+                raise result
+        arbiter = self.arbiter
+        return SimResult(
+            policy=arbiter.policy.name, records=list(arbiter.ledger.records), charges=list(arbiter.ledger.charges),
+            apps=self.apps, agents=self.agents, cost=arbiter.cost, bound=arbiter.dispatcher.bound(),
+            end=self.clock.now, idle_with_backlog=self.idle_with_backlog,
+            dispatch_order={m: list(f.started_order) for m, f in self.fakes.items()},
+        )
+
+    async def _settle(self) -> None:
+        for _ in range(self.rounds):
+            await asyncio.sleep(0)
+
+    def _start_steps(self, now: float) -> None:
+        """As the simulator: an idle engine admits what was handed to it and starts a step."""
+        for m, sim in self.sims.items():
+            fake = self.fakes[m]
+            for rid in sim.running_ids:
+                if rid not in fake.running:  # its caller left: the arbiter aborted it
+                    sim.abort(rid)
+            if sim.busy:
+                continue
+            for rid in fake.started_order[self.admitted[m]:]:
+                if rid in fake.running:
+                    item = self.workload.requests[fake.prompts[rid].data]
+                    req = Request(rid, item.agent, m, item.prompt_tokens, item.max_tokens or item.output_tokens, item.at)
+                    sim.admit(req, item.output_tokens)
+            self.admitted[m] = len(fake.started_order)
+            end = sim.start_step(now)
+            if end is not None:
+                self.push(end, self._STEP, m)
+            elif self.arbiter.policy.queued(m) and (self.pool is None or self.arbiter.pool_running < self.pool):
+                self.idle_with_backlog += 1

@@ -2,6 +2,7 @@ import importlib.util
 import itertools
 
 import pytest
+from hypothesis import settings
 import pytest_asyncio
 import structlog
 
@@ -9,11 +10,24 @@ import fairagents as fa
 
 _ids = itertools.count()
 
+# `make test-fast` loads this profile: the property tests run a handful of examples each.
+settings.register_profile("fast", max_examples=6)
+
 
 def make_request(agent, model="m", prompt=10, max_tokens=8, arrival=0.0, id=None):
     return fa.Request(
         id=id or f"q{next(_ids)}", agent=agent, model=model, prompt_tokens=prompt, max_tokens=max_tokens, arrival=arrival
     )
+
+
+ENGINE_FIXTURES = {"text_engine", "vision_engine", "image_engine"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses a real-engine fixture starts a real engine: mark it ``engine`` even if its module forgot."""
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ def test_simulated_demo_says_so_and_compares_policies(capsys):
         assert app in out
 
 
+@pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="session")
 async def test_real_demo_serves_all_three_modalities_and_writes_the_plot(tmp_path, text_engine, vision_engine,
                                                                           image_engine):

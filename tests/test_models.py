@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 START_ALL_THREE = """
 import asyncio
 from fairagents.engines import embedded_pool
@@ -19,6 +21,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.engine
 def test_engines_starting_at_once_build_their_models_in_a_fresh_home(tmp_path):
     # A fresh process and home: the builds (and transformers' lazy imports) race the engines' loads,
     # as on the first `make demo` of a new machine.

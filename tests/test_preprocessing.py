@@ -46,6 +46,7 @@ async def test_inline_mode_runs_on_the_calling_thread():
     assert await pool.run(threading.get_ident) == threading.get_ident()
 
 
+@pytest.mark.engine
 async def test_text_ttft_does_not_wait_behind_image_preprocessing(text_engine, vision_engine):
     """Many large images queued for preprocessing; text TTFT stays near its unloaded value."""
     arbiter = fa.Arbiter(preprocess_workers=1)

@@ -140,6 +140,11 @@ class SimEngine:
         return len(self._running)
 
     @property
+    def running_ids(self) -> list[str]:
+        """Ids of the requests in the running batch."""
+        return list(self._running)
+
+    @property
     def kv_used(self) -> int:
         """KV tokens reserved by the running batch."""
         return self._kv_used

@@ -48,7 +48,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fairagents.cost import ModelProfile  # noqa: E402
 from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
-from fairagents.errors import EngineError, InvalidParameterError  # noqa: E402
+from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 
 __all__ = ["VLLMEngine"]
@@ -72,6 +72,18 @@ _ABORTED = _Aborted()
 class VLLMEngine:
     """A text model served by vLLM in this process (:class:`~fairagents.engines.vision.VisionEngine` serves VLMs).
 
+    ``token_capacity`` and ``kv_block_size`` are read from vLLM on :meth:`start`. Once
+    vLLM has sized its KV cache from ``kv_cache_bytes``, it records the number of blocks
+    in ``vllm_config.cache_config.num_gpu_blocks`` and their size in
+    ``cache_config.block_size``. Its block pool keeps one of those blocks as a "null
+    block" that no request ever holds, so ``token_capacity`` is
+    ``(num_gpu_blocks - 1) * block_size``; the "KV cache size" that vLLM logs counts the
+    null block and is one block more. Should a model's KV cache have several groups
+    (hybrid attention), every group takes its blocks from the same pool, so the usable
+    blocks are divided between them (an underestimate for sliding-window layers).
+    Requests whose blocks add up to the capacity run together; with one block more,
+    vLLM makes one of them wait (or preempts it, to recompute it later).
+
     Args:
         model: a Hugging Face model folder or name; ``None`` builds and serves the
             embedded tiny model (see :mod:`fairagents.models`).
@@ -83,11 +95,23 @@ class VLLMEngine:
         dtype: weights' dtype (``"float32"`` on CPU).
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
 
+    Attributes:
+        token_capacity: the KV cache's size in tokens: how many tokens the running
+            requests can hold at once; ``None`` until :meth:`start`. A multiple of
+            ``kv_block_size``.
+        kv_block_size: vLLM's KV cache block size, in tokens (``1`` until :meth:`start`).
+            vLLM allocates a request's KV in whole blocks: a request with ``p`` prompt
+            tokens and ``m`` output tokens holds ``ceil((p + m - 1) / kv_block_size)``
+            blocks at its peak (the last output token is sampled, never cached), so
+            ``ceil((p + m) / kv_block_size)`` blocks is a safe upper bound.
+
     Examples:
         >>> from fairagents.engines.vllm import VLLMEngine
         >>> engine = VLLMEngine()   # the embedded default, built on start()
         >>> engine.healthy
         True
+        >>> engine.token_capacity, engine.kv_block_size
+        (None, 1)
     """
 
     modality: Modality = Modality.TEXT
@@ -110,6 +134,8 @@ class VLLMEngine:
         self.healthy = True
         self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
         self.max_model_len = max_model_len or 0
+        self.token_capacity: int | None = None  # set on start(), from vLLM's KV cache
+        self.kv_block_size = 1
         self._args = {
             "max_model_len": max_model_len,
             "kv_cache_memory_bytes": kv_cache_bytes,
@@ -147,8 +173,16 @@ class VLLMEngine:
         text = config.hf_text_config
         self.profile = ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers), modality=self.modality)
         self.max_model_len = int(config.max_model_len)
+        self.token_capacity, self.kv_block_size = _kv_capacity(engine)
         self._tokenizer = engine.get_tokenizer()
-        log.info("fairagents.vllm.started", model=self.model, max_model_len=self.max_model_len, profile=str(self.profile))
+        log.info(
+            "fairagents.vllm.started",
+            model=self.model,
+            max_model_len=self.max_model_len,
+            token_capacity=self.token_capacity,
+            kv_block_size=self.kv_block_size,
+            profile=str(self.profile),
+        )
 
     async def stop(self) -> None:
         """Stop the engine thread and release the model."""
@@ -193,7 +227,7 @@ class VLLMEngine:
         if self._thread is None:
             raise EngineError("the engine is not started")
         if request_id in self._sinks:
-            raise InvalidParameterError(f"request id {request_id!r} is already running")  # vLLM would merge them
+            raise ProtocolError(f"request id {request_id!r} is already running")  # vLLM would merge them
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -320,6 +354,26 @@ class VLLMEngine:
     def _fail_all(self, failure: EngineError) -> None:
         for sink in self._sinks.values():
             sink.put_nowait(failure)
+
+
+def _kv_capacity(engine: Any) -> tuple[int, int]:
+    """``(token_capacity, kv_block_size)`` of a started ``LLMEngine``: its usable KV blocks times their size.
+
+    ``EngineCore._initialize_kv_caches`` stores the pool's block count in
+    ``cache_config.num_gpu_blocks`` and the block size in ``cache_config.block_size``;
+    ``BlockPool`` takes one block of the pool as its null block (its ``get_usage`` leaves
+    it out too). With several KV cache groups, each group draws its own blocks from the
+    one pool for every token.
+    """
+    cache = engine.vllm_config.cache_config
+    block = int(cache.block_size)
+    usable = max(int(cache.num_gpu_blocks or 0) - 1, 0)  # the null block
+    groups = 1
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)  # in-process only
+    kv_config = getattr(getattr(core, "scheduler", None), "kv_cache_config", None)
+    if kv_config is not None:
+        groups = max(sum(not getattr(g, "host_resident", False) for g in kv_config.kv_cache_groups), 1)
+    return usable // groups * block, block
 
 
 def _shutdown(engine: Any, *, alone: bool) -> None:

@@ -46,6 +46,7 @@ async def test_snippet_runs(path):
     await _run(path)
 
 
+@pytest.mark.engine
 @SESSION_LOOP
 @pytest.mark.parametrize("path", [p for p in SNIPPETS if _uses_multimodal_engines(p)], ids=lambda p: p.name)
 async def test_snippet_runs_on_the_multimodal_engines(path, vision_engine, image_engine, monkeypatch):
@@ -57,6 +58,7 @@ async def test_snippet_runs_on_the_multimodal_engines(path, vision_engine, image
     await _run(path)
 
 
+@pytest.mark.engine
 @SESSION_LOOP
 @pytest.mark.parametrize(
     "path", [p for p in SNIPPETS if _uses_real_engine(p) and not _uses_multimodal_engines(p)], ids=lambda p: p.name
@@ -83,6 +85,7 @@ def test_every_snippet_is_used_by_a_page():
     assert not unused
 
 
+@pytest.mark.engine  # the README's first sample serves the embedded model
 def test_readme_python_samples_run():
     blocks = FENCE.findall((ROOT / "README.md").read_text())
     assert blocks

@@ -10,7 +10,7 @@ import fairagents as fa
 from fairagents.engines import GenerationParams, ImageEngine
 from fairagents.errors import ModalityError
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
 
 class Pool:

@@ -1,6 +1,7 @@
 import pytest
 
 import fairagents as fa
+from fairagents.errors import ProtocolError
 from fairagents.engines import SimEngine
 
 PROFILE = fa.ModelProfile(d_model=64, n_layers=1)
@@ -47,7 +48,7 @@ def test_capacity_slots_and_kv():
     assert not engine.fits(request(2, prompt=15, max_tokens=10))  # 20 + 25 > 40
     engine.admit(request(3, prompt=5, max_tokens=5), 5)
     assert not engine.fits(request(4, prompt=1, max_tokens=1))  # no slot
-    with pytest.raises(fa.InvalidParameterError):
+    with pytest.raises(ProtocolError):
         engine.admit(request(4, prompt=1, max_tokens=1), 1)
 
 
@@ -71,7 +72,7 @@ def test_requests_join_between_steps_only():
     engine = SimEngine(PROFILE)
     engine.admit(request(1), 5)
     engine.start_step(0.0)
-    with pytest.raises(fa.InvalidParameterError, match="between steps"):
+    with pytest.raises(ProtocolError, match="between steps"):
         engine.admit(request(2), 5)
 
 

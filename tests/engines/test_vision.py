@@ -13,7 +13,7 @@ from fairagents.engines import GenerationParams
 from fairagents.errors import InvalidImageError, ModalityError
 from fairagents.images import ImageLimits, to_png
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
 
 def noise(width, height, seed=0):
@@ -51,6 +51,8 @@ class Pool:
 
 async def test_profile_is_the_language_model_and_modality_vision(vision_engine):
     assert vision_engine.profile == fa.ModelProfile(d_model=128, n_layers=2, modality=fa.Modality.VISION)
+    block = vision_engine.kv_block_size  # as VLLMEngine measures it
+    assert block > 1 and vision_engine.token_capacity > 0 and vision_engine.token_capacity % block == 0
 
 
 async def test_image_tokens_counted_before_dispatch_match_vllm(vision_engine):

@@ -1,14 +1,16 @@
 """VLLMEngine and the arbiter on a real in-process vLLM engine (the embedded tiny Llama)."""
 
 import asyncio
+import contextlib
+import random
 
 import pytest
 
 import fairagents as fa
-from fairagents.engines import GenerationParams
+from fairagents.engines import GenerationParams, Prompt
 from fairagents.engines.vllm import VLLMEngine
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
 MSG = [{"role": "user", "content": "plan a route through the city"}]
 
@@ -34,6 +36,88 @@ async def test_profile_and_context_come_from_the_model(text_engine):
     assert text_engine.max_model_len == 1024
     prompt = text_engine.prepare_chat(MSG)
     assert 5 < prompt.n_tokens < 40
+
+
+async def test_token_capacity_is_the_usable_kv_cache(text_engine):
+    """vLLM cuts ``kv_cache_bytes`` into blocks and keeps one back (the null block)."""
+    capacity, block = text_engine.token_capacity, text_engine.kv_block_size
+    assert block > 1 and capacity > 0 and capacity % block == 0
+    config = text_engine._engine.model_config
+    text = config.hf_text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    bytes_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * config.dtype.itemsize  # K and V
+    kv_cache_bytes = text_engine._args["kv_cache_memory_bytes"]  # what the fixture asked for
+    assert capacity // block == kv_cache_bytes // (block * bytes_per_token) - 1
+    assert text_engine._engine.vllm_config.cache_config.kv_cache_size_tokens == capacity + block  # vLLM's count keeps it
+
+
+def _fill(blocks, block, max_len, max_tokens=40):
+    """(prompt, max_tokens) pairs that end up holding ``blocks`` blocks in all, each crossing into its last block while decoding."""
+    per = max_len // block
+    sizes = [per] * (blocks // per) + ([blocks % per] if blocks % per else [])
+    assert min(sizes) >= 2 and max_tokens > 8
+    # the prompt fills all but the last block (8 tokens short); max_tokens - 1 more tokens need the last one
+    return [((k - 1) * block - 8, max_tokens) for k in sizes]
+
+
+@contextlib.contextmanager
+def _watch_scheduler(engine):
+    """Record, on the engine's own thread, the running and waiting counts after each schedule, and each preemption."""
+    scheduler = engine._engine.engine_core.engine_core.scheduler
+    seen = {"running": [], "waiting": [], "preempted": []}
+    schedule, preempt = scheduler.schedule, scheduler._preempt_request
+
+    def watched_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        seen["running"].append(len(scheduler.running))
+        seen["waiting"].append(len(scheduler.waiting))
+        return out
+
+    def watched_preempt(request, *args, **kwargs):
+        seen["preempted"].append(request.request_id)
+        return preempt(request, *args, **kwargs)
+
+    scheduler.schedule, scheduler._preempt_request = watched_schedule, watched_preempt
+    try:
+        yield seen
+    finally:
+        del scheduler.schedule, scheduler._preempt_request
+
+
+async def test_requests_that_fill_token_capacity_run_together(text_engine):
+    """Block-rounded prompt + max_tokens adding up to the capacity: all run at once; one block more: one waits."""
+    block, blocks = text_engine.kv_block_size, text_engine.token_capacity // text_engine.kv_block_size
+    rng = random.Random(5)
+    vocab = text_engine._engine.model_config.hf_text_config.vocab_size
+
+    async def run(plan, tag):
+        assert len(plan) <= text_engine.max_num_seqs, "the plan must not be limited by max_num_seqs"
+        async with asyncio.timeout(30):
+            while text_engine._engine.has_unfinished_requests():  # earlier tests' requests are gone
+                await asyncio.sleep(0.01)
+
+        async def one(i, prompt, max_tokens):
+            ids = tuple(rng.randrange(3, vocab) for _ in range(prompt))  # random: no prefix-cache sharing
+            stream = text_engine.generate(f"{tag}{i}", Prompt(token_ids=ids), GenerationParams(max_tokens, ignore_eos=True))
+            return sum([d.new_tokens async for d in stream])
+
+        with _watch_scheduler(text_engine) as seen:
+            produced = await asyncio.gather(*(one(i, p, m) for i, (p, m) in enumerate(plan)))
+        assert produced == [m for _, m in plan]
+        return seen
+
+    exact = _fill(blocks, block, text_engine.max_model_len)
+    assert sum(-(-(p + m) // block) for p, m in exact) == blocks
+    seen = await run(exact, "fill")
+    assert max(seen["running"]) == len(exact) and not seen["preempted"]
+    assert all(w == 0 for r, w in zip(seen["running"], seen["waiting"]) if r == len(exact))
+
+    over = _fill(blocks + 1, block, text_engine.max_model_len)
+    assert len(over) == len(exact)
+    seen = await run(over, "over")
+    # all are admitted on their prompts; the last block one of them needs is not there: it is preempted and waits
+    assert seen["preempted"]
+    assert any(r == len(over) - 1 and w == 1 for r, w in zip(seen["running"], seen["waiting"]))
 
 
 async def test_generate_streams_exactly_max_tokens(text_engine):

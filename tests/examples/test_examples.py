@@ -12,7 +12,7 @@ import pytest
 
 import fairagents as fa
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -380,6 +380,7 @@ async def test_remote_without_keys_names_the_app_and_sends_no_authorization(serv
 # -- on the real engine ------------------------------------------------------------------
 
 
+@pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="session")
 async def test_on_the_real_engine_usage_streaming_and_node_identity(text_engine):
     arbiter = fa.Arbiter()

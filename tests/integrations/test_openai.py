@@ -209,6 +209,7 @@ async def test_remote_without_keys_names_the_app_and_sends_no_authorization(serv
 # -- on the real engine ------------------------------------------------------------------
 
 
+@pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="session")
 async def test_on_the_real_engine(text_engine):
     arbiter = fa.Arbiter()
@@ -238,6 +239,7 @@ async def test_on_the_real_engine(text_engine):
     )
 
 
+@pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="session")
 async def test_images_generate_on_the_real_image_engine(image_engine):
     import base64

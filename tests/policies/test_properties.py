@@ -1,4 +1,9 @@
-"""The guarantees of the design, as properties over random workloads on the simulator.
+"""The guarantees of the design, as properties over random workloads, on both paths of the dispatcher.
+
+Each property runs through the simulator (``simulate``) and through the live arbiter on
+fake engines and a fake clock (``replay_on_arbiter``), from the same strategies: both
+drive the one :class:`~fairagents.dispatcher.Dispatcher`, so what holds here holds for
+the code that serves.
 
 (a) bounded service gap between backlogged apps (and agents of one app): 2U / min weight;
 (b) no starvation: a waiting agent is bypassed a bounded number of times;
@@ -23,8 +28,19 @@ import fairagents as fa
 from fairagents.engines import SimEngine
 from fairagents.metrics import backlog_intervals, max_service_gap
 from fairagents.simulation import SimRequest, Workload, simulate
+from fairagents.testing import replay_on_arbiter
 
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: The two drivers of the dispatcher: the simulator, and the live arbiter on fake engines.
+RUNNERS = pytest.mark.parametrize("run", [simulate, replay_on_arbiter], ids=["simulator", "arbiter"])
+
+
+
+def examples(n):
+    """``n`` examples, or fewer under a smaller hypothesis profile (``make test-fast`` loads ``fast``)."""
+    return min(n, settings.default.max_examples)
+
+
+PROPERTY = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WEIGHTS = st.sampled_from([0.5, 1.0, 2.0, 3.0])
 POOLS = st.one_of(st.none(), st.integers(1, 8))
 
@@ -86,11 +102,12 @@ def pairs_within_bound(result, key, models):
 # -- (a) bounded gap ------------------------------------------------------------
 
 
+@RUNNERS
 @PROPERTY
 @given(backlogged_workloads(), POOLS)
-def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(case, pool):
+def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(run, case, pool):
     work, engines, _ = case
-    result = simulate(work, "hmfs", engines, pool_running=pool)
+    result = run(work, "hmfs", engines, pool_running=pool)
     for key in ("app", "agent"):
         for x, y, gap, bound in pairs_within_bound(result, key, sorted(engines)):
             assert gap <= bound * (1 + 1e-9), f"{key}s {x} and {y}: gap {gap} > {bound}"
@@ -163,11 +180,12 @@ def bypass_bound(result):
     return math.ceil(worst)
 
 
+@RUNNERS
 @PROPERTY
 @given(backlogged_workloads())
-def test_b_no_starvation(case):
+def test_b_no_starvation(run, case):
     work, engines, _ = case
-    result = simulate(work, "hmfs", engines)
+    result = run(work, "hmfs", engines)
     assert max_bypass(result) <= bypass_bound(result)
 
 
@@ -181,11 +199,12 @@ def test_b_victim_waits_a_bounded_number_of_dispatches_whatever_the_flood():
 # -- (c) work conservation ------------------------------------------------------------
 
 
+@RUNNERS
 @PROPERTY
 @given(backlogged_workloads(), st.sampled_from(["fcfs", "rr", "vtc", "hmfs"]), POOLS)
-def test_c_work_conservation(case, policy, pool):
+def test_c_work_conservation(run, case, policy, pool):
     work, engines, _ = case
-    result = simulate(work, policy, engines, pool_running=pool)
+    result = run(work, policy, engines, pool_running=pool)
     assert result.idle_with_backlog == 0
     assert len(result.records) == len(work)  # everything ran to the end
     busy = sum(r.output_tokens for r in result.records)
@@ -195,20 +214,21 @@ def test_c_work_conservation(case, policy, pool):
 # -- (d) weighted shares ------------------------------------------------------------
 
 
+@RUNNERS
 @PROPERTY
 @given(
     st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=4),
     st.lists(st.sampled_from([1.0, 2.0]), min_size=2, max_size=2),
     st.integers(0, 1000),
 )
-def test_d_long_run_shares_match_weights_within_5_percent(app_weights, agent_weights, seed):
+def test_d_long_run_shares_match_weights_within_5_percent(run, app_weights, agent_weights, seed):
     engine = SimEngine(fa.ModelProfile(d_model=1024, n_layers=8), max_running=4, kv_capacity=256, seed=seed)
     work = Workload(seed=seed)
     for i, w in enumerate(app_weights):
         app = fa.App(f"app{i}", weight=w)
         for j, wt in enumerate(agent_weights):
             work.burst(fa.Agent(f"agent{j}", app, weight=wt), "m", n=int(80 * w * wt), prompt=(20, 60), output=(1, 8))
-    result = simulate(work, "hmfs", {"m": engine})
+    result = run(work, "hmfs", {"m": engine})
     for key, weights in (("app", result.app_weights()), ("agent", result.agent_weights())):
         backlog = backlog_intervals(result.records, key)
         end = min(intervals[0][1] for intervals in backlog.values())  # all backlogged from 0 until then
@@ -227,18 +247,19 @@ def test_d_long_run_shares_match_weights_within_5_percent(app_weights, agent_wei
 # -- (e) no burst after idling ------------------------------------------------------------
 
 
+@RUNNERS
 @PROPERTY
 @given(
     WEIGHTS, WEIGHTS, st.integers(1, 10), st.floats(0.5, 5.0), st.integers(5, 40), st.integers(0, 1000),
     st.sampled_from(["hmfs", "vtc"]),
 )
-def test_e_returning_app_gets_no_burst_beyond_U(w_busy, w_idle, first, gap, second, seed, policy):
+def test_e_returning_app_gets_no_burst_beyond_U(run, w_busy, w_idle, first, gap, second, seed, policy):
     engine = SimEngine(fa.ModelProfile(d_model=2048, n_layers=8), max_running=4, kv_capacity=400, seed=seed)
     busy, idle = fa.Agent("t", fa.App("busy", weight=w_busy)), fa.Agent("t", fa.App("idle", weight=w_idle))
     work = Workload(seed=seed).burst(busy, "m", n=600, prompt=(20, 80), output=(1, 40))
     work.burst(idle, "m", n=first, prompt=(20, 80), output=(1, 40))
     work.burst(idle, "m", n=second, at=gap, prompt=(20, 80), output=(1, 40))
-    result = simulate(work, policy, {"m": engine})
+    result = run(work, policy, {"m": engine})
     backlog = backlog_intervals(result.records)
     returned = [iv for iv in backlog["idle"] if iv[0] >= gap]
     if not returned:
@@ -273,7 +294,7 @@ def test_e_fcfs_lets_the_returning_app_burst():
 MODALITIES = {"text": ((20, 200), (10, 100)), "vision": ((600, 1000), (10, 60)), "image": ((10, 30), (64, 256))}
 
 
-def cross_modal(policy, profiles, pool, seed, dearest_requests=60, jitter=0.0, shared=True):
+def cross_modal(policy, profiles, pool, seed, dearest_requests=60, jitter=0.0, shared=True, run=simulate):  # noqa: PLR0913
     """Three apps of weight 1, one per modality, each backlogged on its own model.
 
     Each app sends enough requests to stay backlogged for about ``dearest_requests`` of
@@ -290,7 +311,7 @@ def cross_modal(policy, profiles, pool, seed, dearest_requests=60, jitter=0.0, s
     for m, (prompt, output) in MODALITIES.items():
         n = math.ceil(dearest_requests * max(mean_cost.values()) / mean_cost[m])
         work.burst(fa.Agent("bot", fa.App(f"{m}-app")), m, n=n, prompt=prompt, output=output)
-    result = simulate(work, policy, engines, pool_running=pool if shared else None)
+    result = run(work, policy, engines, pool_running=pool if shared else None)
     until = min(max(r.dispatched for r in result.records if r.app == app) for app in result.apps)
     return {s.name: s.service for s in result.app_stats(until)}
 
@@ -300,14 +321,26 @@ def spread(values):
     return (max(values) - min(values)) / (sum(values) / len(values))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**32 - 1))
-def test_f_equal_apps_on_different_modalities_split_the_pool_within_10_percent(seed):
+def equal_apps_split_the_pool_within_10_percent(run, seed):
     rng = random.Random(seed)
     profiles = {m: fa.ModelProfile(d_model=rng.choice([512, 1024, 2048, 4096]), n_layers=rng.randint(8, 32))
                 for m in MODALITIES}
-    service = cross_modal("hmfs", profiles, pool=rng.randint(2, 6), seed=seed, jitter=rng.choice([0.0, 0.2]))
+    service = cross_modal("hmfs", profiles, pool=rng.randint(2, 6), seed=seed, jitter=rng.choice([0.0, 0.2]), run=run)
     assert spread(service.values()) <= 0.10, service
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_f_equal_apps_on_different_modalities_split_the_pool_within_10_percent(seed):
+    equal_apps_split_the_pool_within_10_percent(simulate, seed)
+
+
+# On the live arbiter every token is a stream event of a real call, a few times the simulator's
+# cost: fewer examples of the same property.
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_f_on_the_live_arbiter(seed):
+    equal_apps_split_the_pool_within_10_percent(replay_on_arbiter, seed)
 
 
 def test_f_flat_vtc_on_raw_tokens_does_not_and_neither_do_separate_models():

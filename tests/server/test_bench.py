@@ -4,7 +4,7 @@ import pytest
 
 from fairagents.bench import server
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
 
 async def test_bench_server_reports_both_paths(text_engine):

@@ -13,7 +13,7 @@ from fairagents.server import build_arbiter
 
 from ._support import MSG, client, live, make_config, wait_until
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
 SCALE = 128 / 4096 * 2  # unified tokens per raw token of the embedded model
 GREEDY = {"ignore_eos": True}

@@ -230,8 +230,9 @@ def _declare(app: AppHandle | App, name: str, weight: Any) -> Agent:
     except InvalidParameterError:
         if weight is not None:  # the node's metadata asks for settings the agent was not declared with
             raise
-        # Declared beforehand with settings of its own, which it keeps: the arbiter finds it by name.
-        return Agent(name, app.identity)
+        # Declared beforehand with settings of its own, which it keeps: the arbiter finds it by name
+        # (an identity that states none of its settings).
+        return Agent(name, app.identity, declared=frozenset())
 
 
 def _app_name(app: AppHandle | App) -> str:
