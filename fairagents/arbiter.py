@@ -30,24 +30,20 @@ import contextlib
 import itertools
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import structlog
 
 from fairagents.calls import Call, ModelCalls
-from fairagents.constants import DEFAULT_D_BASE
-from fairagents.cost import UnifiedTokenCost
 from fairagents.dispatcher import Changes, Dispatcher, Ticket
 from fairagents.engines.base import Engine, GenerationParams, Prompt
-from fairagents.errors import EngineError, InvalidParameterError, ModalityError, OverloadedError, ShutdownError
+from fairagents.errors import EngineError, InvalidParameterError, OverloadedError, ShutdownError
 from fairagents.handles import AgentHandle, AppHandle
-from fairagents.identity import SLO, Agent, App, Modality
-from fairagents.images import has_images
+from fairagents.identity import SLO, Agent, App
 from fairagents.metrics import RequestRecord
-from fairagents.policies import Policy, make_policy
+from fairagents.policies import Policy, priced_policy
 from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, TokenBudget, check_limit
 from fairagents.preprocessing import Preprocessor
-from fairagents.prompts import Messages, chat_input
 from fairagents.request import Outcome, Request
 from fairagents.stats import Ledger, Stats
 from fairagents.tenants import Tenants
@@ -59,7 +55,6 @@ log = structlog.get_logger("fairagents.arbiter")
 # Request ids are unique across every arbiter in the process: arbiters may share an engine,
 # and vLLM merges requests of the same id (an abort meant for one would end the other).
 _request_ids = itertools.count(1)
-
 
 
 class Arbiter(ModelCalls):
@@ -124,21 +119,7 @@ class Arbiter(ModelCalls):
         if pool_in_flight is not None:
             check_limit(pool_in_flight)
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
-        given = {"d_base": d_base, "w_input": w_input, "w_output": w_output}
-        self.cost = UnifiedTokenCost(
-            d_base=DEFAULT_D_BASE if d_base is None else d_base,
-            w_input=1.0 if w_input is None else w_input,
-            w_output=2.0 if w_output is None else w_output,
-        )
-        policy = make_policy(policy, self.cost)
-        own = getattr(policy, "cost", None)
-        if isinstance(own, UnifiedTokenCost) and own is not self.cost:  # one pricing path
-            for name, value in given.items():
-                if value is not None and value != getattr(own, name):
-                    raise InvalidParameterError(
-                        f"the policy prices with {name}={getattr(own, name)}, not {value}"
-                    )
-            self.cost = own
+        policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output)
         self.in_flight = in_flight
         self.token_budget = token_budget
         self.pool_in_flight = pool_in_flight
@@ -308,39 +289,6 @@ class Arbiter(ModelCalls):
         return self.pool.budget(self.pool.get(model))
 
     # -- submitting ----------------------------------------------------------------
-
-    async def prepare_chat(self, model: str, messages: Messages) -> Prompt:
-        """``messages`` made ready for ``model``: chat template applied, tokenized, images decoded.
-
-        Messages with images are prepared in the preprocessing pool, off the event loop.
-        For callers that need the prompt before sending it (its length, for usage), then
-        send it with :meth:`complete` or :meth:`stream_complete`, passing ``arrival``.
-
-        Raises:
-            BadInputError: an unknown model, invalid messages, an unreadable image, or an
-                image for a model that takes none.
-        """
-        engine = self.pool.get(model).engine
-        if isinstance(messages, Sequence) and not isinstance(messages, str | bytes) and has_images(messages):
-            if engine.profile.modality is not Modality.VISION:
-                raise ModalityError(
-                    f"model {model!r} takes no images (it is a {engine.profile.modality.value} model)", model=model
-                )
-            return await self.preprocessor.run(chat_input(messages), engine)
-        return chat_input(messages)(engine)
-
-    async def _chat_call(
-        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages
-    ) -> Call:
-        """Queue a chat call: text at once; with images, after preparing them in the pool."""
-        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
-            return self._submit(model, who, params, chat_input(messages))
-        arrival = self.clock()  # the call's arrival, before its preprocessing (DuetInfer)
-        self._check_open()
-        self.pool.get(model)
-        self.tenants.resolve(who)  # typed errors before any image work
-        prompt = await self.prepare_chat(model, messages)
-        return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
 
     def _submit(
         self,

@@ -25,10 +25,13 @@ from fairagents.engines.base import Delta, Engine, GenerationParams, Prompt
 from fairagents.errors import EngineError, FairAgentsError, ModalityError, ShutdownError
 from fairagents.handles import AgentHandle
 from fairagents.identity import Agent, Modality
-from fairagents.images import to_png
-from fairagents.prompts import Messages, text_input
+from fairagents.images import has_images, to_png
+from fairagents.pool import Pool
+from fairagents.preprocessing import Preprocessor
+from fairagents.prompts import Messages, chat_input, text_input
 from fairagents.reply import ImageReply, Reply, Timing, Usage
 from fairagents.request import Outcome, Request
+from fairagents.tenants import Tenants
 
 __all__ = ["Call", "ModelCalls"]
 
@@ -64,6 +67,9 @@ class ModelCalls(abc.ABC):
     """
 
     clock: Callable[[], float]
+    pool: Pool
+    preprocessor: Preprocessor
+    tenants: Tenants
 
     async def chat(
         self,
@@ -217,6 +223,41 @@ class ModelCalls(abc.ABC):
             request_id=reply.request_id, usage=reply.usage, timing=reply.timing,
         )
 
+    # -- preparing chat input ----------------------------------------------------------
+
+    async def prepare_chat(self, model: str, messages: Messages) -> Prompt:
+        """``messages`` made ready for ``model``: chat template applied, tokenized, images decoded.
+
+        Messages with images are prepared in the preprocessing pool, off the event loop.
+        For callers that need the prompt before sending it (its length, for usage), then
+        send it with :meth:`complete` or :meth:`stream_complete`, passing ``arrival``.
+
+        Raises:
+            BadInputError: an unknown model, invalid messages, an unreadable image, or an
+                image for a model that takes none.
+        """
+        engine = self.pool.get(model).engine
+        if isinstance(messages, Sequence) and not isinstance(messages, str | bytes) and has_images(messages):
+            if engine.profile.modality is not Modality.VISION:
+                raise ModalityError(
+                    f"model {model!r} takes no images (it is a {engine.profile.modality.value} model)", model=model
+                )
+            return await self.preprocessor.run(chat_input(messages), engine)
+        return chat_input(messages)(engine)
+
+    async def _chat_call(
+        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages
+    ) -> Call:
+        """Queue a chat call: text at once; with images, after preparing them in the pool."""
+        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
+            return self._submit(model, who, params, chat_input(messages))
+        arrival = self.clock()  # the call's arrival, before its preprocessing (DuetInfer)
+        self._check_open()
+        self.pool.get(model)
+        self.tenants.resolve(who)  # typed errors before any image work
+        prompt = await self.prepare_chat(model, messages)
+        return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
+
     # -- what the arbiter provides -------------------------------------------------
 
     @abc.abstractmethod
@@ -227,9 +268,8 @@ class ModelCalls(abc.ABC):
         """Validate, prepare and queue a request."""
 
     @abc.abstractmethod
-    async def _chat_call(self, model: str, who: AgentHandle | Agent | None, params: GenerationParams,
-                         messages: Messages) -> Call:
-        """:meth:`_submit` for chat messages (images prepared off the event loop)."""
+    def _check_open(self) -> None:
+        """Raise :class:`~fairagents.ShutdownError` unless the arbiter is running."""
 
     @abc.abstractmethod
     def _engine_for_images(self, model: str) -> Engine:

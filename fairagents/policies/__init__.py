@@ -17,7 +17,8 @@ Examples:
 
 from __future__ import annotations
 
-from fairagents.cost import CostModel
+from fairagents.constants import DEFAULT_D_BASE
+from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
 from fairagents.policies.base import BasePolicy, Policy
 from fairagents.policies.fcfs import FCFS
@@ -25,7 +26,7 @@ from fairagents.policies.hmfs import HMFS
 from fairagents.policies.rr import RoundRobin
 from fairagents.policies.vtc import VTC
 
-__all__ = ["BasePolicy", "FCFS", "HMFS", "POLICIES", "Policy", "RoundRobin", "VTC", "make_policy"]
+__all__ = ["BasePolicy", "FCFS", "HMFS", "POLICIES", "Policy", "RoundRobin", "VTC", "make_policy", "priced_policy"]
 
 #: Built-in policies by name.
 POLICIES: dict[str, type[BasePolicy]] = {cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS)}
@@ -64,6 +65,44 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
             f"policy {policy!r} lacks {', '.join(missing)}; subclass fairagents.policies.BasePolicy to inherit them"
         )
     raise InvalidParameterError(f"policy must be a name or a Policy, got {policy!r}")
+
+
+def priced_policy(
+    policy: str | Policy, *, d_base: int | None = None, w_input: float | None = None, w_output: float | None = None
+) -> tuple[Policy, UnifiedTokenCost]:
+    """The policy and the one unified cost model that prices service for it and for the ledger.
+
+    A name is built with a new cost model of these settings (defaults: ``d_base`` 4096,
+    ``w_input`` 1, ``w_output`` 2). A policy object that prices in unified tokens brings
+    its own cost model, which is used as it is (an arbiter then registers each model's
+    profile in it); settings given here that contradict it are an error. A policy that
+    counts raw tokens on purpose (``VTC()``) keeps them; the ledger still prices in
+    unified tokens.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> policy = fa.policies.HMFS()
+        >>> fa.policies.priced_policy(policy)[1] is policy.cost
+        True
+        >>> fa.policies.priced_policy(fa.policies.HMFS(), w_output=3.0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: the policy prices with w_output=2.0, not 3.0
+    """
+    given = {"d_base": d_base, "w_input": w_input, "w_output": w_output}
+    cost = UnifiedTokenCost(
+        d_base=DEFAULT_D_BASE if d_base is None else d_base,
+        w_input=1.0 if w_input is None else w_input,
+        w_output=2.0 if w_output is None else w_output,
+    )
+    policy = make_policy(policy, cost)
+    own = getattr(policy, "cost", None)
+    if isinstance(own, UnifiedTokenCost) and own is not cost:
+        for name, value in given.items():
+            if value is not None and value != getattr(own, name):
+                raise InvalidParameterError(f"the policy prices with {name}={getattr(own, name)}, not {value}")
+        cost = own
+    return policy, cost
 
 
 _PROTOCOL = tuple(name for name, member in vars(Policy).items() if not name.startswith("_") and callable(member))

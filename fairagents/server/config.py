@@ -17,6 +17,7 @@ a weight ≤ 0, two apps with one key, keys on but an app without one) is an
     [models.chat]                 # the OpenAI "model" name clients send
     path = "Qwen/Qwen2.5-0.5B-Instruct"
     in_flight = 16
+    token_budget = "engine"       # the default: KV tokens reserved at once, from the engine
 
     [apps.driving]
     api_key_env = "DRIVING_KEY"   # or api_key = "..."
@@ -40,7 +41,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -190,6 +191,10 @@ class ModelConfig(_Section):
     """A Hugging Face model folder or name; ``None`` serves the embedded tiny model."""
     in_flight: int | None = Field(default=None, ge=1)
     """Requests handed to the engine at once; unset, the engine's batch capacity."""
+    token_budget: Literal["engine", "off"] | Annotated[int, Field(ge=1)] | None = None
+    """KV tokens its running requests may reserve (``prompt + max_tokens`` each): ``"engine"``
+    (the engine's KV capacity), a number of tokens, or ``"off"`` (admission by request
+    count only); unset, the configuration's ``token_budget``."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Context length; unset, the model's own."""
     kv_cache_bytes: int = Field(default=256 * 2**20, ge=2**20)
@@ -264,6 +269,9 @@ class Config(_Section):
     """Default in-flight limit of the models that set none."""
     pool_in_flight: int | None = Field(default=None, ge=1)
     """One in-flight limit for the whole pool, for models on shared hardware (see ``Arbiter``)."""
+    token_budget: Literal["engine", "off"] | Annotated[int, Field(ge=1)] = "engine"
+    """Default token budget of the models that set none: ``"engine"`` (each engine's KV
+    capacity), a number of tokens, or ``"off"`` (see :mod:`fairagents.dispatcher`)."""
     d_base: int = Field(default=DEFAULT_D_BASE, ge=1)
     w_input: float = Field(default=1.0, ge=0)
     w_output: float = Field(default=2.0, ge=0)
@@ -365,11 +373,13 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         policy=config.policy,
         in_flight=config.in_flight,
         pool_in_flight=config.pool_in_flight,
+        token_budget=None if config.token_budget == "off" else config.token_budget,
         d_base=config.d_base,
         w_input=config.w_input,
         w_output=config.w_output,
         drain_timeout=config.server.drain_timeout,
     )
     for name, model in config.models.items():
-        arbiter.add_model(name, engines.get(name) or model.build(), in_flight=model.in_flight)
+        budget = {None: False, "off": None}.get(model.token_budget, model.token_budget)  # type: ignore[arg-type]
+        arbiter.add_model(name, engines.get(name) or model.build(), in_flight=model.in_flight, token_budget=budget)
     return arbiter

@@ -91,6 +91,8 @@ def test_the_default_serves_the_embedded_model_with_keys_off():
         ("[apps.a]\napi_key = 'k'\n[apps.a.agents.'x/y']\nweight = 1", "agent name must be"),
         ("[server]\nauth = false\nport = 70000", "server.port"),
         ("[server]\nauth = false\n[models.m]\nengine = 'tgi'", "models.m.engine"),
+        ("token_budget = 0\n[server]\nauth = false", "token_budget"),
+        ("[server]\nauth = false\n[models.m]\ntoken_budget = 'lots'", "models.m.token_budget"),
         ("[server\n", "Expected"),
     ],
 )
@@ -154,3 +156,15 @@ def test_the_guides_configuration_validates_and_builds_every_engine_kind(tmp_pat
     assert type(engines["chat"]) is VLLMEngine and engines["chat"].max_num_seqs == 32
     assert isinstance(engines["vision"], VisionEngine) and isinstance(engines["image"], DiffusionEngine)
     assert engines["image"].max_size == 256
+
+
+async def test_token_budgets_come_from_the_engine_a_number_or_are_off():
+    from fairagents.testing import FakeEngine
+
+    config = Config.model_validate({
+        "server": {"auth": False}, "token_budget": 512,
+        "models": {"a": {}, "b": {"token_budget": "engine"}, "c": {"token_budget": "off"}},
+    })
+    arbiter = build_arbiter(config, engines={m: FakeEngine(token_capacity=128) for m in "abc"})
+    async with arbiter:
+        assert [arbiter.token_budget_of(m) for m in "abc"] == [512, 128, None]
