@@ -91,7 +91,9 @@ class VLLMEngine:
         kv_cache_bytes: KV cache size. Always set: otherwise vLLM on CPU tries to
             reserve most of the machine's memory.
         max_num_seqs: most sequences vLLM batches at once; the arbiter's in-flight limit
-            for this model defaults to it, so vLLM's own FCFS queue stays empty.
+            for this model defaults to it, and its token budget to ``token_capacity``, so
+            what vLLM is handed fits its batch and KV cache at once and its own FCFS queue
+            stays empty.
         dtype: weights' dtype (``"float32"`` on CPU).
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
 
