@@ -176,11 +176,13 @@ class Gateway:
         handle = self._apps.get(app)
         if handle is None:  # keys off: apps are declared on first use
             if len(self._apps) >= self.config.server.max_apps:
-                raise UnknownAppError(f"unknown app {app!r}: the server already has {len(self._apps)} apps, its max_apps")
+                raise UnknownAppError(f"unknown app {app!r}: the server already has {len(self._apps)} apps, its max_apps",
+                                      app=app)
             handle = self._apps[app] = self.arbiter.app(app, max_queued=self.config.server.max_queued)
         limit = self.config.apps[app].max_agents if app in self.config.apps else DEFAULT_MAX_AGENTS
         if sum(1 for a, _ in self._agents if a == app) >= limit:
-            raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents")
+            raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents",
+                                    app=app, agent=agent)
         self._agents[(app, agent)] = handle.agent(agent)
         return self._agents[(app, agent)]
 
@@ -211,7 +213,8 @@ class Gateway:
         """The engine of text-generating ``model``: 404 if it is not in the pool, 400 for an image model."""
         engine = self.arbiter.engine(model)
         if engine.profile.modality is Modality.IMAGE:
-            raise InvalidParameterError(f"model {model!r} generates images; it takes no chat or completion requests")
+            raise InvalidParameterError(f"model {model!r} generates images; it takes no chat or completion requests",
+                                        model=model)
         return engine
 
     # -- one request ---------------------------------------------------------------
@@ -455,10 +458,12 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
         model = body.model or (image_models[0] if len(image_models) == 1 else None)
         if model is None or model not in arbiter.models:
-            raise UnknownModelError(f"no image model {body.model!r} is served; image models: {', '.join(image_models) or 'none'}")
+            raise UnknownModelError(f"no image model {body.model!r} is served; image models: {', '.join(image_models) or 'none'}",
+                                    model=body.model)
         modality = arbiter.engine(model).profile.modality
         if modality is not Modality.IMAGE:
-            raise InvalidParameterError(f"model {model!r} is a {modality.value} model and does not generate images")
+            raise InvalidParameterError(f"model {model!r} is a {modality.value} model and does not generate images",
+                                        model=model)
         if body.response_format not in (None, "b64_json"):
             raise InvalidParameterError("response_format: images are returned as b64_json (no image URLs are hosted)")
         request.state.labels = (who.identity.app.name, who.identity.name, model)
