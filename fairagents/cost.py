@@ -157,8 +157,7 @@ class UnifiedTokenCost:
         try:
             return self._scale[model]
         except KeyError:
-            known = ", ".join(sorted(self._scale)) or "none"
-            raise UnknownModelError(f"unknown model {model!r}; known models: {known}") from None
+            raise UnknownModelError.among(model, self._scale) from None
 
     def unified_tokens(self, model: str, n: int) -> float:
         """``T(n, model)``: ``n`` raw tokens of ``model`` in unified tokens."""

@@ -274,8 +274,7 @@ class Dispatcher:
         """The admission state of ``name``."""
         state = self._models.get(name)
         if state is None:
-            known = ", ".join(sorted(self._models)) or "none"
-            raise UnknownModelError(f"unknown model {name!r}; known models: {known}", model=name)
+            raise UnknownModelError.among(name, self._models)
         return state
 
     @property

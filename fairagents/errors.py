@@ -34,6 +34,8 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "BadInputError",
     "ContextLengthError",
@@ -118,6 +120,18 @@ class UnknownModelError(BadInputError):
         ...
         fairagents.errors.UnknownModelError: unknown model 'chat'; known models: none
     """
+
+    @classmethod
+    def among(cls, name: object, known: Iterable[str]) -> UnknownModelError:
+        """The error for ``name``, listing the ``known`` models.
+
+        Examples:
+            >>> from fairagents.errors import UnknownModelError
+            >>> str(UnknownModelError.among("chta", ["chat", "vision"]))
+            "unknown model 'chta'; known models: chat, vision"
+        """
+        listed = ", ".join(sorted(known)) or "none"
+        return cls(f"unknown model {name!r}; known models: {listed}", model=name if isinstance(name, str) else None)
 
 
 class UnknownAppError(BadInputError):

@@ -97,8 +97,7 @@ class Pool:
         """The model of that name; raises :class:`~fairagents.UnknownModelError`."""
         m = self.models.get(name)
         if m is None:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise UnknownModelError(f"unknown model {name!r}; known models: {known}", model=name)
+            raise UnknownModelError.among(name, self.models)
         return m
 
     def limit(self, m: PoolModel) -> int:

@@ -227,8 +227,7 @@ def _validate(
     out = []
     for i, item in enumerate(workload.requests):
         if item.model not in engines:
-            known = ", ".join(sorted(engines)) or "none"
-            raise UnknownModelError(f"unknown model {item.model!r}; known models: {known}")
+            raise UnknownModelError.among(item.model, engines)
         if apps is not None:
             app = apps.get(item.agent.app.name)
             if app is None:
