@@ -1,6 +1,6 @@
-"""What the arbiter costs, and how its in-flight limit trades fairness for throughput.
+"""What the arbiter costs, how its in-flight limit trades fairness for throughput, and what its token budget does.
 
-Two measurements on one real engine, in one run:
+Three measurements, the first two on one real engine, the third on a second one:
 
 1. **Overhead.** The same closed-loop load (``callers`` concurrent callers, each
    sending requests of ``max_tokens`` output tokens back to back) goes straight to
@@ -16,6 +16,26 @@ Two measurements on one real engine, in one run:
    small app's TTFT climbs to the flood's. The default limit is the engine's batch
    capacity (``max_num_seqs``); the table also names the smallest limit within 3% of
    the best throughput.
+3. **KV pressure.** A second engine, the embedded model with a KV cache that holds
+   :data:`PRESSURE_HOLDS` requests (``MESSAGES`` + :data:`PRESSURE_TOKENS` output
+   tokens, ``ignore_eos``: two KV blocks each at their peak; :func:`pressure_kv_bytes`).
+   Two apps of equal weight, 3 and 30 callers by default, backlogged closed-loop
+   through ``hmfs`` for ``kv_seconds`` each way: with the token budget (the default:
+   admission by KV tokens reserved) and by request count alone (``token_budget=None``,
+   in-flight limit the engine's ``max_num_seqs``, 32). Reported for each: output tokens/s over the
+   window; the victim's service over the flood's (its three callers cannot use more
+   than three of the eight requests the KV holds, so about 0.6 is its most); the
+   largest service gap between the apps while both had a request waiting for its first
+   token — in the arbiter's queue or in vLLM's, so that both rows are measured alike —
+   as a fraction of ``2U``; and each app's median TTFT. ``U`` is the same for both rows: the bound with the token
+   budget, i.e. from the KV capacity, which is what the engine can really hold (by
+   request count the arbiter's own ``U`` would assume 32 requests in flight). By request
+   count the arbiter hands vLLM more than its KV holds, so the queue moves into vLLM
+   (FCFS, preempting when the KV runs out) and the policy no longer decides.
+
+TTFT on both paths of the overhead measurement counts from the caller's own clock just
+before the call, so the arbiter's preparing of the prompt is inside it, as the direct
+path's is.
 
 Examples:
     >>> from fairagents.bench import overhead
@@ -26,6 +46,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -37,10 +58,17 @@ from fairagents.arbiter import Arbiter
 from fairagents.engines.base import Engine, GenerationParams
 from fairagents.metrics import max_service_gap, percentile
 
-__all__ = ["SWEEP", "render", "run"]
+__all__ = ["PRESSURE_HOLDS", "PRESSURE_TOKENS", "SWEEP", "pressure_kv_bytes", "render", "run"]
 
 SWEEP = (2, 4, 8, 16, 32, 64)
 MESSAGES = [{"role": "user", "content": "Summarise the state of the road network in three sentences."}]
+PRESSURE_HOLDS = 8
+"""Requests the KV pressure measurement's KV cache holds at once."""
+PRESSURE_TOKENS = 120
+"""Output tokens of each request under KV pressure: with the prompt, two KV blocks at its peak."""
+_PROMPT_TOKENS = 43  # MESSAGES under the embedded model's chat template
+_BLOCK_TOKENS = 128  # vLLM's KV block on CPU
+_BLOCK_BYTES = 2 * 2 * 2 * 64 * 4 * _BLOCK_TOKENS  # K and V x 2 layers x 2 heads of 64 x float32 per token: 256 KiB
 _ids = itertools.count()
 
 
@@ -67,7 +95,7 @@ async def _direct(engine: Engine, callers: int, per_caller: int, max_tokens: int
 
 
 async def _arbitrated(engine: Engine, callers: int, per_caller: int, max_tokens: int) -> tuple[int, float, list[float]]:
-    arbiter = Arbiter(policy="hmfs")  # the default in-flight limit
+    arbiter = Arbiter(policy="hmfs")  # the default in-flight limit and token budget
     arbiter.add_model("m", engine)
     agents = [arbiter.app(f"app{i % 4}").agent(f"agent{i % 8}") for i in range(8)]
     await arbiter.start()
@@ -77,9 +105,13 @@ async def _arbitrated(engine: Engine, callers: int, per_caller: int, max_tokens:
     async def caller(i: int) -> None:
         nonlocal tokens
         for _ in range(per_caller):
-            reply = await agents[i % 8].chat("m", MESSAGES, max_tokens=max_tokens, ignore_eos=True, seed=0)
-            tokens += reply.usage.completion_tokens
-            ttfts.append(reply.timing.ttft if reply.timing.ttft is not None else float("nan"))
+            t0 = time.perf_counter()  # the same instant as the direct path: before the call prepares the prompt
+            first = None
+            async for delta in agents[i % 8].stream_chat("m", MESSAGES, max_tokens=max_tokens, ignore_eos=True, seed=0):
+                if first is None and delta.new_tokens:
+                    first = time.perf_counter() - t0
+                tokens += delta.new_tokens
+            ttfts.append(first if first is not None else float("nan"))
 
     start = time.perf_counter()
     try:
@@ -157,6 +189,108 @@ async def _run(engine: Engine, callers: int, per_caller: int, max_tokens: int, r
     }
 
 
+def pressure_kv_bytes(max_tokens: int = PRESSURE_TOKENS, holds: int = PRESSURE_HOLDS) -> int:
+    """KV cache bytes for the embedded model to hold ``holds`` requests of ``MESSAGES`` + ``max_tokens`` at once.
+
+    Each request reserves ``prompt + max_tokens`` rounded up to whole blocks; vLLM
+    keeps one more block that no request holds (its null block).
+
+    Examples:
+        >>> pressure_kv_bytes(120) // 2**10   # 8 requests x 2 blocks + the null block, 256 KiB each
+        4352
+    """
+    blocks = -(-(_PROMPT_TOKENS + max_tokens) // _BLOCK_TOKENS)
+    return (holds * blocks + 1) * _BLOCK_BYTES
+
+
+async def _pressure_point(
+    engine: Engine, token_budget: int | str | None, flood_callers: int, victim_callers: int, prompt: int,
+    max_tokens: int, seconds: float,
+) -> tuple[dict[str, Any], float]:
+    """One admission mode under KV pressure: its row, and ``U`` under its own limits."""
+    arbiter = Arbiter(policy="hmfs", token_budget=token_budget)
+    arbiter.add_model("m", engine)
+    flood, victim = arbiter.app("flood").agent("bot"), arbiter.app("victim").agent("bot")
+    await arbiter.start()
+    tokens = 0
+
+    async def caller(who: Any) -> None:
+        nonlocal tokens
+        while True:  # backlogged until cancelled; the request in flight then ends as cancelled
+            async for delta in who.stream_chat("m", MESSAGES, max_tokens=max_tokens, ignore_eos=True):
+                tokens += delta.new_tokens
+
+    tasks = [asyncio.create_task(caller(flood)) for _ in range(flood_callers)]
+    tasks += [asyncio.create_task(caller(victim)) for _ in range(victim_callers)]
+    start, t0 = time.perf_counter(), arbiter.clock()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        produced, elapsed, t1 = tokens, time.perf_counter() - start, arbiter.clock()  # the window only
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await arbiter.close(stop_engines=False)
+    records, charges = list(arbiter.ledger.records), list(arbiter.ledger.charges)
+    served = {"flood": 0.0, "victim": 0.0}
+    for c in charges:
+        if t0 <= c.time <= t1:
+            served[c.app] += c.amount
+    # A request waits until its first token, whether in the arbiter's queue or in vLLM's
+    # (by request count, that is where the queue is): the gap counts both alike.
+    waited = [dataclasses.replace(r, dispatched=r.first_token) for r in records]
+    gap = max_service_gap(waited, charges, {"flood": 1.0, "victim": 1.0})
+
+    def ttft(app: str) -> float:
+        return percentile([r.ttft for r in records if r.app == app and r.ttft is not None], 50)
+
+    row = {
+        "in_flight": arbiter.in_flight_limit("m"),
+        "token_budget": arbiter.token_budget_of("m"),
+        "tokens_per_s": produced / elapsed,
+        "victim_over_flood": served["victim"] / served["flood"] if served["flood"] else float("nan"),
+        "max_gap": gap,
+        "victim_ttft_p50_s": ttft("victim"),
+        "flood_ttft_p50_s": ttft("flood"),
+    }
+    return row, arbiter.bound(prompt + max_tokens)
+
+
+async def _kv_pressure(flood_callers: int, victim_callers: int, max_tokens: int, seconds: float) -> dict[str, Any]:
+    """Token-budget against request-count admission on an engine whose KV holds a few requests."""
+    from fairagents.engines.vllm import VLLMEngine
+
+    kv_bytes = pressure_kv_bytes(max_tokens)
+    engine = VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024)
+    await engine.start()
+    try:
+        prompt = len(engine.prepare_chat(MESSAGES).token_ids)
+        await _direct(engine, 2, 1, 8)  # warm up
+        load = (flood_callers, victim_callers, prompt, max_tokens, seconds)
+        budgeted, u = await _pressure_point(engine, "engine", *load)
+        counted, _ = await _pressure_point(engine, None, *load)
+    finally:
+        await engine.stop()
+    block, capacity = engine.kv_block_size, engine.token_capacity or 0
+    reservation = -(-(prompt + max_tokens) // block) * block
+    for row in (budgeted, counted):
+        row["gap_over_2u"] = row["max_gap"] / (2 * u)  # one U for both: what the KV can really hold
+    return {
+        "kv_cache_bytes": kv_bytes,
+        "token_capacity": engine.token_capacity,
+        "kv_block_size": engine.kv_block_size,
+        "prompt_tokens": prompt,
+        "max_tokens": max_tokens,
+        "requests_held": capacity // reservation,
+        "flood_callers": flood_callers,
+        "victim_callers": victim_callers,
+        "seconds": seconds,
+        "u": u,
+        "token_budget": budgeted,
+        "request_count": counted,
+    }
+
+
 def _default_limit(engine: Engine) -> int:
     arbiter = Arbiter()
     arbiter.add_model("m", engine)
@@ -170,23 +304,29 @@ def run(
     max_tokens: int = 64,
     rounds: int = 2,
     sweep: Sequence[int] = SWEEP,
+    kv_seconds: float = 20.0,
+    kv_flood_callers: int = 30,
+    kv_victim_callers: int = 3,
 ) -> dict[str, Any]:
-    """Measure overhead and the in-flight sweep on a real vLLM engine (the embedded model by default)."""
+    """Measure overhead and the in-flight sweep on a real vLLM engine (the embedded model by default),
+    then KV pressure on a second engine (always the embedded model), ``kv_seconds`` per admission mode."""
     from fairagents.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(model, kv_cache_bytes=256 * 2**20, max_model_len=1024 if model is None else None)
 
     async def main() -> dict[str, Any]:
         try:
-            return await _run(engine, callers, per_caller, max_tokens, rounds, sweep)
+            result = await _run(engine, callers, per_caller, max_tokens, rounds, sweep)
         finally:
             await engine.stop()
+        result["kv_pressure"] = await _kv_pressure(kv_flood_callers, kv_victim_callers, PRESSURE_TOKENS, kv_seconds)
+        return result
 
     return asyncio.run(main())
 
 
 def render(result: dict[str, Any]) -> list[Table]:
-    """Two tables: direct vs arbiter, and the in-flight sweep."""
+    """Three tables: direct vs arbiter, the in-flight sweep, and KV pressure."""
     load = result["load"]
     first = Table(title=f"Arbiter overhead: {load['requests']} requests x {load['max_tokens']} tokens, "
                         f"{load['callers']} callers, in-flight limit {result['default_in_flight']}")
@@ -203,4 +343,18 @@ def render(result: dict[str, Any]) -> list[Table]:
         second.add_row(limit, f"{p['tokens_per_s']:,.0f}", f"{p['max_gap']:,.1f}", f"{p['gap_over_2u']:.3f}",
                        f"{p['victim_ttft_p50_s'] * 1e3:.0f} ms", f"{p['flood_ttft_p50_s'] * 1e3:.0f} ms")
     second.caption = f"smallest limit within 3% of the best throughput: {result['smallest_limit_within_3pct_of_best']}"
-    return [first, second]
+    kv = result["kv_pressure"]
+    third = Table(title=f"KV pressure (hmfs; two apps of equal weight, {kv['victim_callers']} and {kv['flood_callers']} "
+                        f"callers, {kv['seconds']:g} s each): KV cache of {kv['token_capacity']:,} tokens, "
+                        f"{kv['requests_held']} requests of {kv['prompt_tokens']} + {kv['max_tokens']} tokens")
+    for column in ("admission", "output tok/s", "victim / flood service", "max service gap", "gap / 2U",
+                   "victim TTFT p50", "flood TTFT p50"):
+        third.add_column(column, justify="right")
+    for name, p in (("token budget", kv["token_budget"]), ("request count", kv["request_count"])):
+        limits = f"in-flight {p['in_flight']}" + (f", {p['token_budget']:,} tokens" if p["token_budget"] is not None else "")
+        third.add_row(f"{name} ({limits})", f"{p['tokens_per_s']:,.0f}", f"{p['victim_over_flood']:.3f}",
+                      f"{p['max_gap']:,.1f}", f"{p['gap_over_2u']:.3f}",
+                      f"{p['victim_ttft_p50_s'] * 1e3:.0f} ms", f"{p['flood_ttft_p50_s'] * 1e3:.0f} ms")
+    third.caption = (f"U = {kv['u']:,.1f} for both rows: the bound with the token budget, from the KV capacity "
+                     "(what the engine can really hold)")
+    return [first, second, third]

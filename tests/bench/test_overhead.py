@@ -2,15 +2,27 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from fairagents.bench import overhead  # noqa: E402
+pytestmark = pytest.mark.engine  # runs its own vLLM engines
+
+from fairagents.bench import overhead
 
 
-def test_overhead_reports_both_paths_and_the_sweep():
-    result = overhead.run(callers=4, per_caller=1, max_tokens=8, rounds=1, sweep=(2, 4))
+def test_overhead_reports_both_paths_the_sweep_and_kv_pressure():
+    result = overhead.run(callers=4, per_caller=1, max_tokens=8, rounds=1, sweep=(2, 4), kv_seconds=1.5)
     assert result["default_in_flight"] == 32  # the embedded engine's batch capacity
     for path in ("direct", "arbiter"):
         assert result[path]["tokens_per_s"] > 0 and result[path]["ttft_p50_s"] > 0
     assert result["ratio"] == pytest.approx(result["arbiter"]["tokens_per_s"] / result["direct"]["tokens_per_s"])
     assert set(result["sweep"]) == {"2", "4"}
     assert result["smallest_limit_within_3pct_of_best"] in (2, 4)
-    assert len(overhead.render(result)) == 2
+    kv = result["kv_pressure"]
+    assert kv["kv_cache_bytes"] == overhead.pressure_kv_bytes()
+    assert kv["requests_held"] == overhead.PRESSURE_HOLDS  # the KV cache was sized as meant
+    assert kv["token_capacity"] == kv["token_budget"]["token_budget"]  # the default budget is the KV capacity
+    assert kv["request_count"]["token_budget"] is None and kv["request_count"]["in_flight"] == 32
+    for mode in ("token_budget", "request_count"):
+        row = kv[mode]
+        assert row["tokens_per_s"] > 0 and row["victim_ttft_p50_s"] > 0 and row["flood_ttft_p50_s"] > 0
+        assert row["victim_over_flood"] > 0
+        assert row["gap_over_2u"] == pytest.approx(row["max_gap"] / (2 * kv["u"]))
+    assert len(overhead.render(result)) == 3
