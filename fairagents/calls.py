@@ -1,8 +1,10 @@
 """The model calls of an arbiter: chat, completion and image generation, whole or streamed.
 
 :class:`ModelCalls` is the calling surface of :class:`~fairagents.Arbiter`: it checks
-a call's parameters, hands the request to the arbiter, and turns what the engine
-streams back into a :class:`~fairagents.Reply` (or :class:`~fairagents.ImageReply`).
+a call's parameters and prepares its input (images off the event loop), hands the
+request to the arbiter, then waits for its dispatch, streams its engine's output while
+reporting progress and its end, and turns it into a :class:`~fairagents.Reply` (or
+:class:`~fairagents.ImageReply`).
 
 Examples:
     >>> import fairagents as fa
