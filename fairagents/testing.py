@@ -20,6 +20,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import heapq
 import itertools
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
@@ -288,7 +289,8 @@ def replay_on_arbiter(
     capacity as the arbiter's in-flight limit and token budget. The result has the
     shape of :class:`~fairagents.simulation.SimResult`, so the same properties check
     both paths. A request's caller that raises anything but its own cancellation
-    makes the replay raise.
+    makes the replay raise. It runs its own event loop; called from a running loop, it
+    runs on a helper thread and blocks until done.
 
     Examples:
         >>> import fairagents as fa
@@ -300,7 +302,13 @@ def replay_on_arbiter(
         >>> [r.output_tokens for r in result.records], result.idle_with_backlog
         ([2, 2, 2], 0)
     """
-    return asyncio.run(_Replay(workload, policy, engines, pool_running, settle_rounds).play())
+    replay = _Replay(workload, policy, engines, pool_running, settle_rounds)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop running here: the usual case
+        return asyncio.run(replay.play())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fairagents-replay") as thread:
+        return thread.submit(asyncio.run, replay.play()).result()
 
 
 class _Replay:
