@@ -209,6 +209,20 @@ class Gateway:
             }
         return out
 
+    def default_max_tokens(self, model: str, engine: Engine, prompt: Prompt) -> int:
+        """Output tokens of a chat request that sets none: up to the context, within the model's token budget.
+
+        The request reserves ``prompt + max_tokens`` of the budget while it runs, so
+        ``server.default_max_tokens`` keeps such requests from each holding the whole KV cache.
+        """
+        room = engine.max_model_len
+        budget = self.arbiter.token_budget_of(model)
+        if budget is not None:
+            room = min(room, budget - (budget % max(getattr(engine, "kv_block_size", 1), 1)))
+        most = max(1, room - prompt.n_tokens)
+        cap = self.config.server.default_max_tokens
+        return most if cap is None else min(most, cap)
+
     def engine(self, model: str) -> Engine:
         """The engine of text-generating ``model``: 404 if it is not in the pool, 400 for an image model."""
         engine = self.arbiter.engine(model)
@@ -441,7 +455,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         engine = gateway.engine(body.model)
         arrival = arbiter.clock()  # images are prepared off the event loop; the request keeps its place
         prompt = await arbiter.prepare_chat(body.model, body.chat_messages())
-        max_tokens = body.requested_max_tokens() or max(1, engine.max_model_len - prompt.n_tokens)
+        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, engine, prompt)
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/completions")

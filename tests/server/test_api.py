@@ -304,3 +304,12 @@ async def test_a_pool_limit_shows_in_the_fairness_view_and_metrics():
     assert fairness["models"]["chat"]["in_flight"] == 1 and fairness["models"]["chat"]["queued"] == 2
     assert _samples(metrics, "fairagents_pool_in_flight_requests") == {(): 1}
     assert _samples(metrics, "fairagents_pool_in_flight_limit") == {(): 1}
+
+
+@pytest.mark.parametrize(("cap", "expected"), [(None, 64 - 3), (10, 10)])
+async def test_a_chat_without_max_tokens_fits_the_token_budget(cap, expected):
+    """Without max_tokens a chat may fill the context, but never more than the model's KV budget holds."""
+    arbiter, engine = fake(token_capacity=64, tokens_per_reply=1000)
+    async with live(arbiter, make_config(default_max_tokens=cap)) as (url, _):
+        reply = await client(url).chat.completions.create(model="chat", messages=MSG)
+    assert reply.usage.completion_tokens == expected  # FakeEngine runs to max_tokens: 3 prompt tokens here
