@@ -204,6 +204,8 @@ class Arbiter(ModelCalls):
         """
         if self._started:
             return
+        if self._calls:  # requests of the last run are still ending: they belong to its dispatcher
+            raise ShutdownError(f"{len(self._calls)} requests of the arbiter's last run have not ended yet")
         await self.pool.start(list(self.pool.models.values()))
         if self.dispatcher.closed:  # started again after a close
             self.dispatcher = self._new_dispatcher(self.policy)
@@ -302,6 +304,8 @@ class Arbiter(ModelCalls):
         self._check_open()
         m = self.pool.get(model)
         agent = self.tenants.resolve(who)
+        if model not in self.dispatcher.models:
+            raise EngineError(f"model {model!r} is starting", model=model, app=agent.app.name)
         down = self.dispatcher.model(model).down
         if down is not None:
             raise EngineError(f"model {model!r} is down: {down}", model=model, app=agent.app.name)
@@ -318,13 +322,15 @@ class Arbiter(ModelCalls):
                           now if arrival is None else arrival)
         call = Call(request, prompt, params, asyncio.get_running_loop().create_future())
         self._calls[request.id] = call
+        self._waiting[waiting] += 1
         try:
             changes = self.dispatcher.arrive(request, now)  # typed errors (context, KV budget) change nothing
         except BaseException:
-            del self._calls[request.id]
+            del self._calls[request.id]  # if it was queued all the same, it is withdrawn at its turn
+            if self.dispatcher.ticket(request.id) is None:
+                self._waiting[waiting] -= 1
             raise
         call.ticket = self.dispatcher.ticket(request.id)
-        self._waiting[waiting] += 1
         self._apply(changes)
         return call
 

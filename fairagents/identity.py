@@ -104,6 +104,21 @@ class SLO:
         return self.e2e is None or e2e <= self.e2e
 
 
+class _DefaultWeight(float):
+    """The weight 1 a caller did not give, told apart from a weight given as 1."""
+
+    __slots__ = ()
+
+
+_DEFAULT_WEIGHT = _DefaultWeight(1.0)
+
+
+def _stated(weight: float, slo: SLO | None, prefix: str = "") -> frozenset[str]:
+    """The settings given: a weight that is not the default one, an SLO that is set."""
+    return frozenset(f"{prefix}{what}" for what, given in (("weight", weight is not _DEFAULT_WEIGHT),
+                                                          ("slo", slo is not None)) if given)
+
+
 @dataclass(frozen=True, slots=True)
 class App:
     """One multi-agent application (a tenant) sharing the model pool.
@@ -116,14 +131,18 @@ class App:
 
     name: str
     """Unique name of the app."""
-    weight: float = 1.0
-    """Share of the pool relative to other apps (> 0)."""
+    weight: float = _DEFAULT_WEIGHT
+    """Share of the pool relative to other apps (> 0; 1 unless given)."""
     slo: SLO | None = None
     """Default SLO of the app's agents."""
+    stated: frozenset[str] = field(init=False, repr=False, compare=False)
+    """Which of its settings (``weight``, ``slo``) were given rather than left to their defaults."""
 
     def __post_init__(self) -> None:
         _check_name(self.name, "app")
         _check_positive(self.weight, "app weight")
+        object.__setattr__(self, "stated", _stated(self.weight, self.slo))
+        object.__setattr__(self, "weight", float(self.weight))
 
 
 #: The settings of an agent's identity that a caller may state: its weight and SLO, and its app's.
@@ -145,15 +164,14 @@ class Agent:
     """Name of the agent, unique inside its app."""
     app: App
     """The app the agent belongs to."""
-    weight: float = 1.0
-    """Share of its app relative to the app's other agents (> 0)."""
+    weight: float = _DEFAULT_WEIGHT
+    """Share of its app relative to the app's other agents (> 0; 1 unless given)."""
     slo: SLO | None = None
     """The agent's SLO; falls back to the app's."""
-    declared: frozenset[str] = field(default=frozenset(SETTINGS), repr=False, compare=False)
-    """Which of :data:`SETTINGS` the caller stated. An arbiter refuses a call whose stated
-    settings differ from the agent's declaration (:meth:`conflicts`); the others are
-    taken from the declaration. An agent built directly states all of them;
-    :func:`agent` states only what it is given."""
+    declared: frozenset[str] = field(init=False, repr=False, compare=False)
+    """Which of :data:`SETTINGS` were given (its own and its app's) rather than left to
+    their defaults. An arbiter refuses a call whose given settings differ from the
+    agent's declaration (:meth:`conflicts`) and takes the others from the declaration."""
     key: tuple[str, str] = field(init=False, repr=False, compare=False)
     """``(app name, agent name)``, the agent's identity in counters and stats."""
 
@@ -163,6 +181,8 @@ class Agent:
             raise InvalidParameterError(f"agent app must be an App, got {self.app!r}")
         _check_positive(self.weight, "agent weight")
         object.__setattr__(self, "key", (self.app.name, self.name))
+        object.__setattr__(self, "declared", _stated(self.weight, self.slo) | {f"app {x}" for x in self.app.stated})
+        object.__setattr__(self, "weight", float(self.weight))
 
     @property
     def effective_slo(self) -> SLO | None:
@@ -175,8 +195,10 @@ class Agent:
         Examples:
             >>> import fairagents as fa
             >>> declared = fa.Agent("planner", fa.App("driving", weight=2.0), weight=3.0)
-            >>> fa.Agent("planner", fa.App("driving")).conflicts(declared)
+            >>> fa.Agent("planner", fa.App("driving", weight=1.0), weight=1.0).conflicts(declared)
             [('weight', 1.0, 3.0), ('app weight', 1.0, 2.0)]
+            >>> fa.Agent("planner", fa.App("driving")).conflicts(declared)   # states nothing
+            []
             >>> @fa.agent(app="driving", name="planner")
             ... def plan():
             ...     return fa.current_agent().conflicts(declared)
@@ -254,11 +276,8 @@ def agent(
         >>> plan()
         ('driving', 'planner')
     """
-    stated = {"weight"} if weight is not None else set()
-    stated |= {"slo"} if slo is not None else set()
-    stated |= {"app weight", "app slo"} if isinstance(app, App) else set()
-    who = Agent(name, app if isinstance(app, App) else App(app), weight=1.0 if weight is None else weight, slo=slo,
-                declared=frozenset(stated))
+    who = Agent(name, app if isinstance(app, App) else App(app), weight=_DEFAULT_WEIGHT if weight is None else weight,
+                slo=slo)
 
     def decorate(fn: F) -> F:
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):

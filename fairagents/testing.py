@@ -213,11 +213,11 @@ class FakeEngine:
 
     def emit(self, request_id: str, tokens: int = 1, finish: str | None = None) -> None:
         """Manual mode: ``request_id`` produces ``tokens`` tokens; ``finish`` (``"stop"``, ``"length"``) ends it."""
-        self._inbox[request_id].put_nowait(("emit", tokens, finish))
+        self._inbox.setdefault(request_id, asyncio.Queue()).put_nowait(("emit", tokens, finish))
 
     def fail_request(self, request_id: str, error: BaseException) -> None:
         """Manual mode: ``request_id``'s stream raises ``error`` (a per-request failure)."""
-        self._inbox[request_id].put_nowait(("raise", error))
+        self._inbox.setdefault(request_id, asyncio.Queue()).put_nowait(("raise", error))
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
@@ -254,7 +254,7 @@ class FakeEngine:
             self._inbox.pop(request_id, None)
 
     async def _manual(self, request_id: str) -> AsyncGenerator[Delta, None]:
-        inbox = self._inbox[request_id] = asyncio.Queue()
+        inbox = self._inbox.setdefault(request_id, asyncio.Queue())
         if request_id in self._aborted:
             inbox.put_nowait(("abort",))
         while True:
@@ -366,6 +366,9 @@ class _Replay:
                     tasks[payload].cancel()
                 await self._settle()
                 self._start_steps(now)
+            stuck = [i for i, task in tasks.items() if not task.done()]
+            if stuck:  # a dispatch did not reach its engine within settle_rounds: the replay cannot go on
+                raise RuntimeError(f"{len(stuck)} requests never finished; raise settle_rounds")
             results = await asyncio.gather(*tasks.values(), return_exceptions=True)
         for i, result in zip(tasks, results, strict=True):
             if isinstance(result, BaseException) and not (i in cancelled and isinstance(result, asyncio.CancelledError)):

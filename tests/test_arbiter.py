@@ -538,9 +538,11 @@ async def test_identity_settings_that_contradict_the_declaration_are_refused():
         with pytest.raises(fa.InvalidParameterError, match="called with weight=1.5, but it is declared with weight=3.0"):
             await wrong_weight()
         with pytest.raises(fa.InvalidParameterError, match="app weight=1.0"):
-            await arbiter.chat("chat", MSG, agent=fa.Agent("planner", fa.App("driving"), weight=3.0))
+            await arbiter.chat("chat", MSG, agent=fa.Agent("planner", fa.App("driving", weight=1.0), weight=3.0))
         assert (await as_declared()).usage.completion_tokens == 1
-    assert len(arbiter.ledger.records) == 1
+        # an identity that states no settings takes the declaration's
+        assert (await arbiter.chat("chat", MSG, agent=fa.Agent("planner", fa.App("driving")))).usage.completion_tokens
+    assert len(arbiter.ledger.records) == 2
 
 
 async def test_the_token_budget_admits_what_the_kv_holds_and_refuses_what_never_fits():

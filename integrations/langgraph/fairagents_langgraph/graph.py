@@ -232,7 +232,7 @@ def _declare(app: AppHandle | App, name: str, weight: Any) -> Agent:
             raise
         # Declared beforehand with settings of its own, which it keeps: the arbiter finds it by name
         # (an identity that states none of its settings).
-        return Agent(name, app.identity, declared=frozenset())
+        return Agent(name, App(app.identity.name))
 
 
 def _app_name(app: AppHandle | App) -> str:
