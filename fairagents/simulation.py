@@ -5,7 +5,9 @@ clock is virtual, and a run is deterministic. It exists to compare policies at s
 and to test their guarantees; real serving goes through the arbiter and real engines.
 What runs is decided by the same :class:`~fairagents.dispatcher.Dispatcher` the
 arbiter uses, with each engine's batch size as its slots and its KV capacity as its
-token budget, so a property shown here is a property of the serving path.
+token budget, so a property shown here is a property of the serving path. As in the
+arbiter, a request is dispatched (and its input charged) the moment its model has
+room, and joins the engine's running batch at the next step boundary.
 
 Examples:
     >>> import fairagents as fa
