@@ -70,7 +70,7 @@ class GenerationParams:
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]."""
     seed: int | None = None
-    """Seed of the request's sampler, for reproducible output."""
+    """Seed of the request's sampler, for reproducible output (a 64-bit signed integer)."""
     stop: tuple[str, ...] = ()
     """Strings that end generation."""
     ignore_eos: bool = False
@@ -83,8 +83,10 @@ class GenerationParams:
             raise InvalidParameterError(f"temperature must be a finite number ≥ 0, got {self.temperature!r}")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidParameterError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**63):
+            # Samplers seed a 64-bit generator: a larger seed overflows inside the engine's step.
+            raise InvalidParameterError(f"seed must be a 64-bit signed integer, got {self.seed!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))

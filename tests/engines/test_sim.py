@@ -99,3 +99,13 @@ def test_output_tokens_must_fit_max_tokens():
     engine = SimEngine(PROFILE)
     with pytest.raises(fa.InvalidParameterError):
         engine.admit(request(1, max_tokens=5), output_tokens=6)
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**64, True, 1.5])
+def test_a_seed_outside_64_bits_is_bad_input(seed):
+    """An engine seeds a 64-bit generator: a larger seed would overflow inside its step, for every request."""
+    from fairagents.engines import GenerationParams
+
+    with pytest.raises(fa.InvalidParameterError, match="seed"):
+        GenerationParams(8, seed=seed)
+    assert GenerationParams(8, seed=2**63 - 1).seed == 2**63 - 1

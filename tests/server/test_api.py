@@ -95,6 +95,7 @@ BAD = [
     ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]}, 400, "'input_audio' is not supported"),
     ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": 100}, 400, "exceeds the context"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "seed": 2**64}, 400, "seed must be a 64-bit"),
     ("/v1/chat/completions", {"model": "gpt-9", "messages": MSG}, 404, "unknown model 'gpt-9'"),
     ("/v1/completions", {"model": "chat", "prompt": ["a", "b"]}, 400, "one prompt per request"),
     ("/v1/completions", {"model": "chat", "prompt": ""}, 400, "prompt"),
@@ -310,6 +311,6 @@ async def test_a_pool_limit_shows_in_the_fairness_view_and_metrics():
 async def test_a_chat_without_max_tokens_fits_the_token_budget(cap, expected):
     """Without max_tokens a chat may fill the context, but never more than the model's KV budget holds."""
     arbiter, engine = fake(token_capacity=64, tokens_per_reply=1000)
-    async with live(arbiter, make_config(default_max_tokens=cap)) as (url, _):
-        reply = await client(url).chat.completions.create(model="chat", messages=MSG)
+    async with live(arbiter, make_config(default_max_tokens=cap)) as (url, _), client(url) as c:
+        reply = await c.chat.completions.create(model="chat", messages=MSG)
     assert reply.usage.completion_tokens == expected  # FakeEngine runs to max_tokens: 3 prompt tokens here
