@@ -371,7 +371,10 @@ class Arbiter(ModelCalls):
         self._apply(self.dispatcher.end(call.request.id, outcome, self.clock()))
 
     def _fail_model(self, model: str, err: EngineError) -> None:
-        if self.dispatcher.model(model).down is None:
+        """A request's stream failed: the model goes down only if its engine reports itself dead."""
+        if self.pool.models[model].engine.healthy:
+            log.warning("fairagents.arbiter.request_failed", model=model, error=str(err))
+        elif self.dispatcher.model(model).down is None:
             log.error("fairagents.arbiter.engine_failed", model=model, error=str(err))
             self._apply(self.dispatcher.model_down(model, err, self.clock()))
 

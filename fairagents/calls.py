@@ -291,7 +291,7 @@ class ModelCalls(abc.ABC):
 
     @abc.abstractmethod
     def _fail_model(self, model: str, err: EngineError) -> None:
-        """``model``'s engine failed."""
+        """A request on ``model`` failed in its engine (the model goes down if the engine is dead)."""
 
     # -- running a call -----------------------------------------------------------------
 
@@ -325,7 +325,7 @@ class ModelCalls(abc.ABC):
         except FairAgentsError:  # shut down, or rejected by the engine after dispatch
             outcome = Outcome.FAILED
             raise
-        except Exception as err:  # an engine bug: surface it typed, keep the rest serving
+        except Exception as err:  # an engine bug in this request's stream: surface it typed
             outcome = Outcome.FAILED
             failure = EngineError(f"model {r.model!r} failed: {err!r}", model=r.model, app=r.app, request_id=r.id)
             self._fail_model(r.model, failure)

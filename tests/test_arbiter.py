@@ -581,3 +581,25 @@ async def test_errors_name_what_they_are_about():
         with pytest.raises(fa.UnknownAgentError) as agent:
             await arbiter.chat("chat", MSG, agent=fa.Agent("ghost", fa.App("a")))
         assert (agent.value.app, agent.value.agent) == ("a", "ghost")
+
+
+async def test_one_request_failing_in_a_healthy_engine_does_not_take_the_model_down():
+    engine = FakeEngine(manual=True)
+    arbiter = fa.Arbiter(in_flight=2)
+    arbiter.add_model("chat", engine)
+    a, b = arbiter.app("a").agent("t"), arbiter.app("b").agent("t")
+    async with arbiter:
+        bad, good = asyncio.create_task(a.chat("chat", MSG)), asyncio.create_task(b.chat("chat", MSG))
+        await settle()
+        first, second = engine.started_order
+        engine.fail_request(first, RuntimeError("a bug in this request's stream"))
+        with pytest.raises(fa.EngineError, match="a bug") as err:
+            await bad
+        assert err.value.request_id == first and err.value.model == "chat"
+        engine.emit(second, 1, finish="stop")
+        assert (await good).usage.completion_tokens == 1
+        later = asyncio.create_task(a.chat("chat", MSG))  # the model still takes requests
+        await settle()
+        engine.emit(engine.started_order[-1], 1, finish="stop")
+        assert (await later).usage.completion_tokens == 1
+    assert arbiter.dispatcher.model("chat").down is None
