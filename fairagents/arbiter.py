@@ -157,13 +157,7 @@ class Arbiter(ModelCalls):
         self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
     ) -> None:
         """Add a model to a running arbiter: start its engine, then open it for requests."""
-        m = self.pool.add(name, engine, in_flight=in_flight, token_budget=token_budget)
-        try:
-            await self.pool.start([m])
-        except BaseException:
-            del self.pool.models[name]
-            raise
-        self._register(m)
+        self._register(await self.pool.add_started(name, engine, in_flight=in_flight, token_budget=token_budget))
 
     def app(self, name: str, weight: float = 1.0, slo: SLO | None = None, *, max_queued: int | None = None) -> AppHandle:
         """Declare (or get) an app; re-declaring with other settings is an error.
@@ -238,6 +232,24 @@ class Arbiter(ModelCalls):
             await self.pool.stop()
         self._started = False
         log.info("fairagents.arbiter.closed")
+
+    async def restart_model(self, model: str, *, attempts: int = 3, backoff: float = 1.0) -> None:
+        """Restart ``model``'s engine and open it for requests again (after it died, or by choice).
+
+        The model stops taking requests (its queued ones fail with
+        :class:`~fairagents.EngineError`, as when it dies), its engine is stopped and
+        started again — up to ``attempts`` times, ``backoff`` seconds apart and doubling
+        (tenacity) — and the model then takes requests again. If every attempt fails, the
+        model stays down and the last error is raised.
+        """
+        self._check_open()
+        m = self.pool.get(model)
+        if self.dispatcher.model(model).down is None:
+            self._apply(self.dispatcher.model_down(model, EngineError(f"model {model!r} is restarting", model=model),
+                                                   self.clock()))
+        await self.pool.restart(m, attempts=attempts, backoff=backoff)
+        self._apply(self.dispatcher.model_up(model, self.clock()))
+        log.info("fairagents.arbiter.model_restarted", model=model)
 
     async def __aenter__(self) -> Arbiter:
         await self.start()

@@ -21,6 +21,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
+import tenacity
+
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError, UnknownModelError
 
@@ -93,6 +95,18 @@ class Pool:
         model = self.models[name] = PoolModel(name, engine, in_flight, budget)  # type: ignore[arg-type]
         return model
 
+    async def add_started(
+        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
+    ) -> PoolModel:
+        """:meth:`add` a model and start its engine; if the start fails, the model is not added."""
+        m = self.add(name, engine, in_flight=in_flight, token_budget=token_budget)
+        try:
+            await self.start([m])
+        except BaseException:
+            del self.models[name]
+            raise
+        return m
+
     def get(self, name: str) -> PoolModel:
         """The model of that name; raises :class:`~fairagents.UnknownModelError`."""
         m = self.models.get(name)
@@ -129,6 +143,19 @@ class Pool:
         if failures:
             await self.stop(models)
             raise failures[0]
+
+    @staticmethod
+    async def restart(m: PoolModel, *, attempts: int, backoff: float) -> None:
+        """Stop ``m``'s engine and start it again, up to ``attempts`` times, ``backoff`` s apart and doubling.
+
+        Raises the last attempt's error if none succeeds.
+        """
+        retrying = tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(attempts), reraise=True,
+                                          wait=tenacity.wait_exponential(multiplier=backoff, max=60.0))
+        async for attempt in retrying:
+            with attempt:
+                await m.engine.stop()
+                await m.engine.start()
 
     async def stop(self, models: list[PoolModel] | None = None) -> None:
         """Stop the engines of ``models`` (default: all), in parallel; a failure to stop is not raised."""

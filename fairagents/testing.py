@@ -191,6 +191,8 @@ class FakeEngine:
 
     async def start(self) -> None:
         self.started = True
+        self._failure = None  # started again after fail(): a restart
+        self.healthy = True
 
     async def stop(self) -> None:
         self.started = False

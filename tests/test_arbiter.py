@@ -603,3 +603,45 @@ async def test_one_request_failing_in_a_healthy_engine_does_not_take_the_model_d
         engine.emit(engine.started_order[-1], 1, finish="stop")
         assert (await later).usage.completion_tokens == 1
     assert arbiter.dispatcher.model("chat").down is None
+
+
+async def test_a_dead_model_is_restarted_by_hand_and_serves_again():
+    arbiter, engine = make(tokens_per_reply=2)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        engine.fail()
+        with pytest.raises(fa.EngineError):
+            await who.chat("chat", MSG)
+        with pytest.raises(fa.EngineError, match="is down"):
+            await who.chat("chat", MSG)  # fails fast while it is down
+        await arbiter.restart_model("chat", backoff=0.0)
+        assert (await who.chat("chat", MSG)).usage.completion_tokens == 2
+
+
+class _Flaky(FakeEngine):
+    """Fails to start the first ``failures`` times after its first start."""
+
+    def __init__(self, failures, **kw):
+        super().__init__(**kw)
+        self.failures, self.starts = failures, 0
+
+    async def start(self):
+        self.starts += 1
+        if 1 < self.starts <= 1 + self.failures:
+            raise fa.EngineError("not yet")
+        await super().start()
+
+
+async def test_a_restart_retries_with_backoff_and_gives_up_with_the_model_down():
+    arbiter = fa.Arbiter()
+    flaky = _Flaky(2, tokens_per_reply=1)
+    arbiter.add_model("chat", flaky)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        await arbiter.restart_model("chat", attempts=3, backoff=0.0)  # two failed starts, then up
+        assert flaky.starts == 4 and (await who.chat("chat", MSG)).usage.completion_tokens == 1
+        flaky.starts, flaky.failures = 1, 5
+        with pytest.raises(fa.EngineError, match="not yet"):
+            await arbiter.restart_model("chat", attempts=2, backoff=0.0)
+        with pytest.raises(fa.EngineError, match="down"):
+            await who.chat("chat", MSG)

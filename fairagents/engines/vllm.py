@@ -160,7 +160,12 @@ class VLLMEngine:
     async def start(self) -> None:
         """Build the embedded model if needed, then create the engine on its own thread."""
         if self._thread is not None:
-            return
+            if self._thread.is_alive() and self._failure is None:
+                return
+            await self.stop()  # a dead engine: reap its thread, then start anew (a restart)
+        self._failure = None
+        self.healthy = True
+        self._inbox = queue.SimpleQueue()
         if self.model is None:
             from fairagents.models import ensure_default_models
 

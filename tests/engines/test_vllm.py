@@ -281,3 +281,24 @@ async def test_stopping_one_engine_leaves_the_others_serving(text_engine):
     await other.stop()
     deltas = [d async for d in text_engine.generate("after-stop", text_engine.prepare_chat(MSG), GenerationParams(4, ignore_eos=True))]
     assert sum(d.new_tokens for d in deltas) == 4
+
+
+async def test_an_engine_that_dies_is_restarted_and_serves_again():
+    """Its own engine (the session's is shared): the step raises, the model goes down, a restart brings it back."""
+    arbiter = fa.Arbiter()
+    engine = VLLMEngine(kv_cache_bytes=16 * 2**20, max_model_len=512)
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        assert (await who.chat("chat", MSG, max_tokens=4, ignore_eos=True)).usage.completion_tokens == 4
+
+        def broken_step():
+            raise RuntimeError("the step blew up")
+
+        engine._engine.step = broken_step  # the engine's own thread calls it at the next step
+        with pytest.raises(fa.EngineError, match="blew up"):
+            await who.chat("chat", MSG, max_tokens=4)
+        assert not engine.healthy and arbiter.dispatcher.model("chat").down is not None
+        await arbiter.restart_model("chat", backoff=0.0)
+        assert engine.healthy and engine.token_capacity
+        assert (await who.chat("chat", MSG, max_tokens=4, ignore_eos=True)).usage.completion_tokens == 4
