@@ -122,11 +122,17 @@ async def _arbitrated(engine: Engine, callers: int, per_caller: int, max_tokens:
     return tokens, elapsed, ttfts
 
 
-async def _sweep_point(engine: Engine, in_flight: int, victim_callers: int, per_caller: int, max_tokens: int) -> dict[str, float]:
-    arbiter = Arbiter(policy="hmfs", in_flight=in_flight)
+async def _flood_and_victim(engine: Engine, **limits: Any) -> tuple[Arbiter, Any, Any]:
+    """A started ``hmfs`` arbiter over ``engine`` with two apps of equal weight; their agents."""
+    arbiter = Arbiter(policy="hmfs", **limits)
     arbiter.add_model("m", engine)
     flood, victim = arbiter.app("flood").agent("bot"), arbiter.app("victim").agent("bot")
     await arbiter.start()
+    return arbiter, flood, victim
+
+
+async def _sweep_point(engine: Engine, in_flight: int, victim_callers: int, per_caller: int, max_tokens: int) -> dict[str, float]:
+    arbiter, flood, victim = await _flood_and_victim(engine, in_flight=in_flight)
     tokens = 0
 
     async def caller(who: Any) -> None:
@@ -208,10 +214,7 @@ async def _pressure_point(
     max_tokens: int, seconds: float,
 ) -> tuple[dict[str, Any], float]:
     """One admission mode under KV pressure: its row, and ``U`` under its own limits."""
-    arbiter = Arbiter(policy="hmfs", token_budget=token_budget)
-    arbiter.add_model("m", engine)
-    flood, victim = arbiter.app("flood").agent("bot"), arbiter.app("victim").agent("bot")
-    await arbiter.start()
+    arbiter, flood, victim = await _flood_and_victim(engine, token_budget=token_budget)
     tokens = 0
 
     async def caller(who: Any) -> None:
