@@ -11,7 +11,7 @@ import fairagents as fa
 _ids = itertools.count()
 
 # `make test-fast` loads this profile: the property tests run a handful of examples each.
-settings.register_profile("fast", max_examples=6)
+settings.register_profile("fast", max_examples=3)
 
 
 def make_request(agent, model="m", prompt=10, max_tokens=8, arrival=0.0, id=None):
