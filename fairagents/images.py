@@ -3,8 +3,9 @@
 A chat message's content may be a list of OpenAI-style parts. An image part is
 
 - ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` (OpenAI's
-  shape; the URL may also be a local file path or a ``file://`` URL — fairagents never
-  fetches from the network),
+  shape; in process the URL may also be a local file path or a ``file://`` URL, read no
+  further than the byte limit; fairagents never fetches from the network, and its
+  server takes ``data:`` URLs only),
 - ``{"type": "image", "image": source}`` where ``source`` is a ``PIL.Image.Image``,
   raw encoded bytes, or a file path,
 - or a ``PIL.Image.Image`` placed in the list as is.
@@ -220,16 +221,14 @@ def _read(source: Any, limits: ImageLimits) -> bytes:
             raise InvalidImageError("image URLs are not fetched; send the image as a data URL, bytes or a file path")
         path = Path(text[len("file://") :] if isinstance(text, str) and text.startswith("file://") else text)
         try:
-            size = path.stat().st_size
-            if size > limits.max_bytes:
-                raise InvalidImageError(f"the image file is larger than {limits.max_bytes} bytes ({size})")
-            data = path.read_bytes()
+            with path.open("rb") as file:  # bounded: a device or a growing file is never read to its end
+                data = file.read(limits.max_bytes + 1)
         except OSError as err:
             raise InvalidImageError(f"cannot read the image file {str(path)!r}: {err.strerror or err}") from None
     else:
         raise InvalidImageError(f"an image must be a data URL, bytes, a file path or a PIL image, got {type(source).__name__}")
     if len(data) > limits.max_bytes:
-        raise InvalidImageError(f"the image is larger than {limits.max_bytes} bytes ({len(data)})")
+        raise InvalidImageError(f"the image is larger than {limits.max_bytes} bytes")
     return data
 
 

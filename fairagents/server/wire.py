@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.images import parse_size
 
 __all__ = [
@@ -165,6 +165,11 @@ class ChatMessage(BaseModel):
                 continue
             if kind != "image_url":
                 raise InvalidParameterError(f"content part of type {kind!r} is not supported: send text and image_url parts")
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str) or not url.startswith("data:"):
+                # The server reads nothing from its own disk or network on a client's behalf.
+                raise InvalidImageError("over HTTP an image must be sent as a data URL: data:image/<format>;base64,<data>")
         if all(part["type"] == "text" for part in self.content):
             return "\n".join(part["text"] for part in self.content)
         return [dict(part) for part in self.content]

@@ -96,6 +96,10 @@ BAD = [
         {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]}, 400, "'input_audio' is not supported"),
     ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": 100}, 400, "exceeds the context"),
     ("/v1/chat/completions", {"model": "chat", "messages": MSG, "seed": 2**64}, 400, "seed must be a 64-bit"),
+    *[("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]},
+      400, "over HTTP an image must be sent as a data URL")
+      for url in ("/etc/hostname", "file:///etc/hostname", "http://127.0.0.1/x.png", "/dev/zero")],
     ("/v1/chat/completions", {"model": "gpt-9", "messages": MSG}, 404, "unknown model 'gpt-9'"),
     ("/v1/completions", {"model": "chat", "prompt": ["a", "b"]}, 400, "one prompt per request"),
     ("/v1/completions", {"model": "chat", "prompt": ""}, 400, "prompt"),
