@@ -67,8 +67,13 @@ def parse(model: type[M], raw: bytes) -> M:
     """
     try:
         data = json.loads(raw)
+        json.dumps(data, ensure_ascii=False).encode()  # a lone surrogate ("\\ud800") fails here, not in a tokenizer
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidParameterError(f"the request body is not valid JSON: {err}") from None
+    except UnicodeEncodeError:
+        raise InvalidParameterError("the request body holds text that is not valid Unicode (a lone surrogate)") from None
+    except RecursionError:
+        raise InvalidParameterError("the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidParameterError("the request body must be a JSON object")
     try:

@@ -318,3 +318,17 @@ async def test_a_chat_without_max_tokens_fits_the_token_budget(cap, expected):
     async with live(arbiter, make_config(default_max_tokens=cap)) as (url, _), client(url) as c:
         reply = await c.chat.completions.create(model="chat", messages=MSG)
     assert reply.usage.completion_tokens == expected  # FakeEngine runs to max_tokens: 3 prompt tokens here
+
+
+async def test_deep_nesting_and_lone_surrogates_are_openai_shaped_400s():
+    arbiter, engine = fake()
+    nested = b'{"model": "chat", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    surrogate = b'{"model": "chat", "prompt": "\\ud800 hello"}'
+    async with live(arbiter, make_config()) as (url, _):
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEYS['driving']}"}) as http:
+            for path in ("/v1/completions", "/v1/chat/completions"):
+                for body, message in ((nested, "nested too deeply"), (surrogate, "not valid Unicode")):
+                    response = await http.post(path, content=body, headers={"Content-Type": "application/json"})
+                    assert response.status_code == 400, response.text
+                    assert message in response.json()["error"]["message"]
+            nothing_ran(arbiter, engine)
