@@ -38,12 +38,20 @@ def chat_input(messages: Messages) -> Callable[[Engine], Prompt]:
 
 
 def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
-    """A plain prompt tokenized by the engine, or a ready :class:`Prompt` as it is."""
+    """A plain prompt tokenized by the engine, or a ready :class:`Prompt` as it is.
+
+    A ready prompt's token ids must be in the engine's vocabulary when it reports its
+    size (``vocab_size``): an id outside it would fail inside the engine, after dispatch.
+    """
 
     def prepare(engine: Engine) -> Prompt:
         if isinstance(prompt, Prompt):
             if not prompt.n_tokens:
                 raise InvalidParameterError("the prompt has no tokens")
+            vocab = getattr(engine, "vocab_size", None)
+            if isinstance(vocab, int) and any(not 0 <= t < vocab for t in prompt.token_ids):
+                bad = next(t for t in prompt.token_ids if not 0 <= t < vocab)
+                raise InvalidParameterError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
             return prompt
         if not isinstance(prompt, str) or not prompt:
             raise InvalidParameterError(f"the prompt must be a non-empty string or a Prompt, got {prompt!r}")

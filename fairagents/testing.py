@@ -149,7 +149,8 @@ class FakeEngine:
 
     :meth:`fail` makes every running and future request fail like a crashed engine.
     ``token_capacity`` and ``kv_block_size`` play a real engine's KV capacity (the
-    arbiter's token budget reads them); ``max_num_seqs`` its batch capacity.
+    arbiter's token budget reads them); ``max_num_seqs`` its batch capacity;
+    ``vocab_size`` the range of token ids a ready prompt may hold.
 
     Examples:
         >>> from fairagents.testing import FakeEngine
@@ -167,6 +168,7 @@ class FakeEngine:
         token_capacity: int | None = None,
         kv_block_size: int = 1,
         max_num_seqs: int | None = None,
+        vocab_size: int | None = None,
         manual: bool = False,
     ) -> None:
         self.profile = profile or ModelProfile(d_model=4096, n_layers=1)
@@ -175,6 +177,7 @@ class FakeEngine:
         self.token_time = token_time
         self.token_capacity = token_capacity
         self.kv_block_size = kv_block_size
+        self.vocab_size = vocab_size
         if max_num_seqs is not None:
             self.max_num_seqs = max_num_seqs
         self.manual = manual

@@ -98,6 +98,8 @@ class VLLMEngine:
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
 
     Attributes:
+        vocab_size: the model's vocabulary size (``None`` until :meth:`start`); a ready
+            prompt's token ids must be below it.
         token_capacity: the KV cache's size in tokens: how many tokens the running
             requests can hold at once; ``None`` until :meth:`start`. A multiple of
             ``kv_block_size``.
@@ -137,6 +139,7 @@ class VLLMEngine:
         self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
         self.max_model_len = max_model_len or 0
         self.token_capacity: int | None = None  # set on start(), from vLLM's KV cache
+        self.vocab_size: int | None = None  # set on start(): prompt token ids must be below it
         self.kv_block_size = 1
         self._args = {
             "max_model_len": max_model_len,
@@ -181,6 +184,7 @@ class VLLMEngine:
         self.profile = ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers), modality=self.modality)
         self.max_model_len = int(config.max_model_len)
         self.token_capacity, self.kv_block_size = _kv_capacity(engine)
+        self.vocab_size = int(config.get_vocab_size())
         self._tokenizer = engine.get_tokenizer()
         log.info(
             "fairagents.vllm.started",

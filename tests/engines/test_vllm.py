@@ -34,6 +34,7 @@ class Shared:
 async def test_profile_and_context_come_from_the_model(text_engine):
     assert text_engine.profile == fa.ModelProfile(d_model=128, n_layers=2)
     assert text_engine.max_model_len == 1024
+    assert text_engine.vocab_size == len(text_engine._tokenizer)
     prompt = text_engine.prepare_chat(MSG)
     assert 5 < prompt.n_tokens < 40
 

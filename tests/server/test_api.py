@@ -332,3 +332,12 @@ async def test_deep_nesting_and_lone_surrogates_are_openai_shaped_400s():
                     assert response.status_code == 400, response.text
                     assert message in response.json()["error"]["message"]
             nothing_ran(arbiter, engine)
+
+
+async def test_token_ids_outside_the_vocabulary_are_refused_before_anything_runs():
+    arbiter, engine = fake(vocab_size=100)
+    async with live(arbiter, make_config()) as (url, _), client(url) as c:
+        with pytest.raises(openai.BadRequestError, match="token id 5000 is outside the model's vocabulary"):
+            await c.completions.create(model="chat", prompt=[1, 5000], max_tokens=2)
+        nothing_ran(arbiter, engine)
+        assert (await c.completions.create(model="chat", prompt=[1, 99], max_tokens=2)).usage.completion_tokens == 2
