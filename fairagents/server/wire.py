@@ -24,9 +24,9 @@ import json
 import math
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, model_validator
 
 from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.images import parse_size
@@ -110,17 +110,23 @@ class StreamOptions(BaseModel):
     """Send a last chunk with the request's usage."""
 
 
+# Numbers and flags are taken as JSON types, strictly: `"temperature": false` or `"1"` is a 400, not 0 or 1.
+_Int = Annotated[int, Strict()]
+_Float = Annotated[float, Strict()]
+_Bool = Annotated[bool, Strict()]
+
+
 class _Sampling(_Body):
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = 1
-    seed: int | None = None
+    max_tokens: _Int | None = Field(default=None, ge=1)
+    temperature: _Float | None = Field(default=None, ge=0, le=2)
+    top_p: _Float | None = Field(default=None, gt=0, le=1)
+    n: _Int = 1
+    seed: _Int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: _Bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
+    ignore_eos: _Bool = False
     """vLLM's extension: keep generating past end of sequence (benchmarks)."""
 
     @model_validator(mode="after")
@@ -191,7 +197,7 @@ class ChatCompletionRequest(_Sampling):
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: _Int | None = Field(default=None, ge=1)
 
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (the current name) or ``max_tokens``."""

@@ -96,6 +96,9 @@ BAD = [
         {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]}, 400, "'input_audio' is not supported"),
     ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": 100}, 400, "exceeds the context"),
     ("/v1/chat/completions", {"model": "chat", "messages": MSG, "seed": 2**64}, 400, "seed must be a 64-bit"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "temperature": False}, 400, "temperature"),
+    ("/v1/chat/completions", {"model": "chat", "messages": MSG, "max_tokens": "8"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "chat", "prompt": "a", "stream": "yes"}, 400, "stream"),
     *[("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]},
       400, "over HTTP an image must be sent as a data URL")
