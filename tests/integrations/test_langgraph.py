@@ -419,3 +419,8 @@ async def test_on_the_real_engine_usage_streaming_and_node_identity(text_engine)
     assert streamed.response_metadata["unified_tokens"] == pytest.approx(scale * (prompt + 2 * 8))
     assert done_by_agent(arbiter, "studio") == {"writer": 2, "searcher": 3}
     assert arbiter.ledger.service_of("studio", "writer") == pytest.approx(2 * scale * (prompt + 2 * 8))
+
+
+def test_a_misspelt_argument_is_an_error_not_ignored():
+    with pytest.raises(ValueError, match="max_token"):
+        ChatFairAgents(base_url="http://127.0.0.1:1", max_token=5)

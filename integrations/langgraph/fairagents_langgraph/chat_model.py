@@ -68,7 +68,7 @@ class ChatFairAgents(BaseChatModel):
         'fairagents'
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")  # a misspelt argument is an error
 
     model: str = "chat"
     """The text model in the pool (or on the server)."""
