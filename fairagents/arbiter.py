@@ -291,6 +291,11 @@ class Arbiter(ModelCalls):
         """Requests handed to engines and not yet ended, across the pool (bounded by ``pool_in_flight`` if set)."""
         return self.dispatcher.pool_running
 
+    def serving(self, model: str) -> bool:
+        """Whether ``model`` takes requests now: its engine is healthy and it is not down or restarting."""
+        state = self.dispatcher.models.get(model)
+        return bool(self.engine(model).healthy) and (state is None or state.down is None)
+
     def in_flight_limit(self, model: str) -> int:
         """The in-flight limit ``model`` runs under."""
         return self.pool.limit(self.pool.get(model))

@@ -202,7 +202,7 @@ class Gateway:
         for name in self.arbiter.models:
             queued = self.arbiter.policy.queued(name)
             out[name] = {
-                "healthy": bool(self.arbiter.engine(name).healthy),
+                "healthy": self.arbiter.serving(name),
                 "in_flight": max(0, self.active[name] - queued),
                 "in_flight_limit": self.arbiter.in_flight_limit(name),
                 "queued": queued,
@@ -513,13 +513,19 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        """Readiness: 200 only while every model serves; 503 when one is down (or the server drains)."""
         models = {name: {"healthy": m["healthy"]} for name, m in gateway.models().items()}
         healthy = sum(m["healthy"] for m in models.values())
         if gateway.draining:
             status = "draining"
         else:
             status = "ok" if models and healthy == len(models) else ("degraded" if healthy else "down")
-        return JSONResponse({"status": status, "models": models}, 200 if status in ("ok", "degraded") else 503)
+        return JSONResponse({"status": status, "models": models}, 200 if status == "ok" else 503)
+
+    @app.get("/health/live")
+    async def live() -> JSONResponse:
+        """Liveness: the process answers; a model that is down is not a reason to restart it."""
+        return JSONResponse({"status": "live"})
 
     @app.get("/dashboard", response_class=HTMLResponse)
     async def dashboard() -> HTMLResponse:

@@ -219,8 +219,13 @@ async def test_an_engine_failure_is_503_for_its_model_and_other_models_keep_serv
         assert info.value.response.headers["x-should-retry"] == "false"
         assert (await c.chat.completions.create(model="chat", messages=MSG)).usage.completion_tokens == 3
         health = await http.get("/health")
-        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert health.status_code == 503 and health.json()["status"] == "degraded"
+        assert health.json()["models"] == {"broken": {"healthy": False}, "chat": {"healthy": True}}
+        assert (await http.get("/health/live")).status_code == 200  # the process is alive: no reason to restart it
         metrics = (await http.get("/metrics")).text
+        await arbiter.restart_model("broken", backoff=0.0)
+        assert (await http.get("/health")).status_code == 200
+        assert (await c.chat.completions.create(model="broken", messages=MSG, max_tokens=2)).usage.completion_tokens == 2
     assert _samples(metrics, "fairagents_model_up") == {("broken",): 0.0, ("chat",): 1.0}
 
 
