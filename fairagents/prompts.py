@@ -49,7 +49,7 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
             if not prompt.n_tokens:
                 raise InvalidParameterError("the prompt has no tokens")
             vocab = getattr(engine, "vocab_size", None)
-            if isinstance(vocab, int) and any(not 0 <= t < vocab for t in prompt.token_ids):
+            if isinstance(vocab, int) and (min(prompt.token_ids) < 0 or max(prompt.token_ids) >= vocab):
                 bad = next(t for t in prompt.token_ids if not 0 <= t < vocab)
                 raise InvalidParameterError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
             return prompt
