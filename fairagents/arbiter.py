@@ -120,8 +120,6 @@ class Arbiter(ModelCalls):
             check_limit(pool_in_flight)
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
         policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output)
-        self.in_flight = in_flight
-        self.token_budget = token_budget
         self.pool_in_flight = pool_in_flight
         self.drain_timeout = drain_timeout
         self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, inline=preprocess_inline)
@@ -261,6 +259,16 @@ class Arbiter(ModelCalls):
     # -- state -------------------------------------------------------------------
 
     @property
+    def in_flight(self) -> int | None:
+        """The in-flight limit of models added without their own (``None``: each engine's batch capacity)."""
+        return self.pool.in_flight
+
+    @property
+    def token_budget(self) -> TokenBudget:
+        """The token budget setting of models added without their own."""
+        return self.pool.token_budget
+
+    @property
     def policy(self) -> Policy:
         """The policy that orders waiting requests (fixed at construction)."""
         return self.dispatcher.policy
@@ -321,11 +329,11 @@ class Arbiter(ModelCalls):
         self._check_open()
         m = self.pool.get(model)
         agent = self.tenants.resolve(who)
-        if model not in self.dispatcher.models:
+        state = self.dispatcher.models.get(model)
+        if state is None:
             raise EngineError(f"model {model!r} is starting", model=model, app=agent.app.name)
-        down = self.dispatcher.model(model).down
-        if down is not None:
-            raise EngineError(f"model {model!r} is down: {down}", model=model, app=agent.app.name)
+        if state.down is not None:
+            raise EngineError(f"model {model!r} is down: {state.down}", model=model, app=agent.app.name)
         waiting = (agent.app.name, model)
         bound = self.tenants.max_queued.get(agent.app.name)
         if bound is not None and self._waiting[waiting] >= bound:

@@ -73,8 +73,9 @@ Examples:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from fairagents.cost import ModelProfile, UnifiedTokenCost, service_bound
@@ -278,9 +279,9 @@ class Dispatcher:
         return state
 
     @property
-    def models(self) -> dict[str, ModelState]:
-        """Every model's admission state, by name."""
-        return dict(self._models)
+    def models(self) -> Mapping[str, ModelState]:
+        """Every model's admission state, by name (a read-only view, not a copy)."""
+        return MappingProxyType(self._models)
 
     def tickets(self) -> list[Ticket]:
         """Requests waiting or running."""
