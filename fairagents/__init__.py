@@ -10,7 +10,7 @@ Examples:
 from __future__ import annotations
 
 from fairagents import engines, policies
-from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
+from fairagents.arbiter import AgentHandle, AppHandle, Arbiter, Restart
 from fairagents.cost import CostModel, ModelProfile, RawTokenCost, UnifiedTokenCost, service_bound
 from fairagents.errors import (
     BadInputError,
@@ -56,6 +56,7 @@ __all__ = [
     "RawTokenCost",
     "Reply",
     "Request",
+    "Restart",
     "SLO",
     "ShutdownError",
     "Stats",

@@ -42,13 +42,13 @@ from fairagents.handles import AgentHandle, AppHandle
 from fairagents.identity import SLO, Agent, App
 from fairagents.metrics import RequestRecord
 from fairagents.policies import Policy, priced_policy
-from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, TokenBudget, check_limit
+from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, Restart, TokenBudget, check_limit
 from fairagents.preprocessing import Preprocessor
 from fairagents.request import Outcome, Request
 from fairagents.stats import Ledger, Stats
-from fairagents.tenants import Tenants
+from fairagents.tenants import Tenants, check_share
 
-__all__ = ["DEFAULT_IN_FLIGHT", "AgentHandle", "AppHandle", "Arbiter"]
+__all__ = ["DEFAULT_IN_FLIGHT", "AgentHandle", "AppHandle", "Arbiter", "Restart"]
 
 log = structlog.get_logger("fairagents.arbiter")
 
@@ -81,6 +81,12 @@ class Arbiter(ModelCalls):
         d_base: ``d_base`` of unified tokens (default 4096).
         w_input: weight of a prompt token in service (default 1).
         w_output: weight of a generated token in service (default 2).
+        max_in_flight_share: the largest share (0 < share ≤ 1) of a model's slots and
+            token budget one app may hold at once, for apps declared without their own
+            (``None``: no cap). A flood then cannot hold every slot; see
+            :mod:`fairagents.dispatcher` for the rule and its cost.
+        restart: how a model whose engine died is brought back (:class:`Restart`);
+            ``None`` leaves it down until :meth:`restart_model` is called.
         drain_timeout: seconds ``async with`` exit waits for accepted work before
             aborting the rest with :class:`~fairagents.ShutdownError`.
         preprocess_workers: threads that prepare requests carrying images, off the event loop.
@@ -107,6 +113,8 @@ class Arbiter(ModelCalls):
         in_flight: int | None = None,
         token_budget: TokenBudget = "engine",
         pool_in_flight: int | None = None,
+        max_in_flight_share: float | None = None,
+        restart: Restart | None = Restart(),  # noqa: B008 (frozen)
         d_base: int | None = None,
         w_input: float | None = None,
         w_output: float | None = None,
@@ -118,6 +126,12 @@ class Arbiter(ModelCalls):
     ) -> None:
         if pool_in_flight is not None:
             check_limit(pool_in_flight)
+        check_share(max_in_flight_share)
+        if restart is not None and not isinstance(restart, Restart):
+            raise InvalidParameterError(f"restart must be a fairagents.Restart or None, got {restart!r}")
+        self.max_in_flight_share = max_in_flight_share
+        self.restart = restart
+        self._restarts: dict[str, asyncio.Task[None]] = {}
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
         policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output)
         self.pool_in_flight = pool_in_flight
@@ -157,14 +171,18 @@ class Arbiter(ModelCalls):
         """Add a model to a running arbiter: start its engine, then open it for requests."""
         self._register(await self.pool.add_started(name, engine, in_flight=in_flight, token_budget=token_budget))
 
-    def app(self, name: str, weight: float = 1.0, slo: SLO | None = None, *, max_queued: int | None = None) -> AppHandle:
+    def app(
+        self, name: str, weight: float = 1.0, slo: SLO | None = None, *, max_queued: int | None = None,
+        max_in_flight_share: float | None = None,
+    ) -> AppHandle:
         """Declare (or get) an app; re-declaring with other settings is an error.
 
         ``max_queued`` bounds the app's requests waiting for one model: a call past it
         raises :class:`~fairagents.errors.OverloadedError` at once instead of queueing
-        (``None``: unbounded).
+        (``None``: unbounded). ``max_in_flight_share`` caps the share of a model's slots
+        and token budget the app may hold (``None``: the arbiter's setting).
         """
-        return AppHandle(self, self.tenants.declare_app(name, weight, slo, max_queued))
+        return AppHandle(self, self.tenants.declare_app(name, weight, slo, max_queued, max_in_flight_share))
 
     def _declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> AgentHandle:
         return AgentHandle(self, self.tenants.declare_agent(app, name, weight, slo))
@@ -216,6 +234,10 @@ class Arbiter(ModelCalls):
         if not self._started:
             return
         self._closing = True
+        restarts, self._restarts = list(self._restarts.values()), {}
+        for task in restarts:
+            task.cancel()
+        await asyncio.gather(*restarts, return_exceptions=True)
         await self._wait_idle(self.drain_timeout if timeout is None else timeout)
         if self._calls:
             log.warning("fairagents.arbiter.drain_timeout", aborted=len(self._calls))
@@ -231,23 +253,53 @@ class Arbiter(ModelCalls):
         self._started = False
         log.info("fairagents.arbiter.closed")
 
-    async def restart_model(self, model: str, *, attempts: int = 3, backoff: float = 1.0) -> None:
-        """Restart ``model``'s engine and open it for requests again (after it died, or by choice).
+    async def restart_model(self, model: str, *, attempts: int | None = None, backoff: float | None = None) -> None:
+        """Restart ``model``'s engine now and open it for requests again (after it died, or by choice).
 
         The model stops taking requests (its queued ones fail with
         :class:`~fairagents.EngineError`, as when it dies), its engine is stopped and
         started again — up to ``attempts`` times, ``backoff`` seconds apart and doubling
-        (tenacity) — and the model then takes requests again. If every attempt fails, the
-        model stays down and the last error is raised.
+        (defaults: the arbiter's :class:`Restart`) — and the model then takes requests
+        again. An automatic restart that is pending or under way is cancelled first. If
+        every attempt fails, the model stays down and the last error is raised.
         """
         self._check_open()
         m = self.pool.get(model)
+        pending = self._restarts.pop(model, None)
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        base = self.restart or Restart()
+        plan = Restart(base.attempts if attempts is None else attempts, base.backoff if backoff is None else backoff,
+                       base.max_backoff)
         if self.dispatcher.model(model).down is None:
             self._apply(self.dispatcher.model_down(model, EngineError(f"model {model!r} is restarting", model=model),
                                                    self.clock()))
-        await self.pool.restart(m, attempts=attempts, backoff=backoff)
+        await self.pool.restart(m, plan)
         self._apply(self.dispatcher.model_up(model, self.clock()))
         log.info("fairagents.arbiter.model_restarted", model=model)
+
+    def restarting(self, model: str) -> bool:
+        """Whether an automatic restart of ``model`` is pending or under way."""
+        task = self._restarts.get(model)
+        return task is not None and not task.done()
+
+    async def _auto_restart(self, model: str, plan: Restart) -> None:
+        """Bring a dead model back by :attr:`restart`; on giving up it stays down (logged)."""
+        try:
+            await asyncio.sleep(plan.backoff)
+            await self.pool.restart(self.pool.models[model], plan)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.error("fairagents.arbiter.restart_failed", model=model, attempts=plan.attempts, error=repr(err))
+        else:
+            if self._started and not self._closing:
+                self._apply(self.dispatcher.model_up(model, self.clock()))
+                log.info("fairagents.arbiter.model_restarted", model=model, automatic=True)
+        finally:
+            if self._restarts.get(model) is asyncio.current_task():
+                del self._restarts[model]
 
     async def __aenter__(self) -> Arbiter:
         await self.start()
@@ -303,6 +355,10 @@ class Arbiter(ModelCalls):
         """Whether ``model`` takes requests now: its engine is healthy and it is not down or restarting."""
         state = self.dispatcher.models.get(model)
         return bool(self.engine(model).healthy) and (state is None or state.down is None)
+
+    def queued(self, model: str | None = None) -> int:
+        """Requests waiting for ``model`` (or any model), those held back by an app's share included."""
+        return self.dispatcher.queued(model)
 
     def in_flight_limit(self, model: str) -> int:
         """The in-flight limit ``model`` runs under."""
@@ -372,7 +428,10 @@ class Arbiter(ModelCalls):
 
     def _new_dispatcher(self, policy: Policy) -> Dispatcher:
         return Dispatcher(policy, self.cost, pool_slots=self.pool_in_flight, charge=self._charge,
-                          is_live=self._is_live)
+                          is_live=self._is_live, app_share=self._share_of)
+
+    def _share_of(self, app: str) -> float | None:
+        return self.tenants.share.get(app, self.max_in_flight_share)
 
     def _register(self, m: PoolModel) -> None:
         """Open a started model for requests, with its limits."""
@@ -400,7 +459,9 @@ class Arbiter(ModelCalls):
         if self.pool.models[model].engine.healthy:
             log.warning("fairagents.arbiter.request_failed", model=model, error=str(err))
         elif self.dispatcher.model(model).down is None:
-            log.error("fairagents.arbiter.engine_failed", model=model, error=str(err))
+            log.error("fairagents.arbiter.engine_failed", model=model, error=str(err), restart=self.restart)
+            if self.restart is not None and not self._closing and model not in self._restarts:
+                self._restarts[model] = asyncio.get_running_loop().create_task(self._auto_restart(model, self.restart))
             self._apply(self.dispatcher.model_down(model, err, self.clock()))
 
     def _apply(self, changes: Changes) -> None:

@@ -28,6 +28,18 @@ the KV could hold. That is the choice made here — a guarantee over a guess; se
 larger budget than the KV (``token_budget=``) to overcommit knowingly, and the engine
 then preempts in its own order when output runs long.
 
+**Per-app share (optional).** ``app_share`` caps what one app may hold of a model: at
+most ``max(1, ⌊share × slots⌋)`` of its slots and ``share × token budget`` of its KV
+tokens (an app holding nothing may always run one request). So a flooding app cannot
+take every slot, and another app's request finds one free within one request's run
+time. The cap holds requests back *before* the policy sees them: an app's requests
+are shown to the policy only while those it has running or shown fit within its cap;
+the rest wait, in arrival order, in the dispatcher, and are shown as the app's running
+requests end. Every request the policy picks can therefore run, and to the policy a
+held-back request simply arrives later. Capping is not work-conserving — with only
+the capped app asking, the rest of the model stays idle — which is the point: it
+buys the other apps' latency with the capped app's throughput.
+
 When the policy's choice for a model does not fit the budget, the model takes nothing
 else until it does (no smaller request jumps ahead): skipping would hand the model to
 whoever asks least, and a large request could wait forever. A request whose
@@ -73,6 +85,7 @@ Examples:
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -138,6 +151,8 @@ class Ticket:
     outcome: Outcome | None = None
     error: FairAgentsError | None = None
     """Why the dispatcher ended it, when it did so itself (model down, shut down)."""
+    held_back: bool = False
+    """Waiting in the dispatcher, not yet shown to the policy: its app is at its share of the model."""
 
     def record(self) -> RequestRecord:
         """The request's record (valid once it ended)."""
@@ -212,6 +227,8 @@ class Dispatcher:
         charge: called with ``(now, request, amount)`` for every charge.
         is_live: called with a request id just before it is dispatched; ``False``
             means its caller has gone: it ends as cancelled, uncharged.
+        app_share: called with an app's name: the largest share (0 < share ≤ 1) of a
+            model's slots and token budget that app may hold, or ``None`` for no cap.
 
     Examples:
         >>> import fairagents as fa
@@ -230,6 +247,7 @@ class Dispatcher:
         pool_slots: int | None = None,
         charge: Callable[[float, Request, float], None] | None = None,
         is_live: Callable[[str], bool] | None = None,
+        app_share: Callable[[str], float | None] | None = None,
     ) -> None:
         if pool_slots is not None:
             _check_count(pool_slots, "pool slots", optional=True)
@@ -243,6 +261,9 @@ class Dispatcher:
         self._tickets: dict[str, Ticket] = {}
         self._withdrawn: list[Ticket] = []  # ended by is_live during the current event
         self._closed = False
+        self._app_share = app_share
+        self._held: dict[tuple[str, str], list[int]] = {}  # (app, model) -> [requests, tokens] running or shown
+        self._held_back: dict[tuple[str, str], deque[Ticket]] = {}  # (app, model) -> waiting, not yet shown
 
     # -- the pool ------------------------------------------------------------------
 
@@ -286,6 +307,29 @@ class Dispatcher:
     def tickets(self) -> list[Ticket]:
         """Requests waiting or running."""
         return list(self._tickets.values())
+
+    def queued(self, model: str | None = None) -> int:
+        """Requests waiting for ``model`` (or for any model), those held back by an app's share included."""
+        shown = self.policy.queued(model)
+        held = sum(len(q) for (_, m), q in self._held_back.items() if model is None or m == model)
+        return shown + held
+
+    def share_cap(self, app: str, model: str) -> tuple[int, float | None] | None:
+        """The most requests and KV tokens ``app`` may hold of ``model`` at once (``None``: no cap).
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.dispatcher import Dispatcher
+            >>> d = Dispatcher(fa.policies.FCFS(), fa.UnifiedTokenCost(), app_share=lambda app: 0.25)
+            >>> _ = d.add_model("chat", fa.ModelProfile(d_model=64, n_layers=1), slots=8, token_budget=1000, max_model_len=500)
+            >>> d.share_cap("flood", "chat")
+            (2, 250.0)
+        """
+        share = None if self._app_share is None else self._app_share(app)
+        if share is None or share >= 1:
+            return None
+        m = self.model(model)
+        return max(1, int(share * m.slots)), None if m.token_budget is None else share * m.token_budget
 
     def ticket(self, request_id: str) -> Ticket | None:
         """The ticket of a request that has not ended, if any."""
@@ -343,8 +387,15 @@ class Dispatcher:
             )
         if m.down is not None:
             raise EngineError(f"model {m.name!r} is down: {m.down}", **about)
-        self.policy.on_arrival(request, now)  # raises (queuing nothing) for a request it cannot price
-        self._tickets[request.id] = Ticket(request, reserved)
+        ticket = Ticket(request, reserved)
+        key = (request.app, m.name)
+        if self._held_back.get(key) or not self._within_share(ticket):
+            self.cost.input_cost(m.name, request.prompt_tokens)  # what the policy checks: raises before queuing
+            ticket.held_back = True
+            self._held_back.setdefault(key, deque()).append(ticket)
+        else:
+            self._show(ticket, now)  # raises (queuing nothing) for a request the policy cannot price
+        self._tickets[request.id] = ticket
         return self._changes(m, now, [])
 
     def progress(self, request_id: str, new_tokens: int, now: float) -> float:
@@ -428,15 +479,55 @@ class Dispatcher:
     def _end(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
         r = ticket.request
         del self._tickets[r.id]
+        m = self._models[r.model]
         if ticket.state is TicketState.RUNNING:
-            m = self._models[r.model]
             m.running -= 1
             m.reserved -= ticket.reserved
             self.pool_running -= 1
         ticket.state = TicketState.DONE
         ticket.outcome = outcome
         ticket.ended = now
+        key = (r.app, r.model)
+        if ticket.held_back:  # the policy never saw it
+            self._held_back[key].remove(ticket)
+            if not self._held_back[key]:
+                del self._held_back[key]
+            return
         self.policy.on_finish(r, outcome, now)
+        held = self._held.get(key)
+        if held is not None:
+            held[0] -= 1
+            held[1] -= ticket.reserved
+            if not held[0]:
+                del self._held[key]
+        if not self._closed and m.down is None:
+            self._show_held_back(key, now)
+
+    def _within_share(self, ticket: Ticket) -> bool:
+        r = ticket.request
+        cap = self.share_cap(r.app, r.model)
+        held = self._held.get((r.app, r.model))
+        if cap is None or held is None:
+            return True  # no cap, or the app holds nothing of the model: one request may always run
+        slots, tokens = cap
+        return held[0] < slots and (tokens is None or held[1] + ticket.reserved <= tokens)
+
+    def _show(self, ticket: Ticket, now: float) -> None:
+        """Hand a waiting request to the policy; it now counts against its app's share."""
+        r = ticket.request
+        self.policy.on_arrival(r, now)
+        ticket.held_back = False
+        held = self._held.setdefault((r.app, r.model), [0, 0])
+        held[0] += 1
+        held[1] += ticket.reserved
+
+    def _show_held_back(self, key: tuple[str, str], now: float) -> None:
+        """Show an app's held-back requests, in arrival order, while they fit its share."""
+        queue = self._held_back.get(key)
+        while queue and self._within_share(queue[0]):
+            self._show(queue.popleft(), now)
+        if queue is not None and not queue:
+            del self._held_back[key]
 
     def _changes(self, touched: ModelState, now: float, ended: list[Ticket]) -> Changes:
         started = self._fill(touched, now)

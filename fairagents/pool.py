@@ -26,13 +26,48 @@ import tenacity
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError, UnknownModelError
 
-__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "TokenBudget"]
+__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget"]
 
 #: Requests a model runs at once when neither the call nor the engine says (``fairagents bench overhead``).
 DEFAULT_IN_FLIGHT = 32
 
 #: A token budget: the engine's reported KV capacity (``"engine"``), a number of tokens, or none.
 TokenBudget = Literal["engine"] | int | None
+
+
+@dataclass(frozen=True)
+class Restart:
+    """How a model whose engine died is brought back.
+
+    The arbiter waits ``backoff`` seconds (the engine's memory is freed meanwhile),
+    stops the dead engine and starts it again; a failed start is retried after a
+    wait that doubles each time, up to ``max_backoff``, for ``attempts`` starts in
+    all. If none succeeds the model stays down until
+    :meth:`~fairagents.Arbiter.restart_model` is called.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> fa.Restart().attempts, fa.Restart(backoff=0.5).backoff
+        (5, 0.5)
+        >>> fa.Restart(attempts=0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: restart attempts must be an integer ≥ 1, got 0
+    """
+
+    attempts: int = 5
+    backoff: float = 1.0
+    """Seconds before the first start, and the first wait between failed starts."""
+    max_backoff: float = 60.0
+    """Longest wait between two starts."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise InvalidParameterError(f"restart attempts must be an integer ≥ 1, got {self.attempts!r}")
+        for what in ("backoff", "max_backoff"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise InvalidParameterError(f"restart {what} must be a finite number ≥ 0, got {value!r}")
 
 
 @dataclass(eq=False)
@@ -145,13 +180,14 @@ class Pool:
             raise failures[0]
 
     @staticmethod
-    async def restart(m: PoolModel, *, attempts: int, backoff: float) -> None:
-        """Stop ``m``'s engine and start it again, up to ``attempts`` times, ``backoff`` s apart and doubling.
+    async def restart(m: PoolModel, restart: Restart) -> None:
+        """Stop ``m``'s engine and start it again, up to ``restart.attempts`` times, with doubling waits between.
 
         Raises the last attempt's error if none succeeds.
         """
-        retrying = tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(attempts), reraise=True,
-                                          wait=tenacity.wait_exponential(multiplier=backoff, max=60.0))
+        retrying = tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(restart.attempts), reraise=True,
+                                          wait=tenacity.wait_exponential(multiplier=restart.backoff,
+                                                                         max=restart.max_backoff))
         async for attempt in retrying:
             with attempt:
                 await m.engine.stop()

@@ -20,7 +20,7 @@ from typing import Any
 from fairagents.errors import InvalidParameterError, UnknownAgentError, UnknownAppError
 from fairagents.identity import SLO, Agent, App, current_agent
 
-__all__ = ["Tenants"]
+__all__ = ["Tenants", "check_share"]
 
 
 class Tenants:
@@ -38,20 +38,30 @@ class Tenants:
         self.apps: dict[str, App] = {}
         self.agents: dict[tuple[str, str], Agent] = {}
         self.max_queued: dict[str, int] = {}
+        self.share: dict[str, float] = {}
+        """Apps declared with their own ``max_in_flight_share``."""
 
-    def declare_app(self, name: str, weight: float, slo: SLO | None, max_queued: int | None) -> App:
+    def declare_app(
+        self, name: str, weight: float, slo: SLO | None, max_queued: int | None, share: float | None = None
+    ) -> App:
         """Declare (or get) an app; re-declaring with other settings is an error."""
         new = App(name, weight=weight, slo=slo)
         if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1):
             raise InvalidParameterError(f"max_queued must be an integer ≥ 1 or None, got {max_queued!r}", app=name)
+        check_share(share, app=name)
         existing = self.apps.get(name)
-        if existing is not None and (existing != new or self.max_queued.get(name) != max_queued):
+        if existing is not None and (
+            existing != new or self.max_queued.get(name) != max_queued or self.share.get(name) != share
+        ):
             raise InvalidParameterError(
-                f"app {name!r} is already declared as {existing} with max_queued={self.max_queued.get(name)}", app=name
+                f"app {name!r} is already declared as {existing} with max_queued={self.max_queued.get(name)}, "
+                f"max_in_flight_share={self.share.get(name)}", app=name,
             )
         self.apps[name] = existing or new
         if max_queued is not None:
             self.max_queued[name] = max_queued
+        if share is not None:
+            self.share[name] = share
         return self.apps[name]
 
     def declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> Agent:
@@ -100,3 +110,19 @@ class Tenants:
                     app=app, agent=name,
                 )
         return agent
+
+
+def check_share(share: object, **about: str | None) -> None:
+    """Raise unless ``share`` is ``None`` or a number in (0, 1].
+
+    Examples:
+        >>> from fairagents.tenants import check_share
+        >>> check_share(0.0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: max_in_flight_share must be a number in (0, 1] or None, got 0.0
+    """
+    if share is None:
+        return
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise InvalidParameterError(f"max_in_flight_share must be a number in (0, 1] or None, got {share!r}", **about)

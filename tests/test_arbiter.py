@@ -645,3 +645,102 @@ async def test_a_restart_retries_with_backoff_and_gives_up_with_the_model_down()
             await arbiter.restart_model("chat", attempts=2, backoff=0.0)
         with pytest.raises(fa.EngineError, match="down"):
             await who.chat("chat", MSG)
+
+
+async def test_a_dead_model_restarts_by_itself_with_backoff_and_serves_again():
+    arbiter = fa.Arbiter(restart=fa.Restart(attempts=4, backoff=0.01))
+    flaky = _Flaky(2, tokens_per_reply=1)
+    arbiter.add_model("chat", flaky)
+    arbiter.add_model("other", FakeEngine(tokens_per_reply=1))
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        flaky.fail()
+        with pytest.raises(fa.EngineError):
+            await who.chat("chat", MSG)
+        assert arbiter.restarting("chat") and not arbiter.serving("chat")
+        with pytest.raises(fa.EngineError, match="is down"):
+            await who.chat("chat", MSG)  # refused at once while it restarts: nothing waits on a dead engine
+        assert (await who.chat("other", MSG)).usage.completion_tokens == 1  # other models serve meanwhile
+        for _ in range(200):
+            if arbiter.serving("chat"):
+                break
+            await asyncio.sleep(0.01)
+        assert flaky.starts == 4 and not arbiter.restarting("chat")  # two failed starts, then up
+        assert (await who.chat("chat", MSG)).usage.completion_tokens == 1
+
+
+async def test_an_automatic_restart_gives_up_after_its_attempts_and_the_model_stays_down():
+    arbiter = fa.Arbiter(restart=fa.Restart(attempts=2, backoff=0.0))
+    flaky = _Flaky(5, tokens_per_reply=1)
+    arbiter.add_model("chat", flaky)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        flaky.fail()
+        with pytest.raises(fa.EngineError):
+            await who.chat("chat", MSG)
+        for _ in range(100):
+            if not arbiter.restarting("chat"):
+                break
+            await asyncio.sleep(0.01)
+        assert flaky.starts == 3 and not arbiter.serving("chat")
+        flaky.failures = 0
+        await arbiter.restart_model("chat", backoff=0.0)  # by hand, as the log says
+        assert (await who.chat("chat", MSG)).usage.completion_tokens == 1
+
+
+async def test_without_automatic_restart_a_dead_model_stays_down_and_close_cancels_a_pending_restart():
+    arbiter, engine = make(tokens_per_reply=1)
+    arbiter.restart = None
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        engine.fail()
+        with pytest.raises(fa.EngineError):
+            await who.chat("chat", MSG)
+        await asyncio.sleep(0.05)
+        assert not arbiter.restarting("chat") and not arbiter.serving("chat")
+    slow = fa.Arbiter(restart=fa.Restart(backoff=60.0))
+    engine = FakeEngine(tokens_per_reply=1)
+    slow.add_model("chat", engine)
+    who = slow.app("a").agent("t")
+    async with slow:
+        engine.fail()
+        with pytest.raises(fa.EngineError):
+            await who.chat("chat", MSG)
+        assert slow.restarting("chat")
+    assert not slow.restarting("chat")  # the close cancelled it: nothing outlives the arbiter
+
+
+def test_restart_settings_are_checked():
+    with pytest.raises(fa.InvalidParameterError, match="backoff"):
+        fa.Restart(backoff=-1)
+    with pytest.raises(fa.InvalidParameterError, match="restart must be"):
+        fa.Arbiter(restart=3)
+    with pytest.raises(fa.InvalidParameterError, match="max_in_flight_share"):
+        fa.Arbiter(max_in_flight_share=1.5)
+    arbiter = fa.Arbiter()
+    arbiter.app("a", max_in_flight_share=0.5)
+    with pytest.raises(fa.InvalidParameterError, match="already declared"):
+        arbiter.app("a", max_in_flight_share=0.25)
+
+
+async def test_a_flooding_app_capped_to_half_the_slots_leaves_room_for_another():
+    arbiter = fa.Arbiter(in_flight=4, max_in_flight_share=0.5, token_budget=None)
+    engine = FakeEngine(manual=True)
+    arbiter.add_model("chat", engine)
+    flood = arbiter.app("flood").agent("t")
+    victim = arbiter.app("victim").agent("t")
+    async with arbiter:
+        floods = [asyncio.create_task(flood.chat("chat", MSG, max_tokens=4)) for _ in range(8)]
+        await asyncio.sleep(0.01)
+        assert len(engine.running) == 2 and arbiter.queued("chat") == 6
+        v = asyncio.create_task(victim.chat("chat", MSG, max_tokens=4))
+        await asyncio.sleep(0.01)
+        assert len(engine.running) == 3  # the victim did not wait behind the flood
+        for rid in list(engine.running):
+            engine.emit(rid, 1, finish="stop")
+        assert (await v).usage.completion_tokens == 1
+        while not all(f.done() for f in floods):
+            await asyncio.sleep(0.001)
+            for rid in list(engine.running):
+                engine.emit(rid, 1, finish="stop")
+        assert all(f.result().usage.completion_tokens == 1 for f in floods)

@@ -1,20 +1,25 @@
 """The dispatcher alone: admission by slots, pool slots and token budget; events; never raising into a bystander."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fairagents as fa
 from fairagents.dispatcher import Dispatcher, TicketState
 from fairagents.errors import ProtocolError
+from fairagents.testing import RecordingPolicy
 
 PROFILE = fa.ModelProfile(d_model=64, n_layers=1)
 A, B = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
 
 
-def make(policy="hmfs", *, slots=4, budget=None, max_model_len=1000, block=1, pool=None, live=None, models=("m",)):
+def make(policy="hmfs", *, slots=4, budget=None, max_model_len=1000, block=1, pool=None, live=None, models=("m",),
+         share=None):
     cost = fa.UnifiedTokenCost(d_base=64)
     charges = []
     d = Dispatcher(fa.policies.make_policy(policy, cost), cost, pool_slots=pool,
-                   charge=lambda now, r, amount: charges.append((r.id, amount)), is_live=live)
+                   charge=lambda now, r, amount: charges.append((r.id, amount)), is_live=live,
+                   app_share=None if share is None else share.get)
     for m in models:
         d.add_model(m, PROFILE, slots=slots, token_budget=budget, max_model_len=max_model_len, block=block)
     return d, charges
@@ -172,3 +177,96 @@ def test_a_policy_with_its_own_unified_cost_learns_each_model():
     d.add_model("m", fa.ModelProfile(d_model=4096, n_layers=2), slots=1, token_budget=None, max_model_len=100)
     d.arrive(req("r1"), 0.0)
     assert policy.app_counters() == {"a": 20.0}
+
+
+# -- an app's share of a model ------------------------------------------------------------------
+
+
+def test_a_capped_app_holds_at_most_its_share_of_slots_and_the_rest_go_to_others():
+    d, _ = make(slots=4, share={"a": 0.5})
+    flood = [started(d.arrive(req(f"f{i}", A), 0.0)) for i in range(6)]
+    assert sum(flood, []) == ["f0", "f1"]  # ⌊0.5 × 4⌋ = 2 running; the other two slots stay free
+    assert d.policy.queued("m") == 0 and d.queued("m") == 4  # held back: the policy has not seen them
+    assert started(d.arrive(req("v", B), 0.0)) == ["v"]  # the victim runs at once
+    assert started(d.finish("f0", 1.0)) == ["f2"]  # the flood's next, in arrival order
+    assert [t.held_back for t in d.tickets() if t.state is TicketState.WAITING] == [True, True, True]
+
+
+def test_a_capped_app_holds_at_most_its_share_of_the_token_budget():
+    d, _ = make(slots=8, budget=100, share={"a": 0.5})
+    assert started(d.arrive(req("f0", A, 20, 20), 0.0)) == ["f0"]
+    assert started(d.arrive(req("f1", A, 10, 10), 0.0)) == []  # 40 + 20 > 50: held back
+    assert started(d.arrive(req("v", B, 25, 25), 0.0)) == ["v"]  # the other half is the victim's
+    assert started(d.finish("f0", 1.0)) == ["f1"]
+
+
+def test_an_app_holding_nothing_may_always_run_one_request():
+    d, _ = make(slots=4, budget=100, share={"a": 0.1})  # ⌊0.4⌋ slots, 10 tokens: still one request
+    assert started(d.arrive(req("big", A, 40, 40), 0.0)) == ["big"]
+    assert started(d.arrive(req("next", A, 1, 1), 0.0)) == []
+
+
+class _Told(RecordingPolicy):
+    """Records which requests the policy was told of, and how."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.events = []
+
+    def on_arrival(self, req, now):
+        self.events.append(("arrival", req.id))
+        super().on_arrival(req, now)
+
+    def on_finish(self, req, outcome, now):
+        self.events.append(("finish", req.id))
+        super().on_finish(req, outcome, now)
+
+
+def test_held_back_requests_cancel_and_fail_uncharged_without_the_policy():
+    policy = _Told(fa.policies.FCFS())
+    cost = fa.UnifiedTokenCost(d_base=64)
+    charges = []
+    d = Dispatcher(policy, cost, charge=lambda now, r, amount: charges.append(r.id), app_share={"a": 0.25}.get)
+    d.add_model("m", PROFILE, slots=4, token_budget=None, max_model_len=1000)
+    d.arrive(req("f0", A), 0.0)
+    d.arrive(req("f1", A), 0.0)
+    d.arrive(req("f2", A), 0.0)
+    assert d.cancel("f1", 1.0).ended[0].outcome is fa.Outcome.CANCELLED
+    assert [e for e in policy.events if e[1] in ("f1", "f2")] == []  # never shown, never told
+    ended = d.model_down("m", fa.EngineError("dead"), 2.0).ended
+    assert [t.request.id for t in ended] == ["f2"] and charges == ["f0"]
+    assert d.queued() == 0 and len(d.tickets()) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slots=st.integers(1, 6),
+    share=st.floats(0.05, 1.0),
+    events=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 40), st.sampled_from(["arrive", "end"])),
+                    max_size=60),
+)
+def test_no_app_ever_holds_more_than_its_share_and_every_request_is_shown_in_order(slots, share, events):
+    d, _ = make(slots=slots, budget=200, share={"a": share, "b": share})
+    cap_slots = max(1, int(share * slots))
+    shown_order = {}
+    n = 0
+    for app, size, kind in events:
+        running = [t for t in d.tickets() if t.state is TicketState.RUNNING]
+        if kind == "end" and running:
+            d.finish(running[0].request.id, float(n))
+        else:
+            n += 1
+            d.arrive(req(f"r{n}", fa.Agent("t", fa.App(app)), size, size), float(n))
+        for name in ("a", "b"):
+            mine = [t for t in d.tickets() if t.request.app == name and t.state is TicketState.RUNNING]
+            if len(mine) > 1:  # one request may always run
+                assert len(mine) <= cap_slots
+                assert sum(t.reserved for t in mine) <= share * 200 + 1e-9
+            for t in d.tickets():
+                if t.request.app == name and not t.held_back:
+                    shown_order.setdefault(name, [])
+                    if t.request.id not in shown_order[name]:
+                        shown_order[name].append(t.request.id)
+    for ids in shown_order.values():  # shown to the policy in arrival order
+        assert ids == sorted(ids, key=lambda i: int(i[1:]))
+    assert d.queued() == sum(t.state is TicketState.WAITING for t in d.tickets())

@@ -46,14 +46,17 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from fairagents.arbiter import Arbiter
+from fairagents.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO
 from fairagents.policies import POLICIES
 
-__all__ = ["AgentConfig", "AppConfig", "Config", "ModelConfig", "SLOConfig", "ServerSettings", "build_arbiter", "load_config"]
+__all__ = [
+    "AgentConfig", "AppConfig", "Config", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
+    "load_config",
+]
 
 #: What app, agent and model names may be: 1-64 printable ASCII characters (they travel in HTTP
 #: headers), no ``/`` (stats name agents ``app/agent``), no space at either end.
@@ -142,6 +145,8 @@ class AppConfig(_Section):
     """Share of the pool relative to other apps."""
     max_queued: int | None = Field(default=256, ge=1)
     """Most requests the app may have waiting for one model; past it, 429 (``None``: unbounded)."""
+    max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
+    """Largest share of a model's slots and token budget the app may hold (unset: the top-level setting)."""
     slo: SLOConfig | None = None
     """Default SLO of the app's agents."""
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
@@ -223,6 +228,27 @@ class ModelConfig(_Section):
         )
 
 
+class RestartConfig(_Section):
+    """Automatic restart of a model whose engine died (see :class:`~fairagents.Restart`).
+
+    Examples:
+        >>> from fairagents.server.config import RestartConfig
+        >>> RestartConfig().build()
+        Restart(attempts=5, backoff=1.0, max_backoff=60.0)
+    """
+
+    attempts: int = Field(default=5, ge=1)
+    """Starts to try before the model is left down."""
+    backoff: float = Field(default=1.0, ge=0)
+    """Seconds before the first start, and the first wait between failed starts (it doubles)."""
+    max_backoff: float = Field(default=60.0, ge=0)
+    """Longest wait between two starts."""
+
+    def build(self) -> Restart:
+        """The :class:`~fairagents.Restart` it describes."""
+        return Restart(self.attempts, self.backoff, self.max_backoff)
+
+
 class ServerSettings(_Section):
     """How the server listens, authenticates and shuts down.
 
@@ -277,6 +303,11 @@ class Config(_Section):
     token_budget: Literal["engine", "off"] | Annotated[int, Field(ge=1)] = "engine"
     """Default token budget of the models that set none: ``"engine"`` (each engine's KV
     capacity), a number of tokens, or ``"off"`` (see :mod:`fairagents.dispatcher`)."""
+    max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
+    """Largest share of a model's slots and token budget one app may hold at once, for
+    apps that set none (unset: no cap). A flooding app then cannot hold every slot."""
+    restart: RestartConfig | Literal["off"] = Field(default_factory=lambda: RestartConfig())
+    """How a model whose engine died comes back; ``"off"``: it stays down until restarted by hand."""
     d_base: int = Field(default=DEFAULT_D_BASE, ge=1)
     w_input: float = Field(default=1.0, ge=0)
     w_output: float = Field(default=2.0, ge=0)
@@ -379,6 +410,8 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         in_flight=config.in_flight,
         pool_in_flight=config.pool_in_flight,
         token_budget=None if config.token_budget == "off" else config.token_budget,
+        max_in_flight_share=config.max_in_flight_share,
+        restart=None if config.restart == "off" else config.restart.build(),
         d_base=config.d_base,
         w_input=config.w_input,
         w_output=config.w_output,
