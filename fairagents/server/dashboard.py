@@ -4,15 +4,21 @@ It polls ``/v1/fairness`` every two seconds and draws, per app: its share of ser
 over the last 30 seconds against the share its weight entitles it to (and its share
 since start), the shares over the last five minutes as a stacked area with the
 entitlements as dashed lines, each app's agents against their weights, and a table of
-queues and latencies. It keeps working when the server goes away (the status turns
-red, the last data stays) and picks up again when it returns. With an observer key
-configured, open it as ``/dashboard#key=<key>``: the fragment never leaves the browser.
+queues and latencies. An app or agent whose demand is met (nothing of it waits for
+dispatch) is drawn muted and labelled "demand met": a share below its entitlement is
+then all it asked for. One with requests waiting is labelled "backlogged", in red when
+its share is below its entitlement, the case a fair scheduler must correct. The page
+keeps working when the server goes away (the status turns red, the last data stays)
+and picks up again when it returns. With an observer key configured, open it as
+``/dashboard#key=<key>``: the fragment never leaves the browser.
 
 Examples:
     >>> from fairagents.server.dashboard import page
     >>> html = page()
     >>> html.startswith("<!doctype html>"), "/v1/fairness" in html, "://" in html   # no CDN, no other host
     (True, True, False)
+    >>> "demand_met" in html and "demand met" in html
+    True
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ _PAGE = r"""<!doctype html>
   svg .dim { fill:var(--dim); }
   .chips { display:flex; gap:10px; flex-wrap:wrap; }
   .chip { border:1px solid var(--line); border-radius:14px; padding:3px 10px; display:flex; gap:6px; align-items:center; }
-  .agents { display:grid; grid-template-columns: repeat(auto-fill, minmax(400px, 1fr)); gap:12px 24px; }
+  .agents { display:grid; grid-template-columns: repeat(auto-fill, minmax(480px, 1fr)); gap:12px 24px; }
   .legend { display:flex; gap:14px; flex-wrap:wrap; margin-top:6px; color:var(--dim); font-size:12px; }
   .swatch { width:10px; height:10px; display:inline-block; border-radius:2px; margin-right:4px; vertical-align:-1px; }
   table { width:100%; border-collapse:collapse; font-variant-numeric: tabular-nums; }
@@ -60,6 +66,11 @@ _PAGE = r"""<!doctype html>
   tr.app td { font-weight:600; }
   tr.agent td:first-child { padding-left:26px; color:var(--dim); }
   .empty { color:var(--dim); padding:20px 0; }
+  svg .demand { font-size:11px; }
+  svg .met { fill:var(--dim); font-style:italic; }
+  svg .backlogged { fill:var(--text); font-weight:600; }
+  svg .under { fill:var(--bad); font-weight:600; }
+  td.met { color:var(--dim); font-style:italic; } td.backlogged { font-weight:600; } td.under { color:var(--bad); font-weight:600; }
 </style>
 </head>
 <body>
@@ -73,7 +84,8 @@ _PAGE = r"""<!doctype html>
 <main>
   <section class="card">
     <h2>Share of service</h2>
-    <p class="sub">bar: last 30 s · ◆ since start · dashed: entitled by weight</p>
+    <p class="sub">bar: last 30 s · ◆ since start · dashed: entitled by weight · muted: demand met (nothing waiting) ·
+      red: backlogged below its entitlement</p>
     <svg id="shares" height="40"></svg>
   </section>
   <section class="card">
@@ -84,12 +96,12 @@ _PAGE = r"""<!doctype html>
   </section>
   <section class="card full">
     <h2>Agents within each app</h2>
-    <p class="sub">share of the app's service vs share of the app's agent weights</p>
+    <p class="sub">share of the app's service vs share of the app's agent weights · muted: demand met</p>
     <div class="agents" id="agents"></div>
   </section>
   <section class="card full">
     <h2>Queues and latency</h2>
-    <p class="sub">latencies from arrival at the arbiter, over recent requests</p>
+    <p class="sub">latencies from arrival at the arbiter, over recent requests · backlogged: share of the last 5 min with requests waiting</p>
     <table id="table"></table>
   </section>
 </main>
@@ -105,6 +117,15 @@ const pct = (x) => x == null || isNaN(x) ? "–" : (100 * x).toFixed(1) + "%";
 const secs = (x) => x == null ? "–" : x < 1 ? (1000 * x).toFixed(0) + " ms" : x.toFixed(2) + " s";
 const num = (x) => x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(x < 10 ? 2 : 0);
 const dur = (s) => s < 120 ? s.toFixed(0) + " s" : s < 7200 ? (s / 60).toFixed(0) + " min" : (s / 3600).toFixed(1) + " h";
+
+// Demand: met (nothing waiting: the share is all it asked for), or backlogged (below its entitlement: "under").
+// A fair share is owed only to a backlogged client.
+function demand(s, share) {
+  if (s.demand_met) return {cls: "met", text: "demand met", opacity: 0.35, tip: "nothing waiting: it got all it asked for"};
+  const under = share < s.weight_share;
+  return {cls: under ? "under" : "backlogged", text: "backlogged", opacity: 1,
+    tip: under ? "requests waiting, and below its entitlement" : "requests waiting"};
+}
 
 function color(app) {
   if (!colors.has(app)) colors.set(app, PALETTE[colors.size % PALETTE.length]);
@@ -136,14 +157,15 @@ function drawShares(data) {
   let svg = "";
   apps.forEach((name, i) => {
     const a = data.apps[name], y = i * row + 6;
-    const share = recent ? recent[name] : a.share, x0 = label;
+    const share = recent ? recent[name] : a.share, x0 = label, d = demand(a, share);
     svg += `<text x="0" y="${y + 15}">${esc(name)}</text>`;
     svg += `<rect x="${x0}" y="${y}" width="${bw}" height="20" rx="3" fill="currentColor" opacity="0.07"></rect>`;
-    svg += `<rect class="bar" data-app="${esc(name)}" data-share="${share.toFixed(4)}" x="${x0}" y="${y}" width="${(bw * share).toFixed(1)}" height="20" rx="3" fill="${color(name)}"></rect>`;
+    svg += `<rect class="bar" data-app="${esc(name)}" data-share="${share.toFixed(4)}" data-demand="${d.cls}" x="${x0}" y="${y}" width="${(bw * share).toFixed(1)}" height="20" rx="3" fill="${color(name)}" opacity="${d.opacity}"></rect>`;
     const ex = x0 + bw * a.weight_share, cx = x0 + bw * a.share;
     svg += `<line x1="${ex}" x2="${ex}" y1="${y - 3}" y2="${y + 23}" stroke="currentColor" stroke-width="2" stroke-dasharray="3 2"></line>`;
     svg += `<path d="M${cx} ${y + 4} l5 6 l-5 6 l-5 -6 z" fill="currentColor" opacity="0.8"></path>`;
-    svg += `<text x="${x0 + bw + 8}" y="${y + 15}">${pct(share)} <tspan class="dim">of ${pct(a.weight_share)}</tspan></text>`;
+    svg += `<text x="${x0 + bw + 8}" y="${y + 9}" class="${d.cls === "met" ? "dim" : ""}">${pct(share)} <tspan class="dim">of ${pct(a.weight_share)}</tspan></text>`;
+    svg += `<text x="${x0 + bw + 8}" y="${y + 23}" class="demand ${d.cls}" data-app="${esc(name)}">${d.text}<title>${d.tip}</title></text>`;
   });
   if (!apps.length) svg = `<text x="0" y="20" class="dim">no apps yet</text>`;
   $("shares").setAttribute("height", Math.max(40, apps.length * row + 10));
@@ -200,22 +222,23 @@ function drawAgents(data) {
   $("agents").innerHTML = apps.map((name) => {
     const agents = Object.entries(data.apps[name].agents).sort(([a], [b]) => a.localeCompare(b));
     const rows = agents.map(([agent, s], i) => {
-      const y = i * 26 + 4;
+      const y = i * 26 + 4, d = demand(s, s.share);
       return `<text x="0" y="${y + 13}">${esc(agent)}</text>` +
-        `<rect x="90" y="${y}" width="${(200 * s.share).toFixed(1)}" height="16" rx="2" fill="${color(name)}" class="agent-bar" data-app="${esc(name)}" data-agent="${esc(agent)}"></rect>` +
+        `<rect x="90" y="${y}" width="${(200 * s.share).toFixed(1)}" height="16" rx="2" fill="${color(name)}" opacity="${d.opacity}" class="agent-bar" data-app="${esc(name)}" data-agent="${esc(agent)}" data-demand="${d.cls}"></rect>` +
         `<line x1="${90 + 200 * s.weight_share}" x2="${90 + 200 * s.weight_share}" y1="${y - 2}" y2="${y + 18}" stroke="currentColor" stroke-dasharray="3 2"></line>` +
-        `<text x="298" y="${y + 13}">${pct(s.share)} <tspan class="dim">of ${pct(s.weight_share)}</tspan></text>`;
+        `<text x="298" y="${y + 13}">${pct(s.share)} <tspan class="dim">of ${pct(s.weight_share)}</tspan> <tspan class="demand ${d.cls}">· ${d.text}<title>${d.tip}</title></tspan></text>`;
     }).join("");
     return `<div><h2><span class="swatch" style="background:${color(name)}"></span>${esc(name)}</h2>` +
-      `<svg height="${agents.length * 26 + 8}" viewBox="0 0 400 ${agents.length * 26 + 8}" style="color:var(--text); max-width:400px">${rows}</svg></div>`;
+      `<svg height="${agents.length * 26 + 8}" viewBox="0 0 520 ${agents.length * 26 + 8}" style="color:var(--text); max-width:520px">${rows}</svg></div>`;
   }).join("") || `<div class="empty">no apps yet</div>`;
 }
 
 function drawTable(data) {
-  const head = ["", "weight", "share", "entitled", "service", "queued", "in flight", "done", "cancelled", "failed", "rejected",
-    "wait p50", "wait p99", "TTFT p50", "TTFT p99"];
-  const row = (cls, name, s) => `<tr class="${cls}"><td>${esc(name)}</td><td>${s.weight}</td><td>${pct(s.share)}</td>` +
-    `<td>${pct(s.weight_share)}</td><td>${num(s.service)}</td><td>${s.queued}</td><td>${s.in_flight}</td><td>${s.done}</td>` +
+  const head = ["", "weight", "share", "entitled", "demand", "backlogged", "service", "queued", "in flight", "done", "cancelled",
+    "failed", "rejected", "wait p50", "wait p99", "TTFT p50", "TTFT p99"];
+  const row = (cls, name, s, d = demand(s, s.share)) => `<tr class="${cls}"><td>${esc(name)}</td><td>${s.weight}</td><td>${pct(s.share)}</td>` +
+    `<td>${pct(s.weight_share)}</td><td class="${d.cls}" title="${d.tip}">${d.text}</td><td>${pct(s.backlogged)}</td>` +
+    `<td>${num(s.service)}</td><td>${s.queued}</td><td>${s.in_flight}</td><td>${s.done}</td>` +
     `<td>${s.cancelled}</td><td>${s.failed}</td><td>${s.rejected}</td><td>${secs(s.wait_seconds.p50)}</td>` +
     `<td>${secs(s.wait_seconds.p99)}</td><td>${secs(s.ttft_seconds.p50)}</td><td>${secs(s.ttft_seconds.p99)}</td></tr>`;
   let body = "";

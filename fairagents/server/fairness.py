@@ -3,7 +3,14 @@
 A snapshot of the arbiter's standing (per app and per agent: service in unified
 tokens, share against weight share, queued, in flight, wait and TTFT percentiles),
 plus each client's cumulative service sampled once a second, so that a page opened
-late still draws the shares over the last minutes. The snapshot reads
+late still draws the shares over the last minutes.
+
+A fair share is owed only to a backlogged client: one with requests waiting. So each
+app and agent also says whether its demand is met (``demand_met``: nothing of it waits
+for dispatch now; running requests are being served) and, over the sampled window,
+the fraction of samples in which it was backlogged (``backlogged``). A share below the
+entitlement with ``demand_met`` true is a client that asked for less, not a starved
+one. The snapshot reads
 :meth:`~fairagents.Arbiter.stats`, whose percentiles sort the recent records: it is
 cached for ``max_age`` seconds, so many viewers cost the event loop no more than one.
 
@@ -20,13 +27,15 @@ Examples:
     (2.0, 0.0)
     >>> body["history"]["apps"]["driving"]
     [0.0]
+    >>> body["apps"]["driving"]["demand_met"], body["apps"]["driving"]["backlogged"]
+    (True, 0.0)
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -35,6 +44,9 @@ from fairagents.server.wire import finite
 from fairagents.stats import ClientSnapshot, Stats
 
 __all__ = ["FairnessView"]
+
+_Key = tuple[str, str]
+_Sample = tuple[float, dict[_Key, float], frozenset[_Key]]
 
 
 class FairnessView:
@@ -76,7 +88,8 @@ class FairnessView:
         self.max_age = max_age
         self.clock = clock
         self.started = clock()
-        self.samples: deque[tuple[float, dict[tuple[str, str], float]]] = deque(maxlen=max(2, int(keep / interval)))
+        self.samples: deque[_Sample] = deque(maxlen=max(2, int(keep / interval)))
+        """``(time, cumulative service by (app, agent), the (app, agent) pairs with requests queued)``."""
         self._clients = clients or (lambda: [tuple(k.split("/", 1)) for k in self.stats().agents])  # type: ignore[misc]
         self._extra = extra or dict
         self._models = models or dict
@@ -90,9 +103,25 @@ class FairnessView:
         return self._cached[1]
 
     def sample(self) -> None:
-        """Record every agent's cumulative service now (cheap: no percentiles)."""
+        """Record every agent's cumulative service now, and which agents are backlogged (cheap: no percentiles).
+
+        An agent is backlogged while a request of it waits for dispatch, as ``queued``
+        counts it in :meth:`~fairagents.Arbiter.stats`.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.server.fairness import FairnessView
+            >>> arbiter = fa.Arbiter()
+            >>> arbiter.app("driving").agent("planner")
+            AgentHandle(driving/planner)
+            >>> view = FairnessView(arbiter, clock=lambda: 5.0)
+            >>> view.sample()
+            >>> view.samples[-1]
+            (5.0, {('driving', 'planner'): 0.0}, frozenset())
+        """
         ledger = self.arbiter.ledger
-        self.samples.append((self.clock(), {(a, t): ledger.service_of(a, t) for a, t in self._clients()}))
+        waiting = frozenset(t.request.agent_key for t in self.arbiter.dispatcher.tickets() if t.dispatched is None)
+        self.samples.append((self.clock(), {(a, t): ledger.service_of(a, t) for a, t in self._clients()}, waiting))
 
     async def run(self) -> None:
         """Sample every ``interval`` seconds until cancelled."""
@@ -101,17 +130,40 @@ class FairnessView:
             await asyncio.sleep(self.interval)
 
     def snapshot(self, history: float | None = None, *, draining: bool = False) -> dict[str, Any]:
-        """The ``/v1/fairness`` body; ``history`` limits the samples to the last seconds."""
+        """The ``/v1/fairness`` body; ``history`` limits the samples to the last seconds.
+
+        Each app and agent has, besides its counts, ``demand_met``: true when none of
+        its requests waits for dispatch now (its running requests are being served),
+        so a share below ``weight_share`` is all it asked for; and ``backlogged``: the
+        fraction of the samples in the window in which it had requests waiting
+        (``None`` before the first sample). Fair schedulers owe the entitled share only
+        to backlogged clients.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.server.fairness import FairnessView
+            >>> arbiter = fa.Arbiter()
+            >>> arbiter.app("driving").agent("planner")
+            AgentHandle(driving/planner)
+            >>> view = FairnessView(arbiter)
+            >>> planner = view.snapshot()["apps"]["driving"]["agents"]["planner"]
+            >>> planner["queued"], planner["demand_met"], planner["backlogged"]
+            (0, True, None)
+        """
         stats = self.stats()
         extra = self._extra()
         now = self.clock()
+        samples = [s for s in self.samples if history is None or s[0] >= now - history]
+        by_app, by_agent = _backlogged(samples)
         apps: dict[str, Any] = {}
         for name, app in stats.apps.items():
-            apps[name] = {**_client(app, _sum(extra, name)), "agents": {}}
+            apps[name] = {**_client(app, _sum(extra, name), by_app(name)), "agents": {}}
         for key, agent in stats.agents.items():
             app_name, agent_name = key.split("/", 1)
             if app_name in apps:
-                apps[app_name]["agents"][agent_name] = _client(agent, extra.get((app_name, agent_name), {}))
+                apps[app_name]["agents"][agent_name] = _client(
+                    agent, extra.get((app_name, agent_name), {}), by_agent((app_name, agent_name))
+                )
         return {
             "object": "fairness",
             "time": now,
@@ -122,19 +174,29 @@ class FairnessView:
             "models": self._models(),
             "pool": {"in_flight": self.arbiter.pool_running, "in_flight_limit": self.arbiter.pool_in_flight},
             "apps": apps,
-            "history": self._history(now, history),
+            "history": self._history(samples),
         }
 
-    def _history(self, now: float, seconds: float | None) -> dict[str, Any]:
-        samples = [s for s in self.samples if seconds is None or s[0] >= now - seconds]
-        keys = sorted({k for _, by in samples for k in by})
+    def _history(self, samples: list[_Sample]) -> dict[str, Any]:
+        keys = sorted({k for _, by, _ in samples for k in by})
         apps = sorted({a for a, _ in keys})
         return {
             "interval_seconds": self.interval,
-            "time": [round(t, 3) for t, _ in samples],
-            "apps": {a: [round(sum(v for (x, _), v in by.items() if x == a), 4) for _, by in samples] for a in apps},
-            "agents": {f"{a}/{t}": [round(by.get((a, t), 0.0), 4) for _, by in samples] for a, t in keys},
+            "time": [round(t, 3) for t, _, _ in samples],
+            "apps": {a: [round(sum(v for (x, _), v in by.items() if x == a), 4) for _, by, _ in samples] for a in apps},
+            "agents": {f"{a}/{t}": [round(by.get((a, t), 0.0), 4) for _, by, _ in samples] for a, t in keys},
         }
+
+
+def _backlogged(samples: list[_Sample]) -> tuple[Callable[[str], float | None], Callable[[_Key], float | None]]:
+    """Per app and per agent, the fraction of ``samples`` in which it had requests waiting (``None`` without samples)."""
+    apps: Counter[str] = Counter()
+    agents: Counter[_Key] = Counter()
+    for _, _, waiting in samples:
+        agents.update(waiting)
+        apps.update({a for a, _ in waiting})
+    n = len(samples)
+    return (lambda app: round(apps[app] / n, 4) if n else None), (lambda key: round(agents[key] / n, 4) if n else None)
 
 
 def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]], app: str) -> dict[str, int]:
@@ -146,7 +208,7 @@ def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]], app: str) -> dict[s
     return total
 
 
-def _client(c: ClientSnapshot, extra: Mapping[str, int]) -> dict[str, Any]:
+def _client(c: ClientSnapshot, extra: Mapping[str, int], backlogged: float | None) -> dict[str, Any]:
     return {
         "weight": c.weight,
         "weight_share": c.weight_share,
@@ -154,6 +216,8 @@ def _client(c: ClientSnapshot, extra: Mapping[str, int]) -> dict[str, Any]:
         "share": c.share,
         "queued": c.queued,
         "in_flight": c.in_flight,
+        "demand_met": c.queued == 0,
+        "backlogged": backlogged,
         "done": c.done,
         "failed": c.failed,
         "cancelled": c.cancelled,

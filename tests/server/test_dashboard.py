@@ -1,4 +1,4 @@
-"""The live fairness page in headless Chromium: after traffic from two apps, it shows each app's bar."""
+"""The live fairness page in headless Chromium: it shows each app's bar, and marks whose demand is met."""
 
 import asyncio
 import re
@@ -12,7 +12,7 @@ from fairagents.constants import HEADER_APP
 from fairagents.server import Config
 from fairagents.testing import FakeEngine
 
-from ._support import MSG, live
+from ._support import MSG, live, wait_until
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 FLAGS = [
@@ -21,6 +21,13 @@ FLAGS = [
 ]
 # the page's colours for the first two apps, in name order
 COLORS = {"flood": (0xF2, 0x8E, 0x2B), "driving": (0x4E, 0x79, 0xA7)}
+# the page's card background (light and dark scheme), and the opacity of the areas over time drawn on it
+CARDS, AREA_OPACITY = ((0xFF, 0xFF, 0xFF), (0x17, 0x1D, 0x23)), 0.85
+
+
+def _drawn(color):
+    """The colour in full (a backlogged app's bar), and as the areas over time show it on either card."""
+    return [color, *(tuple(AREA_OPACITY * c + (1 - AREA_OPACITY) * b for c, b in zip(color, card, strict=True)) for card in CARDS)]
 
 
 async def _chromium(*args):
@@ -30,6 +37,15 @@ async def _chromium(*args):
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, err.decode()[-2000:]
     return out.decode()
+
+
+def test_the_page_renders_demand_met_and_backlogged():
+    from fairagents.server.dashboard import page
+
+    html = page()
+    assert "s.demand_met" in html and '"demand met"' in html and '"backlogged"' in html
+    assert 'data-demand="${d.cls}"' in html and 'opacity="${d.opacity}"' in html  # on the bars
+    assert "pct(s.backlogged)" in html  # in the table
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
@@ -58,11 +74,54 @@ async def test_the_dashboard_shows_each_app_s_share_after_traffic(tmp_path):
     shares = dict(re.findall(r'class="bar" data-app="([\w-]+)" data-share="([\d.]+)"', dom))
     assert set(shares) == {"driving", "flood"} and all(0 < float(s) < 1 for s in shares.values())
     assert abs(sum(map(float, shares.values())) - 1) < 1e-3
+    assert re.findall(r'class="bar" data-app="(\w+)" data-share="[\d.]+" data-demand="met"', dom) == ["driving", "flood"]  # all ended
     image = Image.open(shot).convert("RGB")
     assert image.size == (1400, 1000)
     counts = dict.fromkeys(COLORS, 0)
     for n, pixel in image.getcolors(image.width * image.height):
         for app, color in COLORS.items():
-            if all(abs(p - c) <= 6 for p, c in zip(pixel, color, strict=True)):
+            if any(all(abs(p - c) <= 6 for p, c in zip(pixel, drawn, strict=True)) for drawn in _drawn(color)):
                 counts[app] += n
-    assert all(n > 300 for n in counts.values()), counts  # each app's bar (and its area over time) is drawn
+    assert all(n > 300 for n in counts.values()), counts  # each app's area over time is drawn (its bar is muted now)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+async def test_the_dashboard_marks_an_app_whose_demand_is_met(tmp_path):
+    """driving's one request runs, nothing of it waits: demand met, muted; flood waits below its entitlement."""
+    engine = FakeEngine(manual=True)
+    arbiter = fa.Arbiter(in_flight=2)
+    arbiter.add_model("chat", engine)
+    async with live(arbiter, Config.model_validate({"server": {"auth": False}})) as (url, gateway):
+        gateway.view.max_age = 0
+        async with httpx.AsyncClient(base_url=url) as http:
+
+            def call(app):
+                body = {"model": "chat", "messages": MSG, "max_tokens": 20}
+                return asyncio.create_task(http.post("/v1/chat/completions", json=body, headers={HEADER_APP: app}))
+
+            calls = [call("driving")]
+            await wait_until(lambda: len(engine.running) == 1)
+            [first] = engine.running
+            engine.emit(first, 10)  # driving has been served more than flood will be
+            calls += [call("flood") for _ in range(4)]
+            await wait_until(lambda: len(engine.running) == 2 and arbiter.policy.queued() == 3)
+            apps = arbiter.stats().apps
+            assert apps["flood"].share < apps["flood"].weight_share and apps["driving"].queued == 0
+            dom = await _chromium(f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{url}/dashboard")
+            ended: set[str] = set()
+            while not all(c.done() for c in calls):
+                for request_id in set(engine.running) - ended:
+                    engine.emit(request_id, 1, finish="stop")
+                    ended.add(request_id)
+                await asyncio.sleep(0.005)
+            assert all(r.status_code == 200 for r in await asyncio.gather(*calls))
+
+    assert 'data-ready="1"' in dom
+    bar = r'class="bar" data-app="(\w+)" data-share="[\d.]+" data-demand="(\w+)"[^>]* opacity="([\d.]+)"'
+    assert {app: (demand, opacity) for app, demand, opacity in re.findall(bar, dom)} == {
+        "driving": ("met", "0.35"), "flood": ("under", "1")}  # muted, and full colour
+    label = r'class="demand (\w+)" data-app="(\w+)">([\w ]+)<'
+    assert {app: (cls, text) for cls, app, text in re.findall(label, dom)} == {
+        "driving": ("met", "demand met"), "flood": ("under", "backlogged")}
+    rows = re.findall(r'<tr class="app"><td>(\w+)</td>.*?<td class="(\w+)" title="[^"]*">([\w ]+)</td>', dom)
+    assert rows == [("driving", "met", "demand met"), ("flood", "under", "backlogged")]
