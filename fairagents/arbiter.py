@@ -89,9 +89,14 @@ class Arbiter(ModelCalls):
             ``None`` leaves it down until :meth:`restart_model` is called.
         drain_timeout: seconds ``async with`` exit waits for accepted work before
             aborting the rest with :class:`~fairagents.ShutdownError`.
-        preprocess_workers: threads that prepare requests carrying images, off the event loop.
-        preprocess_queue: most such requests in preprocessing at once; one more raises
+        preprocess_workers: threads of each preprocessing pool: one prepares requests
+            carrying images, one parses and tokenizes text for :meth:`prepare_chat` and
+            :meth:`prepare_text` (the server's path), off the event loop and fairly by app
+            (:mod:`fairagents.preprocessing`).
+        preprocess_queue: most requests in one pool at once; one more raises
             :class:`~fairagents.errors.OverloadedError`.
+        preprocess_queue_per_app: most requests of one app in one pool at once (default:
+            ``preprocess_queue``).
         preprocess_inline: prepare image requests on the event loop instead (only to
             measure what the pool saves: ``fairagents bench modality``).
         clock: time source in seconds (injectable for tests).
@@ -121,6 +126,7 @@ class Arbiter(ModelCalls):
         drain_timeout: float = 30.0,
         preprocess_workers: int = 2,
         preprocess_queue: int = 256,
+        preprocess_queue_per_app: int | None = None,
         preprocess_inline: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -136,7 +142,10 @@ class Arbiter(ModelCalls):
         policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output)
         self.pool_in_flight = pool_in_flight
         self.drain_timeout = drain_timeout
-        self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, inline=preprocess_inline)
+        self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, max_pending_per_app=preprocess_queue_per_app,
+                                         inline=preprocess_inline, name="fairagents-images")
+        self.text_preprocessor = Preprocessor(preprocess_workers, preprocess_queue,
+                                              max_pending_per_app=preprocess_queue_per_app, name="fairagents-text")
         self.clock = clock
         self.ledger = Ledger()
         self.tenants = Tenants()
@@ -226,9 +235,15 @@ class Arbiter(ModelCalls):
         self._closing = False
         log.info("fairagents.arbiter.started", models=self.models, policy=self.policy.name)
 
-    async def close(self, timeout: float | None = None, *, stop_engines: bool = True) -> None:
+    async def close(
+        self, timeout: float | None = None, *, stop_engines: bool = True, abort_timeout: float = 5.0
+    ) -> None:
         """Stop admitting, let accepted work finish for ``timeout`` s, abort the rest, stop engines.
 
+        After aborting, it waits up to ``abort_timeout`` s for the aborted requests to end
+        (their callers get :class:`~fairagents.ShutdownError`) before it stops the engines;
+        so, besides the engines' own abort and stop calls, it takes at most
+        ``timeout + abort_timeout`` s.
         With ``stop_engines=False`` the engines keep running, for another arbiter to use.
         """
         if not self._started:
@@ -245,9 +260,10 @@ class Arbiter(ModelCalls):
             for call in list(self._calls.values()):
                 call.shutdown = True
                 await self._engine_of(call).abort(call.request.id)
-            await self._wait_idle(5.0)
+            await self._wait_idle(abort_timeout)
         self.dispatcher.close(self.clock())
         self.preprocessor.close()
+        self.text_preprocessor.close()
         if stop_engines:
             await self.pool.stop()
         self._started = False
@@ -373,6 +389,38 @@ class Arbiter(ModelCalls):
 
     # -- submitting ----------------------------------------------------------------
 
+    def check_admission(self, model: str, agent: AgentHandle | Agent | None) -> None:
+        """Raise what submitting a request of ``agent`` to ``model`` would raise now, before any work on it.
+
+        The cheap checks, in the order a submission makes them: the arbiter runs, the
+        model and the agent are known, the model is up, and the app's queue for the
+        model has room. A caller that prepares a prompt first (the server) asks this
+        before tokenizing, so a refused request costs nothing.
+
+        Raises:
+            ShutdownError, UnknownModelError, UnknownAppError, UnknownAgentError,
+            EngineError (the model is down or starting), OverloadedError (the app's
+            queue for the model is full).
+        """
+        self._admit(model, agent)
+
+    def _admit(self, model: str, who: AgentHandle | Agent | None) -> tuple[PoolModel, Agent]:
+        self._check_open()
+        m = self.pool.get(model)
+        agent = self.tenants.resolve(who)
+        state = self.dispatcher.models.get(model)
+        if state is None:
+            raise EngineError(f"model {model!r} is starting", model=model, app=agent.app.name)
+        if state.down is not None:
+            raise EngineError(f"model {model!r} is down: {state.down}", model=model, app=agent.app.name)
+        bound = self.tenants.max_queued.get(agent.app.name)
+        if bound is not None and self._waiting[(agent.app.name, model)] >= bound:
+            raise OverloadedError(
+                f"app {agent.app.name!r} has {bound} requests queued for model {model!r}, its bound; retry later",
+                retry_after=min(max(m.run_time or 1.0, 0.05), 60.0), model=model, app=agent.app.name,
+            )
+        return m, agent
+
     def _submit(
         self,
         model: str,
@@ -382,21 +430,8 @@ class Arbiter(ModelCalls):
         *,
         arrival: float | None = None,
     ) -> Call:
-        self._check_open()
-        m = self.pool.get(model)
-        agent = self.tenants.resolve(who)
-        state = self.dispatcher.models.get(model)
-        if state is None:
-            raise EngineError(f"model {model!r} is starting", model=model, app=agent.app.name)
-        if state.down is not None:
-            raise EngineError(f"model {model!r} is down: {state.down}", model=model, app=agent.app.name)
+        m, agent = self._admit(model, who)
         waiting = (agent.app.name, model)
-        bound = self.tenants.max_queued.get(agent.app.name)
-        if bound is not None and self._waiting[waiting] >= bound:
-            raise OverloadedError(
-                f"app {agent.app.name!r} has {bound} requests queued for model {model!r}, its bound; retry later",
-                retry_after=min(max(m.run_time or 1.0, 0.05), 60.0), model=model, app=agent.app.name,
-            )
         prompt = prepare(m.engine)
         now = self.clock()
         request = Request(f"fa-{next(_request_ids)}", agent, model, prompt.n_tokens, params.max_tokens,

@@ -71,6 +71,7 @@ class ModelCalls(abc.ABC):
     clock: Callable[[], float]
     pool: Pool
     preprocessor: Preprocessor
+    text_preprocessor: Preprocessor
     tenants: Tenants
 
     async def chat(
@@ -227,25 +228,54 @@ class ModelCalls(abc.ABC):
 
     # -- preparing chat input ----------------------------------------------------------
 
-    async def prepare_chat(self, model: str, messages: Messages) -> Prompt:
+    async def prepare_chat(
+        self, model: str, messages: Messages, *, agent: AgentHandle | Agent | None = None
+    ) -> Prompt:
         """``messages`` made ready for ``model``: chat template applied, tokenized, images decoded.
 
-        Messages with images are prepared in the preprocessing pool, off the event loop.
-        For callers that need the prompt before sending it (its length, for usage), then
-        send it with :meth:`complete` or :meth:`stream_complete`, passing ``arrival``.
+        The work runs off the event loop, in the preprocessing pools (images in one,
+        text in another, so text never waits behind images), queued fairly by
+        ``agent``'s app. For callers that need the prompt before sending it (its
+        length, for usage), then send it with :meth:`complete` or
+        :meth:`stream_complete`, passing ``arrival``.
 
         Raises:
             BadInputError: an unknown model, invalid messages, an unreadable image, or an
                 image for a model that takes none.
+            OverloadedError: the app's part of the preprocessing pool is full.
         """
         engine = self.pool.get(model).engine
+        app, weight = self._fair_key(agent)
         if isinstance(messages, Sequence) and not isinstance(messages, str | bytes) and has_images(messages):
             if engine.profile.modality is not Modality.VISION:
                 raise ModalityError(
                     f"model {model!r} takes no images (it is a {engine.profile.modality.value} model)", model=model
                 )
-            return await self.preprocessor.run(chat_input(messages), engine)
-        return chat_input(messages)(engine)
+            return await self.preprocessor.run(chat_input(messages), engine, app=app, weight=weight)
+        return await self.text_preprocessor.run(chat_input(messages), engine, app=app, weight=weight)
+
+    async def prepare_text(
+        self, model: str, prompt: str | Prompt, *, agent: AgentHandle | Agent | None = None
+    ) -> Prompt:
+        """A plain prompt tokenized for ``model`` (a ready :class:`Prompt` checked), off the event loop.
+
+        Like :meth:`prepare_chat`, for completions.
+
+        Raises:
+            BadInputError: an unknown model, an empty prompt, token ids outside the
+                vocabulary, or a prompt longer than the context.
+            OverloadedError: the app's part of the preprocessing pool is full.
+        """
+        engine = self.pool.get(model).engine
+        app, weight = self._fair_key(agent)
+        return await self.text_preprocessor.run(text_input(prompt), engine, app=app, weight=weight)
+
+    def _fair_key(self, agent: AgentHandle | Agent | None) -> tuple[str, float]:
+        """The app whose share of the preprocessing pools a preparation uses, and its weight."""
+        if agent is None:
+            return "", 1.0
+        app = self.tenants.resolve(agent).app
+        return app.name, app.weight
 
     async def _chat_call(
         self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages
@@ -254,10 +284,8 @@ class ModelCalls(abc.ABC):
         if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
             return self._submit(model, who, params, chat_input(messages))
         arrival = self.clock()  # the call's arrival, before its preprocessing (DuetInfer)
-        self._check_open()
-        self.pool.get(model)
-        self.tenants.resolve(who)  # typed errors before any image work
-        prompt = await self.prepare_chat(model, messages)
+        self.check_admission(model, who)  # typed errors (and a full queue) before any image work
+        prompt = await self.prepare_chat(model, messages, agent=who)
         return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
 
     # -- what the arbiter provides -------------------------------------------------
@@ -268,6 +296,10 @@ class ModelCalls(abc.ABC):
         prepare: Callable[[Engine], Prompt], *, arrival: float | None = None,
     ) -> Call:
         """Validate, prepare and queue a request."""
+
+    @abc.abstractmethod
+    def check_admission(self, model: str, agent: AgentHandle | Agent | None) -> None:
+        """Raise what submitting a request of ``agent`` to ``model`` now would, before preparing it."""
 
     @abc.abstractmethod
     def _check_open(self) -> None:

@@ -1,14 +1,24 @@
-"""Modality-aware preprocessing (DuetInfer): image work runs in its own pool, off the event loop.
+"""Preparing requests off the event loop, fairly: a bounded worker pool that apps share by weight.
 
-Decoding, resizing and tokenising images takes milliseconds to tenths of a second per
-image on a CPU; run on the event loop, it would stall every other request's dispatch
-and streaming behind it (head-of-line blocking in preprocessing, DuetInfer §III-B). So
-a request that carries images is prepared by a :class:`Preprocessor`: a pool of worker
-threads with its own bounded queue. Text requests are prepared on the loop as before
-(tokenising text is cheap) and never wait behind it.
+Decoding images, parsing a large body and tokenizing a long prompt take milliseconds
+to seconds of CPU; run on the event loop, they would stall every other request's
+dispatch and streaming behind them (head-of-line blocking in preprocessing,
+DuetInfer §III-B), ``/health`` included. So the arbiter prepares such work in a
+:class:`Preprocessor`: worker threads fed by a fair queue.
+
+**Fair.** Each app has its own queue. A free worker takes the head of the app with
+the least *virtual preprocessing time* — seconds of worker time it has used, divided
+by its weight, as the policies count tokens; an app that becomes backlogged starts
+from the virtual time of the job last started, so idleness earns no credit
+(start-time fair queueing). One app's large images or huge prompts therefore delay
+its own requests, not everyone's.
+
+**Bounded.** ``max_pending`` jobs in all and ``max_pending_per_app`` per app may be
+queued or running; one more raises :class:`~fairagents.errors.OverloadedError` at
+once, before any work — so an app that floods the pool is refused alone.
 
 A request keeps the time it arrived: the arbiter reads the clock when the call comes
-in, and queues the request with that arrival once preprocessing is done, so its place
+in and queues the request with that arrival once preparation is done, so its place
 is not pushed back by its own preprocessing (DuetInfer's ablation saw multimodal TTFT
 grow when requests entered the queue later than they arrived).
 
@@ -21,7 +31,7 @@ Examples:
     >>> async def main():
     ...     pool = Preprocessor(workers=1, max_pending=4)
     ...     try:
-    ...         return await pool.run(sum, [1, 2, 3])
+    ...         return await pool.run(sum, [1, 2, 3], app="driving")
     ...     finally:
     ...         pool.close()
     >>> asyncio.run(main())
@@ -32,25 +42,40 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
+from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fairagents.errors import InvalidParameterError, OverloadedError
+from fairagents.errors import InvalidParameterError, OverloadedError, ShutdownError
 
 __all__ = ["Preprocessor"]
 
 T = TypeVar("T")
 
 
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    app: str
+    weight: float
+    future: asyncio.Future[Any]
+    started: bool = field(default=False)
+
+
 class Preprocessor:
-    """A bounded pool of worker threads for CPU-heavy preparation of requests.
+    """A bounded, fair pool of worker threads for CPU-heavy preparation of requests.
 
     Args:
-        workers: worker threads (image decoding in PIL and NumPy releases the GIL, so
-            threads run in parallel with the event loop).
-        max_pending: most preparations queued or running at once; one more raises
-            :class:`~fairagents.errors.OverloadedError` at once.
+        workers: worker threads (PIL, NumPy and the tokenizers release the GIL for
+            most of their work, so threads run beside the event loop).
+        max_pending: most jobs queued or running at once, across apps.
+        max_pending_per_app: most jobs one app may have queued or running (default:
+            ``max_pending``, no separate bound).
         inline: prepare on the calling (event-loop) thread instead: for benchmarks only.
+        name: the worker threads' name prefix.
 
     Examples:
         >>> from fairagents.preprocessing import Preprocessor
@@ -60,35 +85,151 @@ class Preprocessor:
         fairagents.errors.InvalidParameterError: workers must be an integer ≥ 1, got 0
     """
 
-    def __init__(self, workers: int = 2, max_pending: int = 256, *, inline: bool = False) -> None:
-        for what, value in (("workers", workers), ("max_pending", max_pending)):
+    def __init__(
+        self,
+        workers: int = 2,
+        max_pending: int = 256,
+        *,
+        max_pending_per_app: int | None = None,
+        inline: bool = False,
+        name: str = "fairagents-preprocess",
+    ) -> None:
+        per_app = max_pending if max_pending_per_app is None else max_pending_per_app
+        for what, value in (("workers", workers), ("max_pending", max_pending), ("max_pending_per_app", per_app)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParameterError(f"{what} must be an integer ≥ 1, got {value!r}")
         self.workers = workers
         self.max_pending = max_pending
+        self.max_pending_per_app = per_app
         self.inline = inline
+        self.name = name
         self.pending = 0
-        """Preparations queued or running now."""
+        """Jobs queued or running now."""
+        self.pending_of: Counter[str] = Counter()
+        """Jobs queued or running now, per app."""
+        self.used: Counter[str] = Counter()
+        """Worker seconds used, per app (since the pool was made)."""
+        self._queues: dict[str, deque[_Job]] = {}
+        self._vtime: dict[str, float] = {}
+        self._clock = 0.0  # virtual time of the job last started
+        self._busy = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in the pool (or inline), without blocking the event loop."""
+    async def run(self, fn: Callable[..., T], *args: Any, app: str = "", weight: float = 1.0) -> T:
+        """``fn(*args)`` in the pool, queued fairly among ``app``'s peers, without blocking the event loop.
+
+        Raises:
+            OverloadedError: the pool, or ``app``'s part of it, is full; nothing ran.
+            ShutdownError: the pool closed before the job started.
+        """
         if self.inline:
             return fn(*args)
         if self.pending >= self.max_pending:
+            raise OverloadedError(f"{self.pending} requests are waiting for preprocessing, the bound; retry later",
+                                  retry_after=0.5, app=app or None)
+        if self.pending_of[app] >= self.max_pending_per_app:
             raise OverloadedError(
-                f"{self.pending} requests are waiting for image preprocessing, the bound; retry later", retry_after=0.5
+                f"app {app!r} has {self.pending_of[app]} requests waiting for preprocessing, its bound; retry later",
+                retry_after=0.5, app=app or None,
             )
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="fairagents-preprocess")
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, args, app, weight, loop.create_future())
+        queue = self._queues.get(app)
+        if queue is None:  # backlogged from now: no credit for having been idle
+            queue = self._queues[app] = deque()
+            self._vtime[app] = max(self._vtime.get(app, 0.0), self._clock)
+        queue.append(job)
         self.pending += 1
+        self.pending_of[app] += 1
         try:
-            return await asyncio.wrap_future(self._pool.submit(fn, *args))
+            self._pump(loop)
+            return await job.future  # type: ignore[no-any-return]
         finally:
             self.pending -= 1
+            self.pending_of[app] -= 1
+            if not self.pending_of[app]:
+                del self.pending_of[app]
+            if not job.started:  # cancelled or closed while queued: it never runs
+                self._drop(job)
 
     def close(self) -> None:
-        """Drop queued preparations and let the workers exit (running ones finish)."""
+        """Fail queued jobs with :class:`~fairagents.ShutdownError` and let the workers exit (running ones finish)."""
+        for queue in self._queues.values():
+            for job in queue:
+                if not job.future.done():
+                    job.future.set_exception(ShutdownError("the preprocessing pool closed before the request was prepared"))
+        self._queues.clear()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start jobs while a worker is free: the head of the app with the least virtual time."""
+        while self._busy < self.workers and self._queues:
+            app = min(self._queues, key=self._vtime.__getitem__)
+            queue = self._queues[app]
+            job = queue.popleft()
+            if not queue:
+                del self._queues[app]
+            if job.future.done():
+                continue
+            job.started = True
+            self._clock = self._vtime[app]
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
+            self._busy += 1
+            work = self._pool.submit(_timed, job.fn, job.args)
+            work.add_done_callback(lambda done, job=job: _call_soon(loop, self._finished, job, done, loop))
+
+    def _finished(self, job: _Job, done: concurrent.futures.Future[tuple[float, Any]], loop: asyncio.AbstractEventLoop) -> None:
+        self._busy -= 1
+        try:
+            seconds, result = done.result()
+        except concurrent.futures.CancelledError:  # the pool closed before a worker took it
+            seconds, result, error = 0.0, None, ShutdownError("the preprocessing pool closed before the request was prepared")
+        else:
+            error = None
+            if isinstance(result, _Raised):
+                seconds, error = result.seconds, result.error
+        self.used[job.app] += seconds
+        if job.app in self._vtime:
+            self._vtime[job.app] += seconds / job.weight
+        if not job.future.done():
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+        self._pump(loop)
+
+    def _drop(self, job: _Job) -> None:
+        queue = self._queues.get(job.app)
+        if queue is not None and job in queue:
+            queue.remove(job)
+            if not queue:
+                del self._queues[job.app]
+
+
+@dataclass(frozen=True)
+class _Raised:
+    seconds: float
+    error: BaseException
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """Hand a finished job back to its loop; a loop that has closed meanwhile has no one to tell."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
+def _timed(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[float, Any]:
+    """Run ``fn(*args)`` on a worker; its error is returned with the time it took, not lost."""
+    start = time.perf_counter()
+    try:
+        result = fn(*args)
+    except BaseException as err:  # noqa: BLE001
+        return 0.0, _Raised(time.perf_counter() - start, err)
+    return time.perf_counter() - start, result

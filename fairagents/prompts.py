@@ -1,7 +1,12 @@
 """Turning a call's input into an engine's :class:`~fairagents.engines.Prompt`, with typed errors.
 
 Each helper returns a function of the engine, so the arbiter validates identity and
-limits first and tokenizes last (or in its preprocessing pool, for images).
+limits first and tokenizes last (or in its preprocessing pool). Before tokenizing, a
+cheap check refuses a text that cannot fit the model's context whatever its tokens:
+an engine that reports ``max_token_bytes`` (no token stands for more bytes) takes at
+most ``max_model_len × max_token_bytes`` characters of prompt text, so a 10 MB
+prompt for a 2,048-token model is a :class:`~fairagents.ContextLengthError` in
+microseconds, not after seconds of tokenizing.
 
 Examples:
     >>> from fairagents.prompts import chat_input
@@ -20,9 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fairagents.engines.base import Engine, Prompt
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import ContextLengthError, InvalidParameterError
 
-__all__ = ["Messages", "chat_input", "check_messages", "text_input"]
+__all__ = ["Messages", "chat_input", "check_messages", "check_text_fits", "text_input"]
 
 Messages = Sequence[dict[str, Any]]
 
@@ -32,6 +37,7 @@ def chat_input(messages: Messages) -> Callable[[Engine], Prompt]:
 
     def prepare(engine: Engine) -> Prompt:
         check_messages(messages)
+        check_text_fits(engine, sum(_text_length(m.get("content")) for m in messages))
         return engine.prepare_chat(messages)
 
     return prepare
@@ -48,6 +54,10 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
         if isinstance(prompt, Prompt):
             if not prompt.n_tokens:
                 raise InvalidParameterError("the prompt has no tokens")
+            if engine.max_model_len and prompt.n_tokens > engine.max_model_len:  # before scanning the ids
+                raise ContextLengthError(
+                    f"the prompt has {prompt.n_tokens} tokens; the model's context is {engine.max_model_len}"
+                )
             vocab = getattr(engine, "vocab_size", None)
             if isinstance(vocab, int) and (min(prompt.token_ids) < 0 or max(prompt.token_ids) >= vocab):
                 bad = next(t for t in prompt.token_ids if not 0 <= t < vocab)
@@ -55,6 +65,7 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
             return prompt
         if not isinstance(prompt, str) or not prompt:
             raise InvalidParameterError(f"the prompt must be a non-empty string or a Prompt, got {prompt!r}")
+        check_text_fits(engine, len(prompt))
         return engine.prepare_text(prompt)
 
     return prepare
@@ -67,3 +78,38 @@ def check_messages(messages: Messages) -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
             raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}")
+
+
+def check_text_fits(engine: Engine, characters: int) -> None:
+    """Refuse ``characters`` of prompt text that cannot fit ``engine``'s context, without tokenizing.
+
+    Applies when the engine reports ``max_token_bytes``: every token stands for at most
+    that many bytes, and a character is at least one byte, so the text has at least
+    ``characters / max_token_bytes`` tokens.
+
+    Examples:
+        >>> from fairagents.prompts import check_text_fits
+        >>> from fairagents.testing import FakeEngine
+        >>> check_text_fits(FakeEngine(max_model_len=100, max_token_bytes=8), 800)
+        >>> check_text_fits(FakeEngine(max_model_len=100, max_token_bytes=8), 10_000_000)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.ContextLengthError: the prompt has 10000000 characters, so at least 1250000 tokens; the model's context is 100 tokens
+    """
+    most = getattr(engine, "max_token_bytes", None)
+    if not isinstance(most, int) or isinstance(most, bool) or most < 1 or not engine.max_model_len:
+        return
+    if characters > engine.max_model_len * most:
+        raise ContextLengthError(
+            f"the prompt has {characters} characters, so at least {-(-characters // most)} tokens; "
+            f"the model's context is {engine.max_model_len} tokens"
+        )
+
+
+def _text_length(content: Any) -> int:
+    """Characters of text in a message's content (a string, or a list of parts)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0

@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
+import time
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -150,7 +151,10 @@ class FakeEngine:
     :meth:`fail` makes every running and future request fail like a crashed engine.
     ``token_capacity`` and ``kv_block_size`` play a real engine's KV capacity (the
     arbiter's token budget reads them); ``max_num_seqs`` its batch capacity;
-    ``vocab_size`` the range of token ids a ready prompt may hold.
+    ``vocab_size`` the range of token ids a ready prompt may hold; ``max_token_bytes``
+    the longest token, for the cheap context check before tokenizing. ``prepare_time``
+    makes preparing a prompt burn that many seconds of CPU, like a tokenizer on a long
+    prompt (tests of what runs off the event loop).
 
     Examples:
         >>> from fairagents.testing import FakeEngine
@@ -169,6 +173,8 @@ class FakeEngine:
         kv_block_size: int = 1,
         max_num_seqs: int | None = None,
         vocab_size: int | None = None,
+        max_token_bytes: int | None = None,
+        prepare_time: float = 0.0,
         manual: bool = False,
     ) -> None:
         self.profile = profile or ModelProfile(d_model=4096, n_layers=1)
@@ -178,6 +184,8 @@ class FakeEngine:
         self.token_capacity = token_capacity
         self.kv_block_size = kv_block_size
         self.vocab_size = vocab_size
+        self.max_token_bytes = max_token_bytes
+        self.prepare_time = prepare_time
         if max_num_seqs is not None:
             self.max_num_seqs = max_num_seqs
         self.manual = manual
@@ -201,13 +209,21 @@ class FakeEngine:
         self.started = False
 
     def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
+        self._burn()
         words = sum(len(str(m["content"]).split()) + 1 for m in messages)
         return Prompt(token_ids=tuple(range(words)))
 
     def prepare_text(self, text: str) -> Prompt:
         if not isinstance(text, str) or not text:
             raise InvalidParameterError(f"the prompt must be a non-empty string, got {text!r}")
+        self._burn()
         return Prompt(token_ids=tuple(range(len(text.split()) + 1)))
+
+    def _burn(self) -> None:
+        """Spend ``prepare_time`` seconds of CPU in Python, holding the GIL between switches, as tokenizing does."""
+        end = time.perf_counter() + self.prepare_time
+        while time.perf_counter() < end:
+            pass
 
     def fail(self, reason: str = "simulated crash") -> None:
         """Make the engine fail: running requests raise, later ones too."""

@@ -445,6 +445,21 @@ async def test_close_after_the_drain_timeout_fails_waiting_and_running_alike():
     assert sum(c.amount for c in arbiter.ledger.charges) == 3  # only the running one's input (3 tokens)
 
 
+async def test_close_waits_abort_timeout_for_an_aborted_request_whose_caller_stopped_reading():
+    arbiter, _ = make(tokens_per_reply=100)
+    who = arbiter.app("a").agent("t")
+    await arbiter.start()
+    stream = who.stream_chat("chat", MSG)
+    await anext(stream)  # running; its caller reads no further, so the abort reaches it only when it reads again
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await arbiter.close(timeout=0, abort_timeout=0.05)
+    assert loop.time() - started < 1  # not the default 5 s
+    with pytest.raises(fa.ShutdownError):
+        await anext(stream)
+    await stream.aclose()
+
+
 @pytest.mark.parametrize("policy", [fa.policies.HMFS(), fa.policies.VTC(fa.UnifiedTokenCost())],
                          ids=["HMFS()", "VTC(UnifiedTokenCost())"])
 async def test_a_policy_object_prices_with_the_arbiter_on_one_path(policy):

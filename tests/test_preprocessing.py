@@ -3,6 +3,7 @@
 import asyncio
 import statistics
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -112,3 +113,88 @@ async def test_a_preprocessed_request_keeps_its_place_under_fcfs():
         assert order.index(replies[1].request_id) < order.index(replies[2].request_id)
     finally:
         await arbiter.close()
+
+
+async def test_the_pool_serves_apps_by_weighted_worker_time_not_arrival():
+    """A flood queued first does not make a later app wait behind all of it."""
+    pool = Preprocessor(workers=1, max_pending=100)
+    order = []
+
+    def job(app, seconds):
+        time.sleep(seconds)
+        order.append(app)
+
+    try:
+        flood = [asyncio.create_task(pool.run(job, "flood", 0.01, app="flood")) for _ in range(20)]
+        await asyncio.sleep(0.005)  # the flood's first job is running
+        light = [asyncio.create_task(pool.run(job, "light", 0.01, app="light")) for _ in range(3)]
+        await asyncio.gather(*flood, *light)
+    finally:
+        pool.close()
+    # the light app was idle, so it starts at the flood's virtual time and alternates with it
+    assert order.index("light") <= 2 and order[:8].count("light") == 3
+    assert pool.used["flood"] == pytest.approx(0.2, rel=0.5) and pool.pending == 0 and not pool.pending_of
+
+
+async def test_weights_share_the_workers_and_a_flood_is_refused_alone():
+    pool = Preprocessor(workers=1, max_pending=100, max_pending_per_app=12)
+    order = []
+
+    def job(app):
+        time.sleep(0.005)
+        order.append(app)
+
+    try:
+        gate = threading.Event()
+        blocker = asyncio.create_task(pool.run(gate.wait, 5, app="x"))
+        await asyncio.sleep(0.01)
+        heavy = [asyncio.create_task(pool.run(job, "heavy", app="heavy", weight=2.0)) for _ in range(12)]
+        light = [asyncio.create_task(pool.run(job, "light", app="light")) for _ in range(6)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(OverloadedError, match="app 'heavy' has 12 requests waiting"):
+            await pool.run(job, "heavy", app="heavy", weight=2.0)  # its own bound: refused before any work
+        third = asyncio.create_task(pool.run(int, "7", app="third"))  # other apps still get in
+        await asyncio.sleep(0)
+        assert pool.pending_of["third"] == 1
+        gate.set()
+        await asyncio.gather(blocker, *heavy, *light)
+        assert await third == 7
+    finally:
+        pool.close()
+    first = [app for app in order if app != "third"][:9]
+    assert first.count("heavy") == pytest.approx(6, abs=1) and first.count("light") == pytest.approx(3, abs=1)
+
+
+async def test_a_job_cancelled_while_queued_never_runs_and_errors_reach_their_caller():
+    pool = Preprocessor(workers=1, max_pending=10)
+    gate = threading.Event()
+    ran = []
+    try:
+        blocker = asyncio.create_task(pool.run(gate.wait, 5, app="a"))
+        queued = asyncio.create_task(pool.run(ran.append, 1, app="b"))
+        await asyncio.sleep(0.01)
+        queued.cancel()
+        await asyncio.gather(queued, return_exceptions=True)
+        assert pool.pending == 1 and pool.pending_of == {"a": 1}
+        gate.set()
+        await blocker
+        with pytest.raises(ZeroDivisionError):
+            await pool.run(lambda: 1 / 0, app="b")
+        assert ran == [] and pool.pending == 0
+        waiting = asyncio.create_task(pool.run(gate.wait, 5, app="a"))  # gate is set: returns at once
+        await waiting
+    finally:
+        pool.close()
+
+
+async def test_closing_fails_queued_jobs_with_a_shutdown_error():
+    pool = Preprocessor(workers=1, max_pending=10)
+    gate = threading.Event()
+    blocker = asyncio.create_task(pool.run(gate.wait, 5, app="a"))
+    queued = asyncio.create_task(pool.run(int, "1", app="b"))
+    await asyncio.sleep(0.01)
+    pool.close()
+    with pytest.raises(fa.ShutdownError):
+        await queued
+    gate.set()
+    assert await blocker is True

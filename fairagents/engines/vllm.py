@@ -51,7 +51,7 @@ from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 
-__all__ = ["VLLMEngine"]
+__all__ = ["VLLMEngine", "max_token_bytes"]
 
 log = structlog.get_logger("fairagents.engines.vllm")
 
@@ -100,6 +100,10 @@ class VLLMEngine:
     Attributes:
         vocab_size: the model's vocabulary size (``None`` until :meth:`start`); a ready
             prompt's token ids must be below it.
+        max_token_bytes: the most UTF-8 bytes one token of the tokenizer stands for
+            (``None`` until :meth:`start`, or when the tokenizer does not round-trip text
+            exactly). A prompt of more than ``max_model_len × max_token_bytes``
+            characters cannot fit the context, and is refused without tokenizing it.
         token_capacity: the KV cache's size in tokens: how many tokens the running
             requests can hold at once; ``None`` until :meth:`start`. A multiple of
             ``kv_block_size``.
@@ -140,6 +144,7 @@ class VLLMEngine:
         self.max_model_len = max_model_len or 0
         self.token_capacity: int | None = None  # set on start(), from vLLM's KV cache
         self.vocab_size: int | None = None  # set on start(): prompt token ids must be below it
+        self.max_token_bytes: int | None = None  # set on start(): the cheap context check before tokenizing
         self.kv_block_size = 1
         self._args = {
             "max_model_len": max_model_len,
@@ -186,12 +191,14 @@ class VLLMEngine:
         self.token_capacity, self.kv_block_size = _kv_capacity(engine)
         self.vocab_size = int(config.get_vocab_size())
         self._tokenizer = engine.get_tokenizer()
+        self.max_token_bytes = max_token_bytes(self._tokenizer)
         log.info(
             "fairagents.vllm.started",
             model=self.model,
             max_model_len=self.max_model_len,
             token_capacity=self.token_capacity,
             kv_block_size=self.kv_block_size,
+            max_token_bytes=self.max_token_bytes,
             profile=str(self.profile),
         )
 
@@ -418,3 +425,41 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
     else:
         future.set_result(result)
 
+
+
+#: Text a tokenizer must give back exactly for the cheap context check to trust its token lengths.
+_ROUND_TRIP = "Plan a route:\n\t two  spaces, ünïcödé, 路线, emoji \U0001f697 and 1234.5 <x>"
+
+
+def max_token_bytes(tokenizer: Any) -> int | None:
+    """The most UTF-8 bytes one token stands for, or ``None`` if the tokenizer does not round-trip text.
+
+    For a tokenizer that gives back exactly the text it encoded (byte-level BPE, as
+    Llama 3, Qwen and the embedded models use), every token stands for at most this
+    many bytes, so a text of ``n`` characters (at least ``n`` bytes) has at least
+    ``n / max_token_bytes`` tokens. Tokenizers that normalize or drop text (lower-case,
+    strip accents or whitespace) break that bound, and get ``None``. One byte is added
+    for a leading space a decoder may drop.
+
+    Examples:
+        >>> from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> from fairagents.engines.vllm import max_token_bytes
+        >>> alphabet = pre_tokenizers.ByteLevel.alphabet()
+        >>> vocab = {c: i for i, c in enumerate(sorted(alphabet))} | {"ĠĠĠĠ": 256}
+        >>> raw = Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+        >>> raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        >>> raw.decoder = decoders.ByteLevel()
+        >>> max_token_bytes(PreTrainedTokenizerFast(tokenizer_object=raw))
+        5
+    """
+    try:
+        ids = tokenizer.encode(_ROUND_TRIP, add_special_tokens=False)
+        if tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) != _ROUND_TRIP:
+            return None
+        size = len(tokenizer)
+        texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+    except Exception:  # a tokenizer without these methods: no cheap check, tokenizing decides
+        return None
+    return max(len(text.encode("utf-8", "surrogatepass")) for text in texts) + 1

@@ -40,6 +40,7 @@ import structlog
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -64,6 +65,7 @@ from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
 from fairagents.server.dashboard import page
 from fairagents.server.fairness import FairnessView
 from fairagents.server.metrics import CONTENT_TYPE, Metrics
+from fairagents.server.schema import install_openapi
 
 __all__ = ["DEFAULT_APP", "Gateway", "create_app"]
 
@@ -75,8 +77,11 @@ DEFAULT_APP = "default"
 COMPLETION_MAX_TOKENS = 16
 #: Largest request body read, in bytes.
 MAX_BODY_BYTES = 32 * 2**20
+#: Bodies up to this size are parsed on the event loop (microseconds); larger ones in the text pool.
+INLINE_PARSE_BYTES = 64 * 2**10
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 # error type -> (HTTP status, OpenAI error type, code); the first match in this order wins
 _ERRORS: list[tuple[type[FairAgentsError], int, wire.ErrorType, str]] = [
@@ -126,7 +131,8 @@ class Gateway:
         self._agents: dict[tuple[str, str], AgentHandle] = {}
         self._observer = None if config.server.observer_key is None else _digest(config.server.observer_key.get_secret_value())
         for name, app in config.apps.items():
-            handle = arbiter.app(name, app.weight, app.slo.build() if app.slo else None, max_queued=app.max_queued)
+            handle = arbiter.app(name, app.weight, app.slo.build() if app.slo else None, max_queued=app.max_queued,
+                                 max_in_flight_share=app.max_in_flight_share)
             self._apps[name] = handle
             for agent, settings in app.agents.items():
                 self._agents[(name, agent)] = handle.agent(agent, settings.weight, settings.slo.build() if settings.slo else None)
@@ -200,9 +206,10 @@ class Gateway:
         """Per model: healthy, in flight (handed to the engine), its limit, and queued."""
         out = {}
         for name in self.arbiter.models:
-            queued = self.arbiter.policy.queued(name)
+            queued = self.arbiter.queued(name)
             out[name] = {
                 "healthy": self.arbiter.serving(name),
+                "restarting": self.arbiter.restarting(name),
                 "in_flight": max(0, self.active[name] - queued),
                 "in_flight_limit": self.arbiter.in_flight_limit(name),
                 "queued": queued,
@@ -232,6 +239,20 @@ class Gateway:
         return engine
 
     # -- one request ---------------------------------------------------------------
+
+    async def parse(self, request: Request, who: AgentHandle, model: type[M], raw: bytes) -> M:
+        """Validate a request body: a small one at once, a large one in the text preprocessing pool.
+
+        Parsing megabytes of JSON takes milliseconds to tenths of a second; in the pool
+        it queues fairly behind the app's own work, under the app's bound, and the
+        event loop keeps serving everyone else meanwhile.
+        """
+        app = who.identity.app
+        request.state.labels = (app.name, who.identity.name, None)
+        if len(raw) <= INLINE_PARSE_BYTES:
+            return wire.parse(model, raw)
+        pool = self.arbiter.text_preprocessor
+        return await _until_disconnected(request, pool.run(wire.parse, model, raw, app=app.name, weight=app.weight))
 
     async def respond(
         self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
@@ -383,13 +404,19 @@ async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
     raise _ClientGone()
 
 
-def _error(err: FairAgentsError) -> tuple[int, dict[str, Any], dict[str, str]]:
+def _error(err: FairAgentsError, arbiter: Arbiter | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
     status, kind, code = next((s, k, c) for cls, s, k, c in _ERRORS if isinstance(err, cls))
     headers: dict[str, str] = {}
     if isinstance(err, OverloadedError):
         headers = {"Retry-After": str(max(1, math.ceil(err.retry_after))), "retry-after-ms": str(int(err.retry_after * 1000))}
     elif isinstance(err, EngineError):
-        headers = {"x-should-retry": "false"}  # the model stays down until the server restarts
+        restarting = arbiter is not None and err.model in arbiter.models and arbiter.restarting(err.model)
+        if restarting and arbiter is not None and arbiter.restart is not None:
+            wait = max(1.0, arbiter.restart.backoff)  # the model is coming back: worth a retry
+            headers = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(int(wait * 1000)),
+                       "x-should-retry": "true"}
+        else:
+            headers = {"x-should-retry": "false"}  # down until restarted by hand (or given up)
     return status, wire.error_body(str(err), kind, code), headers
 
 
@@ -420,15 +447,16 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             await asyncio.gather(sampler, return_exceptions=True)
 
     app = FastAPI(title=f"{title} server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_openapi(app)
     app.state.gateway = gateway
 
     @app.exception_handler(FairAgentsError)
     async def _fairagents_error(request: Request, err: FairAgentsError) -> JSONResponse:
-        status, body, headers = _error(err)
+        status, body, headers = _error(err, arbiter)
         labels = getattr(request.state, "labels", None)
         if isinstance(err, OverloadedError) and labels is not None:
             gateway.rejected[labels[:2]] += 1
-            gateway.metrics.reject(*labels)
+            gateway.metrics.reject(labels[0], labels[1], labels[2] or err.model or "")  # "": refused before its model was read
         if isinstance(err, EngineError):
             log.warning("fairagents.server.engine_unavailable", path=request.url.path, error=str(err))
         return JSONResponse(body, status, headers)
@@ -451,20 +479,28 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, who: Caller) -> Response:
-        body = wire.parse(wire.ChatCompletionRequest, await _body(request))
+        raw = await _body(request)
+        arrival = arbiter.clock()  # the request keeps its place while it is parsed and prepared
+        body = await gateway.parse(request, who, wire.ChatCompletionRequest, raw)
+        request.state.labels = (who.identity.app.name, who.identity.name, body.model)
         engine = gateway.engine(body.model)
-        arrival = arbiter.clock()  # images are prepared off the event loop; the request keeps its place
-        prompt = await arbiter.prepare_chat(body.model, body.chat_messages())
+        arbiter.check_admission(body.model, who)  # a full queue is a 429 before any tokenizing
+        prompt = await _until_disconnected(request, arbiter.prepare_chat(body.model, body.chat_messages(), agent=who))
         max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, engine, prompt)
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/completions")
     async def completions(request: Request, who: Caller) -> Response:
-        body = wire.parse(wire.CompletionRequest, await _body(request))
-        engine = gateway.engine(body.model)
+        raw = await _body(request)
+        arrival = arbiter.clock()
+        body = await gateway.parse(request, who, wire.CompletionRequest, raw)
+        request.state.labels = (who.identity.app.name, who.identity.name, body.model)
+        gateway.engine(body.model)
+        arbiter.check_admission(body.model, who)
         text = body.single_prompt()
-        prompt = engine.prepare_text(text) if isinstance(text, str) else Prompt(token_ids=tuple(text))
-        return await gateway.respond(request, who, body, prompt, body.max_tokens or COMPLETION_MAX_TOKENS)
+        ready = text if isinstance(text, str) else Prompt(token_ids=tuple(text))
+        prompt = await _until_disconnected(request, arbiter.prepare_text(body.model, ready, agent=who))
+        return await gateway.respond(request, who, body, prompt, body.max_tokens or COMPLETION_MAX_TOKENS, arrival)
 
     @app.post("/v1/images/generations")
     async def images(request: Request, who: Caller) -> Response:
@@ -514,7 +550,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     @app.get("/health")
     async def health() -> JSONResponse:
         """Readiness: 200 only while every model serves; 503 when one is down (or the server drains)."""
-        models = {name: {"healthy": m["healthy"]} for name, m in gateway.models().items()}
+        models = {name: {"healthy": m["healthy"], "restarting": m["restarting"]} for name, m in gateway.models().items()}
         healthy = sum(m["healthy"] for m in models.values())
         if gateway.draining:
             status = "draining"

@@ -7,6 +7,15 @@ error event), then closes its connections, stops the engines and returns. A seco
 signal skips the wait. uvicorn's own signal handling is off: it would stop listening
 at once, and re-raise the signal after the drain.
 
+The process exits at most ``drain_timeout + 1`` s after the signal
+(:data:`SHUTDOWN_GRACE`), sooner when the drain empties early. The second past the
+drain timeout is shared: the aborted requests get :data:`ABORT_WAIT` (0.2 s) to end
+before the engines stop; every connection is closed by :data:`CLOSE_WITHIN` (0.4 s),
+uvicorn cancelling the requests still open then; the remaining 0.6 s is for uvicorn's
+exit and the interpreter's (a few tenths of a second). The bound assumes engines that
+end an aborted request and stop promptly, as the in-process ones do; a vLLM engine's
+shutdown adds its own time.
+
 Examples:
     >>> from fairagents.server.serve import free_socket
     >>> sock = free_socket("127.0.0.1", 0)
@@ -40,6 +49,29 @@ from fairagents.server.config import Config, ServerSettings, build_arbiter, load
 __all__ = ["free_socket", "main", "running", "serve"]
 
 log = structlog.get_logger("fairagents.server")
+
+SHUTDOWN_GRACE = 1.0
+"""Seconds past ``server.drain_timeout`` by which SIGTERM has ended :func:`serve` and its process.
+
+It holds :data:`CLOSE_WITHIN`, then uvicorn's exit and the interpreter's.
+"""
+
+ABORT_WAIT = 0.2
+"""Seconds past the drain timeout the aborted requests get to end before the engines stop.
+
+Their clients get a 503, or an error event if they were streaming. Those that have not
+ended by then may still end while the connections close (:data:`CLOSE_WITHIN`).
+"""
+
+CLOSE_WITHIN = 0.4
+"""Seconds past the drain timeout by which every connection is closed (:data:`ABORT_WAIT` included).
+
+uvicorn waits for the requests still open until then, and cancels the rest: a client
+that stopped reading its stream has it cut, one that never sent all of its request
+gets a 500.
+"""
+
+_UVICORN_TICKS = 0.2  # uvicorn sees should_exit within 0.1 s, then sleeps 0.1 s before it waits on connections
 
 
 def free_socket(host: str, port: int) -> socket.socket:
@@ -139,9 +171,14 @@ async def serve(
 
     async def drain() -> None:
         gateway.draining = True
+        timeout = config.server.drain_timeout
+        drained_by = loop.time() + timeout
         accepted = sum(m["queued"] + m["in_flight"] for m in gateway.models().values())
-        log.warning("fairagents.server.draining", timeout=config.server.drain_timeout, accepted=accepted)
-        await arbiter.close(timeout=config.server.drain_timeout, stop_engines=stop_engines)
+        log.warning("fairagents.server.draining", timeout=timeout, accepted=accepted)
+        await arbiter.close(timeout=timeout, stop_engines=stop_engines, abort_timeout=ABORT_WAIT)
+        # The connections still open close by CLOSE_WITHIN past the drain (past now if it ended early).
+        now = loop.time()
+        server.config.timeout_graceful_shutdown = max(0.0, min(now, drained_by) + CLOSE_WITHIN - now - _UVICORN_TICKS)
         server.should_exit = True
 
     def on_signal() -> None:
@@ -149,6 +186,7 @@ async def serve(
         if drained is None:
             drained = loop.create_task(drain())
         else:  # a second signal: do not wait any longer
+            server.config.timeout_graceful_shutdown = CLOSE_WITHIN - _UVICORN_TICKS
             server.should_exit = server.force_exit = True
 
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -168,7 +206,8 @@ async def serve(
             if not drained.done():
                 drained.cancel()
             await asyncio.gather(drained, return_exceptions=True)
-        await arbiter.close(timeout=0 if drained is not None else None, stop_engines=stop_engines)
+        await arbiter.close(timeout=0 if drained is not None else None, stop_engines=stop_engines,
+                            abort_timeout=ABORT_WAIT)
     log.info("fairagents.server.stopped")
 
 

@@ -96,6 +96,12 @@ class _Body(BaseModel):
         return self
 
 
+# Numbers and flags are taken as JSON types, strictly: `"temperature": false` or `"1"` is a 400, not 0 or 1.
+_Int = Annotated[int, Strict()]
+_Float = Annotated[float, Strict()]
+_Bool = Annotated[bool, Strict()]
+
+
 class StreamOptions(BaseModel):
     """``stream_options`` of a streaming request.
 
@@ -106,14 +112,8 @@ class StreamOptions(BaseModel):
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-    include_usage: bool = False
+    include_usage: _Bool = False
     """Send a last chunk with the request's usage."""
-
-
-# Numbers and flags are taken as JSON types, strictly: `"temperature": false` or `"1"` is a 400, not 0 or 1.
-_Int = Annotated[int, Strict()]
-_Float = Annotated[float, Strict()]
-_Bool = Annotated[bool, Strict()]
 
 
 class _Sampling(_Body):
@@ -239,7 +239,7 @@ class ImageGenerationRequest(_Body):
 
     prompt: str = Field(min_length=1)
     model: str | None = None
-    n: int = Field(default=1, ge=1)
+    n: _Int = Field(default=1, ge=1)
     size: str | None = None
     response_format: str | None = None
     quality: str | None = None

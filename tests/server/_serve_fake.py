@@ -1,6 +1,7 @@
 """A server process on a FakeEngine, for the SIGTERM tests: prints its URL, serves until a signal.
 
-Usage: python _serve_fake.py DRAIN_TIMEOUT TOKENS_PER_REPLY. It prints "exited" after serve() returns.
+Usage: python _serve_fake.py DRAIN_TIMEOUT TOKENS_PER_REPLY [IN_FLIGHT (default 2)]. A token takes 10 ms.
+It prints "exited" after serve() returns.
 """
 
 import asyncio
@@ -15,7 +16,7 @@ from fairagents.testing import FakeEngine
 if __name__ == "__main__":
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout carries the URL
     drain_timeout, tokens = float(sys.argv[1]), int(sys.argv[2])
-    arbiter = fa.Arbiter(in_flight=2)
+    arbiter = fa.Arbiter(in_flight=int(sys.argv[3]) if len(sys.argv) > 3 else 2)
     arbiter.add_model("chat", FakeEngine(tokens_per_reply=tokens, token_time=0.01))
     config = Config.model_validate({"server": {"auth": False, "port": 0, "drain_timeout": drain_timeout}})
     asyncio.run(serve(arbiter, config, ready=lambda url: print(url, flush=True)))

@@ -203,7 +203,7 @@ async def test_a_client_that_leaves_mid_stream_is_charged_only_for_what_it_got()
 
 
 async def test_an_engine_failure_is_503_for_its_model_and_other_models_keep_serving():
-    arbiter = fa.Arbiter(in_flight=2)
+    arbiter = fa.Arbiter(in_flight=2, restart=None)
     broken = FakeEngine(tokens_per_reply=200, token_time=0.005)
     arbiter.add_model("broken", broken)
     arbiter.add_model("chat", FakeEngine(tokens_per_reply=3))
@@ -216,17 +216,41 @@ async def test_an_engine_failure_is_503_for_its_model_and_other_models_keep_serv
         with pytest.raises(openai.InternalServerError) as info:
             await c.chat.completions.create(model="broken", messages=MSG)
         assert info.value.status_code == 503 and info.value.code == "engine_unavailable"
-        assert info.value.response.headers["x-should-retry"] == "false"
+        assert info.value.response.headers["x-should-retry"] == "false"  # no automatic restart: down until restarted
         assert (await c.chat.completions.create(model="chat", messages=MSG)).usage.completion_tokens == 3
         health = await http.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "degraded"
-        assert health.json()["models"] == {"broken": {"healthy": False}, "chat": {"healthy": True}}
+        assert health.json()["models"] == {"broken": {"healthy": False, "restarting": False},
+                                           "chat": {"healthy": True, "restarting": False}}
         assert (await http.get("/health/live")).status_code == 200  # the process is alive: no reason to restart it
         metrics = (await http.get("/metrics")).text
         await arbiter.restart_model("broken", backoff=0.0)
         assert (await http.get("/health")).status_code == 200
         assert (await c.chat.completions.create(model="broken", messages=MSG, max_tokens=2)).usage.completion_tokens == 2
     assert _samples(metrics, "fairagents_model_up") == {("broken",): 0.0, ("chat",): 1.0}
+
+
+async def test_a_dead_model_restarts_by_itself_and_health_goes_503_then_200():
+    arbiter = fa.Arbiter(in_flight=2, restart=fa.Restart(backoff=0.3))
+    broken = FakeEngine(tokens_per_reply=3)
+    arbiter.add_model("broken", broken)
+    async with live(arbiter, make_config()) as (url, _), client(url) as c, \
+            httpx.AsyncClient(base_url=url) as http:
+        broken.fail()
+        with pytest.raises(openai.InternalServerError):
+            await c.chat.completions.create(model="broken", messages=MSG)
+        with pytest.raises(openai.InternalServerError) as info:
+            await c.chat.completions.create(model="broken", messages=MSG)
+        headers = info.value.response.headers
+        assert (headers["x-should-retry"], headers["retry-after"]) == ("true", "1")  # it is coming back
+        health = await http.get("/health")
+        assert health.status_code == 503 and health.json()["models"]["broken"] == {"healthy": False, "restarting": True}
+        for _ in range(100):
+            if (await http.get("/health")).status_code == 200:
+                break
+            await asyncio.sleep(0.02)
+        assert (await http.get("/health")).json()["models"]["broken"] == {"healthy": True, "restarting": False}
+        assert (await c.chat.completions.create(model="broken", messages=MSG)).usage.completion_tokens == 3
 
 
 async def test_models_fairness_metrics_health_and_dashboard():
@@ -246,7 +270,7 @@ async def test_models_fairness_metrics_health_and_dashboard():
             assert (await http.get("/v1/fairness", params={"history": -1})).status_code == 400
     driving, studio = fairness["apps"]["driving"], fairness["apps"]["studio"]
     assert fairness["policy"] == "hmfs" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
-    assert fairness["models"]["chat"] == {"healthy": True, "in_flight": 0, "in_flight_limit": 4, "queued": 0}
+    assert fairness["models"]["chat"] == {"healthy": True, "restarting": False, "in_flight": 0, "in_flight_limit": 4, "queued": 0}
     assert fairness["pool"] == {"in_flight": 0, "in_flight_limit": None}
     assert (driving["weight"], driving["weight_share"], driving["done"], driving["service"]) == (2.0, 2 / 3, 3, 3 * (3 + 8))
     assert studio["agents"]["writer"]["service"] == 5 + 2 * 2 and driving["agents"]["planner"]["share"] == 1.0
@@ -264,8 +288,42 @@ async def test_models_fairness_metrics_health_and_dashboard():
     assert _samples(metrics, "fairagents_app_weight_share_ratio")[("driving",)] == pytest.approx(2 / 3)
     assert _samples(metrics, "fairagents_pool_in_flight_requests") == {(): 0}
     assert "fairagents_pool_in_flight_limit" not in families  # no pool limit configured
-    assert health.json() == {"status": "ok", "models": {"chat": {"healthy": True}}}
+    assert health.json() == {"status": "ok", "models": {"chat": {"healthy": True, "restarting": False}}}
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html") and "/v1/fairness" in page.text
+
+
+async def test_the_fairness_view_tells_a_met_demand_from_a_backlog():
+    """An app with nothing waiting has its demand met, however small its share; one with requests waiting has not."""
+    arbiter, engine = fake(in_flight=2, manual=True)
+    async with live(arbiter, make_config()) as (url, gateway):
+        view = gateway.view
+        view.max_age = 0  # every read is of now
+        async with client(url, agent="planner") as c, client(url, KEYS["studio"], agent="writer") as s, \
+                httpx.AsyncClient(base_url=url) as http:
+            calls = [asyncio.create_task(c.chat.completions.create(model="chat", messages=MSG))]  # closed loop: one at a time
+            await wait_until(lambda: len(engine.running) == 1)
+            calls += [asyncio.create_task(s.chat.completions.create(model="chat", messages=MSG)) for _ in range(3)]
+            await wait_until(lambda: len(engine.running) == 2 and arbiter.policy.queued() == 2)
+            view.samples.clear()  # from here on, every sample sees studio backlogged and driving not
+            view.sample()
+            held = (await http.get("/v1/fairness")).json()
+            ended: set[str] = set()
+            while not all(call.done() for call in calls):
+                for request_id in set(engine.running) - ended:
+                    engine.emit(request_id, 2, finish="stop")
+                    ended.add(request_id)
+                await asyncio.sleep(0.005)
+            await asyncio.gather(*calls)
+            view.sample()
+            after = (await http.get("/v1/fairness")).json()
+    driving, studio = held["apps"]["driving"], held["apps"]["studio"]
+    assert (driving["queued"], driving["in_flight"], driving["demand_met"], driving["backlogged"]) == (0, 1, True, 0.0)
+    assert driving["agents"]["planner"]["demand_met"] is True  # running is being served, not waiting
+    assert (studio["queued"], studio["in_flight"], studio["demand_met"], studio["backlogged"]) == (2, 1, False, 1.0)
+    assert studio["agents"]["writer"]["demand_met"] is False and studio["agents"]["writer"]["backlogged"] == 1.0
+    assert after["apps"]["studio"]["demand_met"] is True and 0 < after["apps"]["studio"]["backlogged"] < 1
+    assert after["apps"]["driving"]["demand_met"] is True and after["apps"]["driving"]["backlogged"] == 0.0
+    assert after["apps"]["studio"]["done"] == 3 and after["apps"]["driving"]["done"] == 1
 
 
 async def test_an_observer_key_guards_the_views():
