@@ -69,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-tokens", type=int, default=64)
     srv.add_argument("--rounds", type=int, default=2)
     srv.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    iso = benches.add_parser("isolation", help="a well-behaved app's latency while another app floods, with and without a per-app cap")
+    iso.add_argument("--model", help="model to serve instead of the embedded tiny model")
+    iso.add_argument("--seconds", type=float, default=10.0, help="length of each victim run")
+    iso.add_argument("--victim-tokens", type=int, default=16)
+    iso.add_argument("--flood-clients", type=int, default=60)
+    iso.add_argument("--flood-tokens", type=int, default=512)
+    iso.add_argument("--flood-queue", type=int, default=8, help="the flooding app's max_queued")
+    iso.add_argument("--share", type=float, default=0.5, help="max_in_flight_share of the capped runs")
+    iso.add_argument("--in-flight", type=int, help="the model's in-flight limit (default: the engine's batch capacity)")
+    iso.add_argument("--json", action="store_true", help="print JSON instead of a table")
     moda = benches.add_parser(
         "modality", help="text TTFT under image preprocessing load (pool vs inline); cross-modal shares of a pool"
     )

@@ -11,6 +11,7 @@ FastAPI application for an arbiter and :func:`serve` runs it with a graceful SIG
 | :mod:`~fairagents.server.app` | the FastAPI app: endpoints, identity from keys, errors in OpenAI's shape |
 | :mod:`~fairagents.server.wire` | OpenAI request models and response bodies |
 | :mod:`~fairagents.server.schema` | the OpenAPI document at ``/openapi.json``: bodies, errors, security |
+| :mod:`~fairagents.server.fetch` | image URLs fetched from allowed hosts only, when configured |
 | :mod:`~fairagents.server.fairness` | the live fairness view behind ``/v1/fairness`` |
 | :mod:`~fairagents.server.metrics` | Prometheus metrics behind ``/metrics`` |
 | :mod:`~fairagents.server.dashboard` | the live fairness page at ``/dashboard`` |
@@ -35,6 +36,7 @@ from fairagents.server.config import (
     AgentConfig,
     AppConfig,
     Config,
+    ImageFetchConfig,
     ModelConfig,
     RestartConfig,
     ServerSettings,
@@ -50,6 +52,7 @@ __all__ = [
     "Config",
     "DEFAULT_APP",
     "Gateway",
+    "ImageFetchConfig",
     "ModelConfig",
     "RestartConfig",
     "SLOConfig",

@@ -42,6 +42,7 @@ from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
@@ -64,6 +65,7 @@ from fairagents.server import wire
 from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
 from fairagents.server.dashboard import page
 from fairagents.server.fairness import FairnessView
+from fairagents.server.fetch import ImageFetcher
 from fairagents.server.metrics import CONTENT_TYPE, Metrics
 from fairagents.server.schema import install_openapi
 
@@ -151,6 +153,10 @@ class Gateway:
             models=self.models,
         )
         self.metrics = Metrics(arbiter, self.view, draining=lambda: self.draining, models=self.models)
+        fetch = config.server.image_fetch
+        self.fetcher = None if fetch is None else ImageFetcher(fetch.allow_hosts, max_bytes=fetch.max_bytes,
+                                                                timeout=fetch.timeout, schemes=fetch.schemes)
+        """Fetches image URLs from allowed hosts when ``server.image_fetch`` is set."""
 
     # -- identity ------------------------------------------------------------------
 
@@ -363,11 +369,14 @@ async def _body(request: Request) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # it left before sending its whole request: nothing to answer
+        raise _ClientGone() from None
     return b"".join(chunks)
 
 
@@ -445,6 +454,8 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
+            if gateway.fetcher is not None:
+                await gateway.fetcher.aclose()
 
     app = FastAPI(title=f"{title} server", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_openapi(app)
@@ -485,7 +496,10 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         request.state.labels = (who.identity.app.name, who.identity.name, body.model)
         engine = gateway.engine(body.model)
         arbiter.check_admission(body.model, who)  # a full queue is a 429 before any tokenizing
-        prompt = await _until_disconnected(request, arbiter.prepare_chat(body.model, body.chat_messages(), agent=who))
+        messages = body.chat_messages(remote=gateway.fetcher is not None)
+        if gateway.fetcher is not None:
+            messages = await _until_disconnected(request, gateway.fetcher.inline(messages))
+        prompt = await _until_disconnected(request, arbiter.prepare_chat(body.model, messages, agent=who))
         max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, engine, prompt)
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 

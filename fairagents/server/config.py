@@ -54,7 +54,7 @@ from fairagents.identity import SLO
 from fairagents.policies import POLICIES
 
 __all__ = [
-    "AgentConfig", "AppConfig", "Config", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
+    "AgentConfig", "AppConfig", "Config", "ImageFetchConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
     "load_config",
 ]
 
@@ -249,6 +249,25 @@ class RestartConfig(_Section):
         return Restart(self.attempts, self.backoff, self.max_backoff)
 
 
+class ImageFetchConfig(_Section):
+    """Fetching image URLs for clients (``server.image_fetch``): only from ``allow_hosts``, bounded.
+
+    Examples:
+        >>> from fairagents.server.config import ImageFetchConfig
+        >>> ImageFetchConfig(allow_hosts=["images.example.com"]).schemes
+        ['https']
+    """
+
+    allow_hosts: list[str] = Field(min_length=1)
+    """Hosts images may be fetched from: ``images.example.com``, ``*.cdn.example.com``, with ``:port`` to pin one."""
+    max_bytes: int = Field(default=20 * 2**20, ge=1)
+    """Most bytes of one fetched image."""
+    timeout: float = Field(default=10.0, gt=0)
+    """Seconds for one whole fetch, connection to last byte."""
+    schemes: list[Literal["https", "http"]] = Field(default_factory=lambda: ["https"], min_length=1)
+    """URL schemes fetched."""
+
+
 class ServerSettings(_Section):
     """How the server listens, authenticates and shuts down.
 
@@ -276,6 +295,11 @@ class ServerSettings(_Section):
     """Queue bound of apps declared on first use (keys off)."""
     max_apps: int = Field(default=64, ge=1)
     """Most apps declared on first use (keys off)."""
+    image_fetch: ImageFetchConfig | None = None
+    """Fetch ``http(s)`` image URLs from allowed hosts; unset (the default), images must be ``data:`` URLs."""
+    preprocess_queue_per_app: int | None = Field(default=32, ge=1)
+    """Most requests of one app being parsed, tokenized or having images decoded at once
+    (per pool); past it, 429. ``None``: only the pools' overall bound (256)."""
     history_seconds: int = Field(default=600, ge=10)
     """How far back ``/v1/fairness`` keeps service samples for the dashboard."""
 
@@ -416,6 +440,7 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         w_input=config.w_input,
         w_output=config.w_output,
         drain_timeout=config.server.drain_timeout,
+        preprocess_queue_per_app=config.server.preprocess_queue_per_app,
     )
     for name, model in config.models.items():
         budget = {None: False, "off": None}.get(model.token_budget, model.token_budget)  # type: ignore[arg-type]

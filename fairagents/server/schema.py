@@ -396,7 +396,23 @@ def _document(app: FastAPI) -> dict[str, Any]:
                 operation["requestBody"] = _request_body(endpoint.body, schemas)
             if keyed:
                 operation["security"] = [{"bearer": []}]
+    fetch = None if gateway is None else gateway.config.server.image_fetch
+    if fetch is not None:  # image URLs on allowed hosts are fetched too
+        _allow_image_urls(doc, fetch.schemes, fetch.allow_hosts)
     return doc
+
+
+def _allow_image_urls(node: Any, schemes: list[str], hosts: list[str]) -> None:
+    if isinstance(node, dict):
+        if node.get("pattern") == "^data:":
+            node["pattern"] = "^(data:|" + "|".join(f"{s}://" for s in schemes) + ")"
+            node["description"] = (f"A data URL, `data:image/<format>;base64,<data>`, or a {'/'.join(schemes)} URL on "
+                                   f"a host this server fetches from ({', '.join(hosts)}); others are a 400.")
+        for value in node.values():
+            _allow_image_urls(value, schemes, hosts)
+    elif isinstance(node, list):
+        for value in node:
+            _allow_image_urls(value, schemes, hosts)
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
@@ -44,6 +45,7 @@ __all__ = [
     "error_body",
     "new_id",
     "parse",
+    "redact_paths",
     "sse",
 ]
 
@@ -166,8 +168,12 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
 
-    def for_engine(self) -> str | list[dict[str, Any]]:
-        """The content as engines take it: text, or text and ``image_url`` parts for a vision model."""
+    def for_engine(self, *, remote: bool = False) -> str | list[dict[str, Any]]:
+        """The content as engines take it: text, or text and ``image_url`` parts for a vision model.
+
+        Image URLs must be ``data:`` URLs, or, with ``remote``, also ``http(s)`` URLs
+        (for a server that fetches them from allowed hosts).
+        """
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         for part in self.content:
@@ -178,7 +184,8 @@ class ChatMessage(BaseModel):
                 raise InvalidParameterError(f"content part of type {kind!r} is not supported: send text and image_url parts")
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
-            if not isinstance(url, str) or not url.startswith("data:"):
+            fetchable = remote and isinstance(url, str) and url.lower().startswith(("https://", "http://"))
+            if not isinstance(url, str) or not (url.startswith("data:") or fetchable):
                 # The server reads nothing from its own disk or network on a client's behalf.
                 raise InvalidImageError("over HTTP an image must be sent as a data URL: data:image/<format>;base64,<data>")
         if all(part["type"] == "text" for part in self.content):
@@ -203,9 +210,9 @@ class ChatCompletionRequest(_Sampling):
         """``max_completion_tokens`` (the current name) or ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        """The messages as ``{"role", "content"}`` dicts, as engines take them (image parts kept)."""
-        return [{"role": m.role, "content": m.for_engine()} for m in self.messages]
+    def chat_messages(self, *, remote: bool = False) -> list[dict[str, Any]]:
+        """The messages as ``{"role", "content"}`` dicts, as engines take them (image parts kept; see ``for_engine``)."""
+        return [{"role": m.role, "content": m.for_engine(remote=remote)} for m in self.messages]
 
 
 class CompletionRequest(_Sampling):
@@ -379,14 +386,35 @@ ErrorType = Literal["invalid_request_error", "authentication_error", "rate_limit
 
 
 def error_body(message: str, type: ErrorType, code: str | None = None, param: str | None = None) -> dict[str, Any]:
-    """An OpenAI-shaped error body.
+    """An OpenAI-shaped error body; file paths in ``message`` are hidden (:func:`redact_paths`).
 
     Examples:
         >>> from fairagents.server.wire import error_body
         >>> error_body("bad", "invalid_request_error", "invalid_parameter")
         {'error': {'message': 'bad', 'type': 'invalid_request_error', 'param': None, 'code': 'invalid_parameter'}}
     """
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {"error": {"message": redact_paths(message), "type": type, "param": param, "code": code}}
+
+
+# An absolute or home-relative path of two or more parts, or a file: URL; not "image/png" or "a/b".
+_PATH = re.compile(r"file:\S*|(?<![\w:/.~-])~?/(?:[\w.@+-]+/)+[\w.@+-]*")
+
+
+def redact_paths(message: str) -> str:
+    """``message`` with the server's file paths replaced by ``<path>``.
+
+    An error a client sees may wrap a library's message (a template error, an engine
+    failure) that names files on the server: where the model lies, which libraries are
+    installed, the user's home. The server log keeps the full message.
+
+    Examples:
+        >>> from fairagents.server.wire import redact_paths
+        >>> redact_paths("model 'chat' failed: OSError('/home/ops/.cache/models/llama/config.json not found')")
+        "model 'chat' failed: OSError('<path> not found')"
+        >>> redact_paths("send data:image/png;base64,<data>, not file:///etc/passwd or ~/secrets/key")
+        'send data:image/png;base64,<data>, not <path> or <path>'
+    """
+    return _PATH.sub("<path>", message)
 
 
 def sse(data: dict[str, Any] | str) -> str:

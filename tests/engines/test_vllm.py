@@ -284,9 +284,9 @@ async def test_stopping_one_engine_leaves_the_others_serving(text_engine):
     assert sum(d.new_tokens for d in deltas) == 4
 
 
-async def test_an_engine_that_dies_is_restarted_and_serves_again():
-    """Its own engine (the session's is shared): the step raises, the model goes down, a restart brings it back."""
-    arbiter = fa.Arbiter()
+async def test_an_engine_that_dies_restarts_by_itself_and_serves_again():
+    """Its own engine (the session's is shared): the step raises, the model goes down, the automatic restart brings it back."""
+    arbiter = fa.Arbiter(restart=fa.Restart(backoff=0.0))
     engine = VLLMEngine(kv_cache_bytes=16 * 2**20, max_model_len=512)
     arbiter.add_model("chat", engine)
     who = arbiter.app("a").agent("t")
@@ -299,7 +299,10 @@ async def test_an_engine_that_dies_is_restarted_and_serves_again():
         engine._engine.step = broken_step  # the engine's own thread calls it at the next step
         with pytest.raises(fa.EngineError, match="blew up"):
             await who.chat("chat", MSG, max_tokens=4)
-        assert not engine.healthy and arbiter.dispatcher.model("chat").down is not None
-        await arbiter.restart_model("chat", backoff=0.0)
-        assert engine.healthy and engine.token_capacity
+        assert arbiter.dispatcher.model("chat").down is not None and arbiter.restarting("chat")
+        for _ in range(1200):
+            if arbiter.serving("chat"):
+                break
+            await asyncio.sleep(0.1)
+        assert engine.healthy and engine.token_capacity and not arbiter.restarting("chat")
         assert (await who.chat("chat", MSG, max_tokens=4, ignore_eos=True)).usage.completion_tokens == 4

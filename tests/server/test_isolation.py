@@ -161,3 +161,36 @@ async def test_health_answers_at_once_while_a_prompt_is_being_prepared():
             assert (await slow).status_code == 200
     assert len(latencies) >= 10  # the loop kept turning for the whole preparation
     assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0
+
+
+async def test_error_messages_do_not_reveal_server_paths():
+    a = arbiter(manual=True)
+    async with live(a, config()) as (url, _):
+        engine = a.engine("chat")
+        headers = {"Authorization": f"Bearer {KEYS['driving']}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+            pending = asyncio.create_task(http.post("/v1/chat/completions", json=chat()))
+            await wait_until(lambda: engine.running)
+            engine.fail_request(next(iter(engine.running)), OSError("cannot read /srv/models/llama/tokenizer.json"))
+            r = await pending
+        assert r.status_code == 503
+        message = r.json()["error"]["message"]
+        assert "cannot read <path>" in message and "/srv" not in message
+        assert a.serving("chat")  # one request's failure; the model serves on
+
+
+async def test_a_client_that_leaves_mid_body_is_not_an_error(caplog):
+    a = arbiter()
+    async with live(a, config()) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS['driving']}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"model\": ".encode())
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+        await writer.wait_closed()
+        await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEYS['driving']}"}) as http:
+            assert (await http.post("/v1/chat/completions", json=chat())).status_code == 200
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import fairagents as fa
 from fairagents.metrics import max_service_gap
 from fairagents.server import build_arbiter
 
-from ._support import MSG, client, live, make_config, wait_until
+from ._support import KEYS, MSG, client, live, make_config, wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.engine]
 
@@ -59,6 +60,29 @@ async def test_chat_streaming_completions_and_models(text_engine):
         assert pieces[-1].usage.prompt_tokens == 4 and pieces[-1].usage.completion_tokens == 6
         assert "".join(p.choices[0].text for p in pieces[:-1])
     assert arbiter.stats().agents["driving/planner"].done == 4
+
+
+async def test_an_8_mb_prompt_is_refused_at_once_and_health_keeps_answering(text_engine):
+    """The real tokenizer's longest token bounds the prompt: 8 MB cannot fit 1,024 tokens, and is never tokenized."""
+    import httpx
+
+    arbiter = shared(text_engine)
+    assert text_engine.max_token_bytes and text_engine.max_token_bytes * text_engine.max_model_len < 8 * 2**20
+    body = {"model": "chat", "messages": [{"role": "user", "content": "road " * (8 * 2**20 // 5)}], "max_tokens": 4}
+    async with live(arbiter, make_config()) as (url, _), httpx.AsyncClient(base_url=url, timeout=60) as http:
+        headers = {"Authorization": f"Bearer {KEYS['driving']}"}
+        big = asyncio.create_task(http.post("/v1/chat/completions", json=body, headers=headers))
+        latencies = []
+        while not big.done():
+            start = time.perf_counter()
+            assert (await http.get("/health")).status_code == 200
+            latencies.append(time.perf_counter() - start)
+            await asyncio.sleep(0.01)
+        r = await big
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert "characters" in r.json()["error"]["message"]  # the cheap check, not the tokenizer
+        assert max(latencies, default=0) < 1.0
+        assert arbiter.text_preprocessor.used["driving"] < 1.0  # parsed, never tokenized (that takes ~15 s)
 
 
 async def test_a_client_that_disconnects_mid_stream_is_charged_only_for_tokens_produced(text_engine):
