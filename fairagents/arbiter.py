@@ -411,6 +411,8 @@ class Arbiter(ModelCalls):
         state = self.dispatcher.models.get(model)
         if state is None:
             raise EngineError(f"model {model!r} is starting", model=model, app=agent.app.name)
+        if state.down is None and not m.engine.healthy:  # it died with nothing running: noticed now
+            self._engine_died(model, EngineError(f"model {model!r}'s engine is dead", model=model))
         if state.down is not None:
             raise EngineError(f"model {model!r} is down: {state.down}", model=model, app=agent.app.name)
         bound = self.tenants.max_queued.get(agent.app.name)
@@ -493,11 +495,17 @@ class Arbiter(ModelCalls):
         """A request's stream failed: the model goes down only if its engine reports itself dead."""
         if self.pool.models[model].engine.healthy:
             log.warning("fairagents.arbiter.request_failed", model=model, error=str(err))
-        elif self.dispatcher.model(model).down is None:
-            log.error("fairagents.arbiter.engine_failed", model=model, error=str(err), restart=self.restart)
-            if self.restart is not None and not self._closing and model not in self._restarts:
-                self._restarts[model] = asyncio.get_running_loop().create_task(self._auto_restart(model, self.restart))
-            self._apply(self.dispatcher.model_down(model, err, self.clock()))
+        else:
+            self._engine_died(model, err)
+
+    def _engine_died(self, model: str, err: EngineError) -> None:
+        """Take ``model`` down (its waiting requests fail) and schedule its automatic restart."""
+        if self.dispatcher.model(model).down is not None:
+            return
+        log.error("fairagents.arbiter.engine_failed", model=model, error=str(err), restart=self.restart)
+        if self.restart is not None and not self._closing and model not in self._restarts:
+            self._restarts[model] = asyncio.get_running_loop().create_task(self._auto_restart(model, self.restart))
+        self._apply(self.dispatcher.model_down(model, err, self.clock()))
 
     def _apply(self, changes: Changes) -> None:
         """Carry out what a dispatcher event caused. Raises nothing: it runs on other requests' paths."""

@@ -759,3 +759,20 @@ async def test_a_flooding_app_capped_to_half_the_slots_leaves_room_for_another()
             for rid in list(engine.running):
                 engine.emit(rid, 1, finish="stop")
         assert all(f.result().usage.completion_tokens == 1 for f in floods)
+
+
+async def test_an_engine_that_dies_while_idle_is_noticed_by_the_next_call_and_restarted():
+    arbiter = fa.Arbiter(restart=fa.Restart(backoff=0.0))
+    engine = FakeEngine(tokens_per_reply=1)
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        engine.fail()  # nothing running: no stream reports it
+        with pytest.raises(fa.EngineError, match="engine is dead"):
+            await who.chat("chat", MSG)  # refused before it is queued, and the restart begins
+        assert arbiter.restarting("chat")
+        for _ in range(100):
+            if arbiter.serving("chat"):
+                break
+            await asyncio.sleep(0.01)
+        assert (await who.chat("chat", MSG)).usage.completion_tokens == 1
