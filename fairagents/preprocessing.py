@@ -13,9 +13,12 @@ from the virtual time of the job last started, so idleness earns no credit
 (start-time fair queueing). One app's large images or huge prompts therefore delay
 its own requests, not everyone's.
 
-**Bounded.** ``max_pending`` jobs in all and ``max_pending_per_app`` per app may be
-queued or running; one more raises :class:`~fairagents.errors.OverloadedError` at
-once, before any work — so an app that floods the pool is refused alone.
+**Bounded, and the bound is shared.** An app may have ``max_pending_per_app`` jobs
+queued or running. When the whole pool holds ``max_pending``, a job is refused only
+if its app already holds an equal share of the pool (``max_pending`` over the apps
+with jobs in it): an app that floods the pool is refused, while an app with less than
+its share still gets in (so the pool may exceed ``max_pending`` by a share or so). A
+refusal is an :class:`~fairagents.errors.OverloadedError` at once, before any work.
 
 A request keeps the time it arrived: the arbiter reads the clock when the call comes
 in and queues the request with that arrival once preparation is done, so its place
@@ -71,7 +74,8 @@ class Preprocessor:
     Args:
         workers: worker threads (PIL, NumPy and the tokenizers release the GIL for
             most of their work, so threads run beside the event loop).
-        max_pending: most jobs queued or running at once, across apps.
+        max_pending: jobs queued or running across apps past which an app holding an
+            equal share of them is refused.
         max_pending_per_app: most jobs one app may have queued or running (default:
             ``max_pending``, no separate bound).
         inline: prepare on the calling (event-loop) thread instead: for benchmarks only.
@@ -125,8 +129,12 @@ class Preprocessor:
         if self.inline:
             return fn(*args)
         if self.pending >= self.max_pending:
-            raise OverloadedError(f"{self.pending} requests are waiting for preprocessing, the bound; retry later",
-                                  retry_after=0.5, app=app or None)
+            apps = len(self.pending_of) + (app not in self.pending_of)
+            if self.pending_of[app] >= self.max_pending / apps:  # a full pool refuses only who holds its share
+                raise OverloadedError(
+                    f"{self.pending} requests are waiting for preprocessing, the bound, {self.pending_of[app]} of them "
+                    f"app {app!r}'s; retry later", retry_after=0.5, app=app or None,
+                )
         if self.pending_of[app] >= self.max_pending_per_app:
             raise OverloadedError(
                 f"app {app!r} has {self.pending_of[app]} requests waiting for preprocessing, its bound; retry later",

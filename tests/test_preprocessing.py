@@ -198,3 +198,25 @@ async def test_closing_fails_queued_jobs_with_a_shutdown_error():
         await queued
     gate.set()
     assert await blocker is True
+
+
+async def test_a_full_pool_refuses_the_app_that_filled_it_and_admits_one_below_its_share():
+    pool = Preprocessor(workers=1, max_pending=4)
+    gate = threading.Event()
+    try:
+        flood = [asyncio.create_task(pool.run(gate.wait, 5, app="flood")) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(OverloadedError, match="4 of them app 'flood'"):
+            await pool.run(gate.wait, 5, app="flood")
+        light = asyncio.create_task(pool.run(int, "3", app="light"))  # below its share (2 of 4): admitted
+        await asyncio.sleep(0)
+        assert pool.pending == 5 and pool.pending_of["light"] == 1
+        light2 = asyncio.create_task(pool.run(int, "4", app="light"))  # 1 < 2: still its share
+        await asyncio.sleep(0)
+        with pytest.raises(OverloadedError, match="2 of them app 'light'"):
+            await pool.run(int, "5", app="light")
+        gate.set()
+        await asyncio.gather(*flood)
+        assert (await light, await light2) == (3, 4)
+    finally:
+        pool.close()

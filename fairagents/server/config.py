@@ -297,9 +297,10 @@ class ServerSettings(_Section):
     """Most apps declared on first use (keys off)."""
     image_fetch: ImageFetchConfig | None = None
     """Fetch ``http(s)`` image URLs from allowed hosts; unset (the default), images must be ``data:`` URLs."""
-    preprocess_queue_per_app: int | None = Field(default=32, ge=1)
+    preprocess_queue_per_app: int | None = Field(default=None, ge=1)
     """Most requests of one app being parsed, tokenized or having images decoded at once
-    (per pool); past it, 429. ``None``: only the pools' overall bound (256)."""
+    (per pool); past it, 429. Unset, an app is refused only when the pool holds 256 and
+    the app an equal share of them (see :mod:`fairagents.preprocessing`)."""
     history_seconds: int = Field(default=600, ge=10)
     """How far back ``/v1/fairness`` keeps service samples for the dashboard."""
 
