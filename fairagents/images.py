@@ -33,6 +33,7 @@ import base64
 import binascii
 import io
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,16 +178,18 @@ def parse_size(size: str) -> tuple[int, int]:
         >>> from fairagents.images import parse_size
         >>> parse_size("512x256")
         (512, 256)
-        >>> parse_size("large")
+        >>> parse_size("1_6x16")  # ASCII digits only: not Python's int() syntax
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: size must be 'WIDTHxHEIGHT', got 'large'
+        fairagents.errors.InvalidParameterError: size must be 'WIDTHxHEIGHT', got '1_6x16'
     """
-    try:
-        width, height = (int(side) for side in str(size).lower().split("x"))
-    except ValueError:
-        raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}") from None
-    return width, height
+    match = _SIZE.fullmatch(size) if isinstance(size, str) else None
+    if match is None:
+        raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}")
+    return int(match[1]), int(match[2])
+
+
+_SIZE = re.compile(r"([0-9]{1,6})[xX]([0-9]{1,6})")
 
 
 def to_png(image: Any) -> bytes:
