@@ -1,0 +1,178 @@
+"""Every policy side by side on one mixed-SLO overload scenario, on the simulator.
+
+Four apps share a text and a vision model for ``seconds`` virtual seconds, sending
+more than the engines serve (the text model's queue grows through the run):
+
+- ``assistant``: interactive chat, tight SLOs (TTFT 1 s, TPOT 0.1 s, end to end 10 s);
+- ``reports``: long generations, loose SLOs (TTFT 10 s, TPOT 0.5 s, end to end 120 s);
+- ``inspector``: vision requests (TTFT 2 s, end to end 15 s);
+- ``flood``: many medium requests, its SLO as loose as ``reports``' (TTFT 10 s).
+
+It runs on :class:`~fairagents.engines.SimEngine` (the simulator, deterministic for a
+seed), so the numbers compare policies, not machines. Per policy:
+
+- ``slo_attainment``: the share of requests that met every SLO they had;
+- ``goodput``: the share that met both TTFT and TPOT (H-MAS eq. 8–9; unset = met);
+- ``jain_safi``: Jain's index (standard) over the apps' SAFI (ExFairS eq. 4:
+  ``0.7 · SLO-miss rate + 0.3 · service / max service``, service in unified tokens);
+- ``gap_over_2u``: the largest service gap between two backlogged apps over ``2U``;
+- ``ttft_p99``: p99 time to first token, in seconds;
+- ``esg``: H-MAS eq. 6, ``Σ V_base · min(1, SLO_ttlt / TTLT)`` with ``V_base = input +
+  2 · output`` and α = 1, reported normalised by ``Σ V_base`` (1 = every request in time).
+  ``SLO_ttlt`` is the end-to-end SLO, or ``SLO_ttft + L_o · SLO_tpot`` without one.
+
+Examples:
+    >>> from fairagents.bench import policies
+    >>> sorted(policies.scenario(seconds=5)[1])
+    ['text', 'vision']
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+
+from fairagents.cost import ModelProfile
+from fairagents.engines.sim import SimEngine
+from fairagents.identity import SLO, Agent, App, Modality
+from fairagents.metrics import RequestRecord, jain_index, percentile
+from fairagents.request import Outcome
+from fairagents.simulation import SimResult, Workload, simulate
+
+__all__ = ["esg", "goodput", "render", "run", "safi", "scenario"]
+
+#: SAFI's weight of the SLO-miss rate (ExFairS eq. 4, α = 0.7).
+SAFI_ALPHA = 0.7
+
+
+def scenario(seconds: float = 60.0, seed: int = 0) -> tuple[Workload, dict[str, SimEngine]]:
+    """The mixed-SLO overload workload and its two simulated engines."""
+    assistant = Agent("chat", App("assistant"), slo=SLO(ttft=1.0, tpot=0.1, e2e=10.0))
+    reports = Agent("writer", App("reports"), slo=SLO(ttft=10.0, tpot=0.5, e2e=120.0))
+    inspector = Agent("eye", App("inspector"), slo=SLO(ttft=2.0, e2e=15.0))
+    flood = Agent("bulk", App("flood"), slo=SLO(ttft=10.0, tpot=0.5))
+    work = Workload(seed=seed)
+    work.poisson(assistant, "text", rate=4.0, until=seconds, prompt=(100, 400), output=(16, 96))
+    work.poisson(reports, "text", rate=0.5, until=seconds, prompt=(200, 800), output=(400, 900))
+    work.poisson(inspector, "vision", rate=3.0, until=seconds, prompt=(600, 1200), output=(16, 64))
+    work.poisson(flood, "text", rate=12.0, until=seconds, prompt=(200, 600), output=(64, 256))
+    engines = {
+        "text": SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=16, kv_capacity=16_384, seed=seed),
+        "vision": SimEngine(ModelProfile(d_model=2048, n_layers=24, modality=Modality.VISION), max_running=8,
+                            kv_capacity=16_384, seed=seed),
+    }
+    return work, engines
+
+
+def goodput(records: Sequence[RequestRecord]) -> float:
+    """The share of requests meeting both their TTFT and TPOT SLOs (H-MAS eq. 8–9); an unset SLO is met.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.bench.policies import goodput
+        >>> from fairagents.metrics import RequestRecord
+        >>> ok = RequestRecord("r", "a", "t", "m", 0.0, 0.0, 0.5, 2.0, 10, 4, fa.Outcome.FINISHED, fa.SLO(ttft=1.0))
+        >>> late = RequestRecord("s", "a", "t", "m", 0.0, 0.0, 1.5, 2.0, 10, 4, fa.Outcome.FINISHED, fa.SLO(ttft=1.0))
+        >>> goodput([ok, late])
+        0.5
+    """
+    good = 0
+    for r in records:
+        slo, ttft, tpot = r.slo, r.ttft, r.tpot
+        ok = r.outcome is Outcome.FINISHED and ttft is not None
+        if ok and slo is not None:
+            ok = (slo.ttft is None or ttft <= slo.ttft) and (slo.tpot is None or tpot is None or tpot <= slo.tpot)
+        good += ok
+    return good / len(records) if records else math.nan
+
+
+def esg(records: Sequence[RequestRecord], *, w_input: float = 1.0, w_output: float = 2.0, alpha: float = 1.0) -> float:
+    """Expected Service Gain (H-MAS eq. 6), normalised by the total base value (1 = everything in time).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.bench.policies import esg
+        >>> from fairagents.metrics import RequestRecord
+        >>> slow = RequestRecord("r", "a", "t", "m", 0.0, 0.0, 1.0, 8.0, 10, 5, fa.Outcome.FINISHED, fa.SLO(e2e=4.0))
+        >>> esg([slow])   # twice as long as its SLO: half its value
+        0.5
+    """
+    gained = total = 0.0
+    for r in records:
+        base = w_input * r.prompt_tokens + w_output * r.output_tokens
+        total += base
+        if r.outcome is not Outcome.FINISHED:
+            continue
+        slo = r.slo
+        target = None
+        if slo is not None:
+            target = slo.e2e
+            if target is None and slo.ttft is not None and slo.tpot is not None:
+                target = slo.ttft + r.output_tokens * slo.tpot
+        ttlt = r.finished - r.arrival
+        gained += base if target is None or ttlt <= 0 else base * min(1.0, (target / ttlt) ** alpha)
+    return gained / total if total else math.nan
+
+
+def safi(result: SimResult, alpha: float = SAFI_ALPHA) -> dict[str, float]:
+    """Each app's SAFI (ExFairS eq. 4): ``α · SLO-miss rate + (1 − α) · service / max service``.
+
+    Examples:
+        >>> from fairagents.bench.policies import safi, scenario
+        >>> from fairagents.simulation import simulate
+        >>> work, engines = scenario(seconds=5)
+        >>> sorted(safi(simulate(work, "fcfs", engines)))
+        ['assistant', 'flood', 'inspector', 'reports']
+    """
+    missed: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    for r in result.records:
+        count[r.app] += 1
+        met = r.outcome is Outcome.FINISHED and r.ttft is not None and (
+            r.slo is None or r.slo.met(ttft=r.ttft, tpot=r.tpot, e2e=r.finished - r.arrival))
+        missed[r.app] += not met
+    service = {s.name: s.service for s in result.app_stats()}
+    most = max(service.values(), default=0.0) or 1.0
+    return {app: alpha * missed[app] / count[app] + (1 - alpha) * service.get(app, 0.0) / most for app in count}
+
+
+def _row(result: SimResult) -> dict[str, float]:
+    records = result.records
+    met = [r.outcome is Outcome.FINISHED and r.ttft is not None and
+           (r.slo is None or r.slo.met(ttft=r.ttft, tpot=r.tpot, e2e=r.finished - r.arrival)) for r in records]
+    ttfts = [r.ttft for r in records if r.ttft is not None]
+    return {
+        "slo_attainment": sum(met) / len(met),
+        "jain_safi": jain_index(safi(result).values()),
+        "gap_over_2u": result.max_app_gap() / (2 * result.bound),
+        "ttft_p99": percentile(ttfts, 99),
+        "goodput": goodput(records),
+        "esg": esg(records),
+    }
+
+
+def run(policies: Sequence[str] | None = None, seconds: float = 60.0, seed: int = 0) -> dict[str, Any]:
+    """``{policy: {metric: value}}`` for every policy (default: all built-in) on the scenario."""
+    from fairagents.policies import POLICIES
+
+    names = list(policies) if policies else sorted(POLICIES)
+    out: dict[str, Any] = {}
+    for name in names:
+        work, engines = scenario(seconds, seed)
+        out[name] = _row(simulate(work, name, engines))
+    return out
+
+
+def render(result: dict[str, Any]) -> Table:
+    """One table: a row per policy."""
+    table = Table(title="Policies on a mixed-SLO overload (simulator: 4 apps on a text and a vision model)")
+    for column in ("policy", "SLO attainment", "goodput", "Jain (SAFI)", "gap / 2U", "TTFT p99", "ESG"):
+        table.add_column(column, justify="right")
+    for name, row in result.items():
+        table.add_row(name, f"{row['slo_attainment']:.1%}", f"{row['goodput']:.1%}", f"{row['jain_safi']:.3f}",
+                      f"{row['gap_over_2u']:.2f}", f"{row['ttft_p99']:.2f} s", f"{row['esg']:.3f}")
+    return table
