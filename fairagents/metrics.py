@@ -28,6 +28,7 @@ __all__ = [
     "RequestRecord",
     "backlog_intervals",
     "client_stats",
+    "exfairs_jain_index",
     "jain_index",
     "max_service_gap",
     "percentile",
@@ -165,6 +166,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 def jain_index(values: Iterable[float]) -> float:
     """Jain's fairness index ``(Σx)² / (n·Σx²)``: 1 is equal, ``1/n`` is one-takes-all.
 
+    The standard index (Jain, Chiu & Hawe 1984) on the values as given; see
+    :func:`exfairs_jain_index` for the normalised variant that the ExFairS authors report.
+
     Examples:
         >>> from fairagents.metrics import jain_index
         >>> round(jain_index([3.0, 1.0]), 3)
@@ -173,6 +177,52 @@ def jain_index(values: Iterable[float]) -> float:
     xs = list(values)
     squares = sum(x * x for x in xs)
     return 1.0 if not xs or squares == 0 else sum(xs) ** 2 / (len(xs) * squares)
+
+
+def exfairs_jain_index(values: Iterable[float], *, smaller_is_better: bool = True) -> float:
+    """The Jain's index variant that the ExFairS authors' code reports (e.g. over SAFI values).
+
+    The ExFairS paper (Huang et al., AAAI'26) reports "Jain's Index calculated based on
+    SAFI across clients". The authors' code does not apply Jain's formula to the values
+    themselves: it first min-max normalises them, ``y = (x − min) / (max − min)``, takes
+    ``1 − y`` for a metric where smaller is better (SAFI, an SLO violation rate), and only
+    then computes ``(Σy)² / (n·Σy²)``. Equal values (and a single client) score 1.
+
+    How it differs from :func:`jain_index`: the result no longer depends on how far
+    apart the values are, only on how they are spread between the extremes. The best
+    client always maps to 1 and the worst to 0, so **any two unequal clients score 0.5**,
+    whether their values are 0.10 and 0.11 or 0 and 1, and ``n`` clients of which one is
+    worse than all the others (equal) score ``(n−1)/n``. It is not comparable with the
+    standard index, nor across runs; use :func:`jain_index` (on SAFI, service or SLO
+    attainment) to compare policies, and this one only to reproduce the paper's numbers.
+    No values score 1, like :func:`jain_index` (the authors' code returns 0 there).
+
+    Args:
+        values: one value per client.
+        smaller_is_better: whether a smaller value is the better state (SAFI, violation
+            rates: ``1 − y`` is taken); ``False`` for a larger-is-better metric (``y`` as is).
+
+    Examples:
+        >>> from fairagents.metrics import exfairs_jain_index, jain_index
+        >>> exfairs_jain_index([0.10, 0.11]), exfairs_jain_index([0.0, 1.0])   # any two unequal clients
+        (0.5, 0.5)
+        >>> round(jain_index([0.10, 0.11]), 4)                                    # the standard index: nearly equal
+        0.9977
+        >>> round(exfairs_jain_index([0.2, 0.2, 0.2, 0.9]), 4)                    # one worse client of four
+        0.75
+        >>> exfairs_jain_index([0.3, 0.3]), exfairs_jain_index([0.4])
+        (1.0, 1.0)
+    """
+    xs = list(values)
+    if len(xs) < 2:
+        return 1.0
+    lo, hi = min(xs), max(xs)
+    if hi == lo:
+        return 1.0
+    ys = [(x - lo) / (hi - lo) for x in xs]
+    if smaller_is_better:
+        ys = [1.0 - y for y in ys]
+    return jain_index(ys)
 
 
 def backlog_intervals(

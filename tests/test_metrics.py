@@ -3,7 +3,16 @@ import math
 import pytest
 
 from fairagents import Outcome
-from fairagents.metrics import Charge, RequestRecord, backlog_intervals, client_stats, jain_index, max_service_gap, percentile
+from fairagents.metrics import (
+    Charge,
+    RequestRecord,
+    backlog_intervals,
+    client_stats,
+    exfairs_jain_index,
+    jain_index,
+    max_service_gap,
+    percentile,
+)
 
 
 def rec(app, arrival, dispatched, agent="t", model="m", finished=None, outcome=Outcome.FINISHED):
@@ -20,6 +29,24 @@ def test_percentile_and_jain():
     assert jain_index([]) == 1.0
     assert jain_index([2.0, 2.0]) == 1.0
     assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+
+
+def test_exfairs_jain_variant_normalises_then_inverts():
+    # Min-max normalised, 1 − y (smaller is better), then Jain's formula: any two unequal clients score 0.5.
+    for pair in ([0.10, 0.11], [0.0, 1.0], [3.0, 1000.0]):
+        assert exfairs_jain_index(pair) == 0.5
+        assert exfairs_jain_index(pair, smaller_is_better=False) == 0.5
+    assert jain_index([0.10, 0.11]) == pytest.approx(0.0441 / 0.0442)  # the standard index: nearly 1
+    # SAFI 0.2, 0.5, 0.8 -> y 0, 0.5, 1 -> 1 − y = 1, 0.5, 0 -> 1.5² / (3 · 1.25) = 0.6
+    assert exfairs_jain_index([0.2, 0.5, 0.8]) == pytest.approx(0.6)
+    # One client worse than n − 1 equal ones: (n − 1)/n; one better than n − 1 equal ones: 1/n.
+    assert exfairs_jain_index([0.1, 0.1, 0.1, 0.9]) == pytest.approx(0.75)
+    assert exfairs_jain_index([0.1, 0.9, 0.9, 0.9]) == pytest.approx(0.25)
+    assert exfairs_jain_index([0.1, 0.9, 0.9, 0.9], smaller_is_better=False) == pytest.approx(0.75)
+    # Scale-free, unlike the standard index.
+    assert exfairs_jain_index([1.0, 2.0, 4.0]) == exfairs_jain_index([10.0, 20.0, 40.0])
+    assert exfairs_jain_index([1.0, 2.0, 4.0]) != pytest.approx(exfairs_jain_index([1.0, 3.0, 4.0]))
+    assert exfairs_jain_index([]) == exfairs_jain_index([0.7]) == exfairs_jain_index([0.4, 0.4]) == 1.0
 
 
 def test_backlog_of_cancelled_request_ends_when_it_ended():

@@ -12,7 +12,7 @@ from fairagents.simulation import Workload, simulate
 class EarliestDeadlineFirst(BasePolicy):
     """Requests run in order of arrival + their agent's TTFT objective (10 s without one)."""
 
-    name = "edf"
+    name = "ttft-deadline"
 
     def __init__(self, default_ttft: float = 10.0):
         super().__init__(fa.RawTokenCost())
@@ -56,6 +56,6 @@ def pilot_attainment(policy):
     return next(s for s in result.agent_stats() if s.name == "driving/pilot").slo_attainment
 
 
-print("fcfs", pilot_attainment("fcfs"), "edf", pilot_attainment(EarliestDeadlineFirst()))
+print("fcfs", pilot_attainment("fcfs"), "ttft-deadline", pilot_attainment(EarliestDeadlineFirst()))
 # --8<-- [end:compare]
 assert pilot_attainment(EarliestDeadlineFirst()) > 0.9 > pilot_attainment("fcfs")

@@ -59,7 +59,7 @@ def scenario(seconds: float = 60.0, seed: int = 0) -> tuple[Workload, dict[str, 
     work.poisson(assistant, "text", rate=4.0, until=seconds, prompt=(100, 400), output=(16, 96))
     work.poisson(reports, "text", rate=0.5, until=seconds, prompt=(200, 800), output=(400, 900))
     work.poisson(inspector, "vision", rate=3.0, until=seconds, prompt=(600, 1200), output=(16, 64))
-    work.poisson(flood, "text", rate=12.0, until=seconds, prompt=(200, 600), output=(64, 256))
+    work.poisson(flood, "text", rate=7.0, until=seconds, prompt=(200, 600), output=(64, 256))
     engines = {
         "text": SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=16, kv_capacity=16_384, seed=seed),
         "vision": SimEngine(ModelProfile(d_model=2048, n_layers=24, modality=Modality.VISION), max_running=8,

@@ -1,16 +1,23 @@
 """Scheduling policies: which waiting request a model runs next.
 
-| name   | class          | what it does |
-| ------ | -------------- | ------------ |
-| `fcfs` | :class:`FCFS`  | arrival order (vLLM's default; the baseline) |
-| `rr`   | :class:`RoundRobin` | one dispatch per app in turn |
-| `vtc`  | :class:`VTC`   | flat virtual token counter per client, raw tokens |
-| `hmfs` | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens; the default |
+| name       | class          | what it does |
+| ---------- | -------------- | ------------ |
+| `fcfs`     | :class:`FCFS`  | arrival order (vLLM's default; the baseline) |
+| `rr`       | :class:`RoundRobin` | one dispatch per app in turn |
+| `vtc`      | :class:`VTC`   | flat virtual token counter per client, raw tokens |
+| `hmfs`     | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens; the default |
+| `exfairs`  | :class:`ExFairS` | SLO-aware experiential fairness: SAFI, credit exchange, proportional insertion (ExFairS) |
+| `duet`     | :class:`Duet`  | arrival, then predicted cost, with aging past the p90 wait (DuetInfer) |
+| `edf`      | :class:`EDF`   | earliest deadline from the SLOs and the predicted length (H-MAS pool) |
+| `sjf`      | :class:`SJF`   | shortest predicted service time, with an aging guard (H-MAS pool) |
+| `wfq`      | :class:`WFQ`   | weighted fair queueing by virtual finish time (H-MAS pool) |
+| `two_lane` | :class:`TwoLane` | fast and slow lanes by predicted service time, slack order in each (H-MAS pool) |
+| `adaptive` | :class:`Adaptive` | H-MAS's meta controller: switches among the pool by rules, with rollback |
 
 Examples:
     >>> import fairagents as fa
     >>> sorted(fa.policies.POLICIES)
-    ['fcfs', 'hmfs', 'rr', 'vtc']
+    ['adaptive', 'duet', 'edf', 'exfairs', 'fcfs', 'hmfs', 'rr', 'sjf', 'two_lane', 'vtc', 'wfq']
     >>> fa.policies.make_policy("hmfs").name
     'hmfs'
 """
@@ -20,16 +27,28 @@ from __future__ import annotations
 from fairagents.constants import DEFAULT_D_BASE
 from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
+from fairagents.policies.adaptive import Adaptive
 from fairagents.policies.base import BasePolicy, Policy
+from fairagents.policies.duet import Duet
+from fairagents.policies.edf import EDF
+from fairagents.policies.exfairs import ExFairS
 from fairagents.policies.fcfs import FCFS
 from fairagents.policies.hmfs import HMFS
 from fairagents.policies.rr import RoundRobin
+from fairagents.policies.sjf import SJF
+from fairagents.policies.two_lane import TwoLane
 from fairagents.policies.vtc import VTC
+from fairagents.policies.wfq import WFQ
 
-__all__ = ["BasePolicy", "FCFS", "HMFS", "POLICIES", "Policy", "RoundRobin", "VTC", "make_policy", "priced_policy"]
+__all__ = [
+    "Adaptive", "BasePolicy", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "POLICIES", "Policy", "RoundRobin", "SJF",
+    "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy",
+]
 
 #: Built-in policies by name.
-POLICIES: dict[str, type[BasePolicy]] = {cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS)}
+POLICIES: dict[str, type[BasePolicy]] = {
+    cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS, ExFairS, Duet, EDF, SJF, WFQ, TwoLane, Adaptive)
+}
 
 
 def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
@@ -45,7 +64,7 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
         >>> fa.policies.make_policy("nope")
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: unknown policy 'nope'; choose from fcfs, hmfs, rr, vtc
+        fairagents.errors.InvalidParameterError: unknown policy 'nope'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, rr, sjf, two_lane, vtc, wfq
     """
     if isinstance(policy, str):
         try:

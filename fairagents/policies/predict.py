@@ -1,8 +1,9 @@
 """Predicting a request's output length online, for the policies that order by it.
 
-DuetInfer (§III-C) predicts the decode length with a linear regression on the prompt
-length fitted per modality; H-MAS (§IV-B) keeps a predictor per agent. One
-:class:`LengthPredictor` serves both: an online least-squares line
+DuetInfer (Yang et al., §III-D) predicts the decode length with a linear regression on
+the prompt length fitted per modality; H-MAS (§3.2) predicts it per request (with a
+fine-tuned model there). One :class:`LengthPredictor` serves the policies that need a
+prediction: an online least-squares line
 ``output ≈ a + b · prompt`` per key, learned from finished requests, where a key is
 ``(agent, modality)``, falling back to the modality, then to every request, until a
 key has seen ``min_samples`` finished requests. A prediction is clamped to

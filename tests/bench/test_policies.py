@@ -9,7 +9,7 @@ from fairagents.request import Outcome
 
 
 def test_every_policy_gets_a_row_of_bounded_metrics_and_hmfs_keeps_the_gap():
-    result = policies.run(["fcfs", "hmfs"], seconds=20.0)
+    result = policies.run(["fcfs", "hmfs"], seconds=60.0)
     assert set(result) == {"fcfs", "hmfs"}
     for row in result.values():
         assert set(row) == {"slo_attainment", "jain_safi", "gap_over_2u", "ttft_p99", "goodput", "esg"}

@@ -4,9 +4,9 @@ import pytest
 
 import fairagents as fa
 from fairagents.errors import ProtocolError
-from fairagents.policies import FCFS, HMFS, VTC, RoundRobin
+from fairagents.policies import HMFS
 
-ALL = [FCFS, RoundRobin, VTC, HMFS]
+ALL = list(fa.policies.POLICIES.values())
 
 
 @pytest.fixture(params=ALL, ids=lambda cls: cls.name)
@@ -117,7 +117,7 @@ def test_make_policy_by_name_and_object(unit_cost):
     with pytest.raises(fa.InvalidParameterError):
         fa.policies.make_policy(42)
     with pytest.raises(fa.InvalidParameterError, match="unknown policy"):
-        fa.policies.make_policy("edf")
+        fa.policies.make_policy("lottery")
 
 
 def test_select_among_is_a_pure_query_over_models_with_room(policy, req):

@@ -201,7 +201,7 @@ def test_b_victim_waits_a_bounded_number_of_dispatches_whatever_the_flood():
 
 @RUNNERS
 @PROPERTY
-@given(backlogged_workloads(), st.sampled_from(["fcfs", "rr", "vtc", "hmfs"]), POOLS)
+@given(backlogged_workloads(), st.sampled_from(sorted(fa.policies.POLICIES)), POOLS)
 def test_c_work_conservation(run, case, policy, pool):
     work, engines, _ = case
     result = run(work, policy, engines, pool_running=pool)
