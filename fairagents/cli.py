@@ -24,6 +24,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairagents``."""
+    from fairagents.policies import POLICIES
+
     parser = argparse.ArgumentParser(prog="fairagents", description="Fair model serving for multi-agent apps.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine and arbiter events to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     benches = bench.add_subparsers(dest="benchmark", required=True)
     sched = benches.add_parser("scheduler", help="scheduling decisions per second by number of agents")
     sched.add_argument("--agents", type=int, nargs="+", default=[10, 1_000, 10_000])
-    sched.add_argument("--policies", nargs="+", default=["hmfs", "vtc"], choices=["hmfs", "vtc"])
+    sched.add_argument("--policies", nargs="+", default=["hmfs", "vtc"], choices=sorted(POLICIES))
     sched.add_argument("--decisions", type=int, default=50_000, help="decisions timed per run")
     sched.add_argument("--repeats", type=int, default=5, help="runs per cell; the best is reported")
     sched.add_argument("--json", action="store_true", help="print JSON instead of a table")

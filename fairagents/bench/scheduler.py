@@ -30,7 +30,7 @@ from rich.table import Table
 
 from fairagents.cost import ModelProfile, UnifiedTokenCost
 from fairagents.identity import Agent, App
-from fairagents.policies import HMFS, VTC, Policy
+from fairagents.policies import VTC, Policy, make_policy
 from fairagents.request import Outcome, Request
 
 __all__ = ["render", "run"]
@@ -40,11 +40,10 @@ PROGRESS_UPDATES = 4
 
 
 def _policy(name: str, cost: UnifiedTokenCost) -> Policy:
-    if name == "hmfs":
-        return HMFS(cost)
+    """VTC with a client per agent (as many clients as HMFS has agents); any other policy by name."""
     if name == "vtc":
         return VTC(client="agent")
-    raise ValueError(f"no scheduler benchmark for policy {name!r}")
+    return make_policy(name, cost)
 
 
 def measure(policy_name: str, n_agents: int, decisions: int) -> float:
