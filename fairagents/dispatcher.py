@@ -492,6 +492,8 @@ class Dispatcher:
             self._held_back[key].remove(ticket)
             if not self._held_back[key]:
                 del self._held_back[key]
+            if not self._closed and m.down is None:
+                self._show_held_back(key, now)  # the ones behind it may fit now
             return
         self.policy.on_finish(r, outcome, now)
         held = self._held.get(key)
@@ -522,12 +524,32 @@ class Dispatcher:
         held[1] += ticket.reserved
 
     def _show_held_back(self, key: tuple[str, str], now: float) -> None:
-        """Show an app's held-back requests, in arrival order, while they fit its share."""
+        """Show an app's held-back requests, in arrival order, while they fit its share.
+
+        This runs on other requests' events: a policy that refuses a request here ends
+        that request (failed, with the policy's error), never the event's caller.
+        """
         queue = self._held_back.get(key)
         while queue and self._within_share(queue[0]):
-            self._show(queue.popleft(), now)
+            ticket = queue.popleft()
+            try:
+                self._show(ticket, now)
+            except FairAgentsError as err:
+                self._refused(ticket, err, now)
+            except Exception as err:  # a custom policy's bug: the request fails, not the bystander
+                self._refused(ticket, ProtocolError(f"the policy refused a held-back request: {err!r}",
+                                                    **_about(ticket)), now)
         if queue is not None and not queue:
             del self._held_back[key]
+
+    def _refused(self, ticket: Ticket, err: FairAgentsError, now: float) -> None:
+        del self._tickets[ticket.request.id]
+        ticket.held_back = False
+        ticket.state = TicketState.DONE
+        ticket.outcome = Outcome.FAILED
+        ticket.ended = now
+        ticket.error = err
+        self._withdrawn.append(ticket)
 
     def _changes(self, touched: ModelState, now: float, ended: list[Ticket]) -> Changes:
         started = self._fill(touched, now)

@@ -10,8 +10,11 @@ DuetInfer §III-B), ``/health`` included. So the arbiter prepares such work in a
 the least *virtual preprocessing time* — seconds of worker time it has used, divided
 by its weight, as the policies count tokens; an app that becomes backlogged starts
 from the virtual time of the job last started, so idleness earns no credit
-(start-time fair queueing). One app's large images or huge prompts therefore delay
-its own requests, not everyone's.
+(start-time fair queueing). While another app has work queued, one app holds at most
+``workers − 1`` workers (all of them with one worker), and among apps of equal virtual
+time the one with fewer jobs running goes first. A job is not preempted: another app's
+job waits at most until a worker's current job ends. Past that, one app's large images
+or huge prompts delay its own requests, not everyone's.
 
 **Bounded, and the bound is shared.** An app may have ``max_pending_per_app`` jobs
 queued or running. When the whole pool holds ``max_pending``, a job is refused only
@@ -117,6 +120,7 @@ class Preprocessor:
         self._vtime: dict[str, float] = {}
         self._clock = 0.0  # virtual time of the job last started
         self._busy = 0
+        self._running_of: Counter[str] = Counter()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any, app: str = "", weight: float = 1.0) -> T:
@@ -176,7 +180,11 @@ class Preprocessor:
     def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start jobs while a worker is free: the head of the app with the least virtual time."""
         while self._busy < self.workers and self._queues:
-            app = min(self._queues, key=self._vtime.__getitem__)
+            apps = list(self._queues)
+            if len(apps) > 1:  # others are waiting: no app takes every worker
+                cap = max(1, self.workers - 1)
+                apps = [a for a in apps if self._running_of[a] < cap] or apps
+            app = min(apps, key=lambda a: (self._vtime[a], self._running_of[a]))
             queue = self._queues[app]
             job = queue.popleft()
             if not queue:
@@ -188,11 +196,15 @@ class Preprocessor:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
             self._busy += 1
+            self._running_of[app] += 1
             work = self._pool.submit(_timed, job.fn, job.args)
             work.add_done_callback(lambda done, job=job: _call_soon(loop, self._finished, job, done, loop))
 
     def _finished(self, job: _Job, done: concurrent.futures.Future[tuple[float, Any]], loop: asyncio.AbstractEventLoop) -> None:
         self._busy -= 1
+        self._running_of[job.app] -= 1
+        if not self._running_of[job.app]:
+            del self._running_of[job.app]
         try:
             seconds, result = done.result()
         except concurrent.futures.CancelledError:  # the pool closed before a worker took it

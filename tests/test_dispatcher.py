@@ -270,3 +270,29 @@ def test_no_app_ever_holds_more_than_its_share_and_every_request_is_shown_in_ord
     for ids in shown_order.values():  # shown to the policy in arrival order
         assert ids == sorted(ids, key=lambda i: int(i[1:]))
     assert d.queued() == sum(t.state is TicketState.WAITING for t in d.tickets())
+
+
+def test_cancelling_a_held_back_request_shows_the_one_behind_it_if_it_fits():
+    d, _ = make(slots=4, budget=200, share={"a": 0.5}, policy="fcfs")  # the app: 2 slots, 100 tokens
+    assert started(d.arrive(req("r1", A, 30, 30), 0.0)) == ["r1"]
+    assert started(d.arrive(req("big", A, 50, 50), 0.0)) == []  # 60 + 100 > 100: held back
+    assert started(d.arrive(req("small", A, 15, 15), 0.0)) == []  # behind it, in arrival order
+    assert started(d.cancel("big", 1.0)) == ["small"]  # 60 + 30 ≤ 100: it runs now
+
+
+def test_a_policy_that_refuses_a_held_back_request_fails_that_request_not_the_bystander():
+    class Picky(fa.policies.FCFS):
+        def on_arrival(self, req, now):
+            if req.id == "picky":
+                raise RuntimeError("no")
+            super().on_arrival(req, now)
+
+    cost = fa.UnifiedTokenCost(d_base=64)
+    d = Dispatcher(Picky(), cost, app_share={"a": 0.25}.get)
+    d.add_model("m", PROFILE, slots=4, token_budget=None, max_model_len=1000)
+    assert started(d.arrive(req("first", A), 0.0)) == ["first"]
+    assert started(d.arrive(req("picky", A), 0.0)) == []  # held back: the policy is not asked yet
+    changes = d.finish("first", 1.0)  # shows "picky", which the policy refuses
+    picky = [t for t in changes.ended if t.request.id == "picky"]
+    assert picky and picky[0].outcome is fa.Outcome.FAILED and isinstance(picky[0].error, ProtocolError)
+    assert d.tickets() == [] and d.queued() == 0

@@ -220,3 +220,36 @@ async def test_a_full_pool_refuses_the_app_that_filled_it_and_admits_one_below_i
         assert (await light, await light2) == (3, 4)
     finally:
         pool.close()
+
+
+async def test_an_app_running_heavy_jobs_leaves_a_worker_for_another():
+    pool = Preprocessor(workers=2, max_pending=10)
+    gate, ran = threading.Event(), []
+    try:
+        heavy = [asyncio.create_task(pool.run(gate.wait, 5, app="heavy")) for _ in range(3)]
+        await asyncio.sleep(0.02)  # heavy holds both workers: nobody else was waiting
+        light = asyncio.create_task(pool.run(ran.append, "light", app="light"))
+        await asyncio.sleep(0.02)
+        assert ran == []  # both workers are busy: it waits for one (no preemption)
+        gate.set()
+        await asyncio.gather(*heavy, light)
+    finally:
+        pool.close()
+    assert ran == ["light"]
+    pool = Preprocessor(workers=2, max_pending=10)
+    gate_a, gate_b, order = threading.Event(), threading.Event(), []
+    try:
+        first = asyncio.create_task(pool.run(gate_a.wait, 5, app="heavy"))
+        second = asyncio.create_task(pool.run(gate_b.wait, 5, app="heavy"))
+        await asyncio.sleep(0.01)
+        more = [asyncio.create_task(pool.run(order.append, "heavy", app="heavy")) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        light = asyncio.create_task(pool.run(order.append, "light", app="light"))
+        await asyncio.sleep(0.01)
+        gate_a.set()  # one worker frees: heavy still holds the other, and light waits
+        await light
+        assert order[0] == "light"
+        gate_b.set()
+        await asyncio.gather(first, second, *more)
+    finally:
+        pool.close()

@@ -191,7 +191,7 @@ class VLLMEngine:
         self.token_capacity, self.kv_block_size = _kv_capacity(engine)
         self.vocab_size = int(config.get_vocab_size())
         self._tokenizer = engine.get_tokenizer()
-        self.max_token_bytes = max_token_bytes(self._tokenizer)
+        self.max_token_bytes = await asyncio.to_thread(max_token_bytes, self._tokenizer)  # decodes the vocabulary
         log.info(
             "fairagents.vllm.started",
             model=self.model,

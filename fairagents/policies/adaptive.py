@@ -172,7 +172,7 @@ class Adaptive(BasePolicy):
         self._window = _Window()
         self._next = interval
         self._stable: str = initial
-        self._watch: tuple[float, float, float] | None = None  # (until, TTFT p99 before, violation rate before)
+        self._watch: tuple[float, float | None, float] | None = None  # (until, TTFT p99 before, violation rate before)
         self._ending = Outcome.CANCELLED  # the outcome of the request ending now (for _dequeue)
 
     # -- the policy interface ------------------------------------------------------
@@ -246,23 +246,32 @@ class Adaptive(BasePolicy):
             w.violations += 1
 
     def _tick(self, now: float) -> None:
-        """Run the decisions due by ``now``: the rollback guard, then one meta decision per elapsed interval."""
+        """At the first event after an interval ends: the rollback guard, then one meta decision.
+
+        However many intervals passed without events, one decision is made, on the
+        statistics gathered since the last one. A baseline without measurements (no
+        request finished before the switch) cannot be exceeded.
+        """
         if now < self._next:
             return
         w, self._window = self._window, _Window()
         self._next = (math.floor(now / self.interval) + 1) * self.interval
-        p99 = percentile(w.ttfts, 99) if w.ttfts else 0.0  # type: ignore[arg-type]
+        p99 = percentile(w.ttfts, 99) if w.ttfts else None  # type: ignore[arg-type]
+        target, reason = self._decide(w)
         if self._watch is not None:
             until, p99_before, rate_before = self._watch
-            if (w.finished and (p99 > self.rho * p99_before or w.violation_rate > self.rho * max(rate_before, 1e-9))
-                    and self.active.name != self._stable):
+            worse = w.finished and (
+                (p99 is not None and p99_before is not None and p99 > self.rho * p99_before)
+                or (rate_before > 0 and w.violation_rate > self.rho * rate_before)
+            )
+            bypassing = reason == "emergency bypass"  # never undo the bypass while its condition holds
+            if worse and not bypassing and self.active.name != self._stable:
                 self.switch(self._stable, now, "rollback (eq. 12)")
                 self._watch = None
                 return
             if now >= until:
                 self._stable = self.active.name
                 self._watch = None
-        target, reason = self._decide(w)
         if target != self.active.name:
             self._watch = (now + max(self.guard, self.interval), p99, w.violation_rate)
             self.switch(target, now, reason)

@@ -155,7 +155,8 @@ class Gateway:
         self.metrics = Metrics(arbiter, self.view, draining=lambda: self.draining, models=self.models)
         fetch = config.server.image_fetch
         self.fetcher = None if fetch is None else ImageFetcher(fetch.allow_hosts, max_bytes=fetch.max_bytes,
-                                                                timeout=fetch.timeout, schemes=fetch.schemes)
+                                                                timeout=fetch.timeout, schemes=fetch.schemes,
+                                                                max_images=fetch.max_images)
         """Fetches image URLs from allowed hosts when ``server.image_fetch`` is set."""
 
     # -- identity ------------------------------------------------------------------

@@ -266,6 +266,8 @@ class ImageFetchConfig(_Section):
     """Seconds for one whole fetch, connection to last byte."""
     schemes: list[Literal["https", "http"]] = Field(default_factory=lambda: ["https"], min_length=1)
     """URL schemes fetched."""
+    max_images: int = Field(default=8, ge=1)
+    """Most image URLs fetched for one request."""
 
 
 class ServerSettings(_Section):

@@ -11,7 +11,9 @@ model as if it had been sent inline, under three limits:
   an allowed host cannot send the server elsewhere;
 - **bytes**: at most ``max_bytes`` are read (``max_bytes + 1`` to tell), whatever the
   response's ``Content-Length`` says;
-- **time**: the whole fetch, connection to last byte, within ``timeout`` seconds.
+- **time**: the whole fetch, connection to last byte, within ``timeout`` seconds;
+- **count**: at most ``max_images`` URLs per request, fetched concurrently; the first
+  failure cancels the others.
 
 Anything else is a 400 (:class:`~fairagents.InvalidImageError`) that names the URL's
 host at most, never what the server's network looks like.
@@ -74,6 +76,7 @@ class ImageFetcher:
         max_bytes: most bytes of one image.
         timeout: seconds for one whole fetch.
         schemes: URL schemes fetched (``https`` only, unless ``http`` is listed).
+        max_images: most image URLs fetched for one request.
 
     Examples:
         >>> import asyncio
@@ -88,9 +91,10 @@ class ImageFetcher:
 
     def __init__(
         self, allow_hosts: Sequence[str], *, max_bytes: int = 20 * 2**20, timeout: float = 10.0,
-        schemes: Sequence[str] = ("https",),
+        schemes: Sequence[str] = ("https",), max_images: int = 8,
     ) -> None:
         self.allow_hosts = list(allow_hosts)
+        self.max_images = max_images
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.schemes = tuple(schemes)
@@ -118,7 +122,14 @@ class ImageFetcher:
                     jobs.append((part, url))
         if not jobs:
             return messages
-        fetched = await asyncio.gather(*(self._fetch(url) for _, url in jobs))
+        if len(jobs) > self.max_images:
+            raise InvalidImageError(f"{len(jobs)} image URLs in one request; the server fetches at most {self.max_images}")
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the other fetches
+                tasks = [group.create_task(self._fetch(url)) for _, url in jobs]
+        except ExceptionGroup as errors:
+            raise errors.exceptions[0] from None
+        fetched = [task.result() for task in tasks]
         replaced = {id(part): data for (part, _), data in zip(jobs, fetched, strict=True)}
         return [
             {**m, "content": [
@@ -134,6 +145,8 @@ class ImageFetcher:
             self._client = None
 
     def _check(self, url: str) -> None:
+        if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+            raise InvalidImageError("an image URL must not contain spaces or control characters")
         scheme = url.partition(":")[0].lower()
         if scheme not in self.schemes:
             raise InvalidImageError(
@@ -164,7 +177,7 @@ class ImageFetcher:
                     kind = response.headers.get("content-type", "").split(";")[0].strip()
         except TimeoutError:
             raise InvalidImageError(f"fetching the image from {host!r} took longer than {self.timeout} s") from None
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
             raise InvalidImageError(f"fetching the image from {host!r} failed ({type(err).__name__})") from None
         media = kind if kind.startswith("image/") else "application/octet-stream"
         return f"data:{media};base64,{base64.b64encode(b''.join(chunks)).decode()}"

@@ -137,3 +137,17 @@ def test_the_pool_and_parameters_are_checked():
         make(rho=1.0)
     with pytest.raises(fa.InvalidParameterError, match="not in the pool"):
         make(pool=("fcfs", "sjf")).switch("edf", 0.0)
+
+
+def test_a_bypass_with_no_baseline_is_not_rolled_back_while_overloaded():
+    policy = make(pool=POOL, interval=1.0, bypass_queue=3)
+    who = agent("a", fa.SLO(ttft=0.5))
+    for i in range(5):  # a burst: nothing finished in the first interval
+        policy.on_arrival(fa.Request(f"r{i}", who, "m", 8, 4, 0.1 * i), 0.1 * i)
+    policy.on_arrival(fa.Request("r5", who, "m", 8, 4, 1.0), 1.0)
+    assert policy.active.name == "fcfs"
+    for i in range(4):
+        req = policy.select("m", 1.5)
+        serve(policy, req, 1.5, 1.6, 1.7)
+    policy.on_arrival(fa.Request("r6", who, "m", 8, 4, 2.05), 2.05)  # guard window: no baseline to exceed
+    assert [s.reason for s in policy.switches] == ["emergency bypass"]

@@ -163,3 +163,22 @@ async def test_over_http_image_urls_are_refused_unless_the_server_fetches_them(i
         r = await http.post("/v1/chat/completions", json=other)
         assert r.status_code == 400 and "is not one" in r.json()["error"]["message"]
         assert "http://" in (await http.get("/openapi.json")).text
+
+
+async def test_control_characters_and_too_many_urls_are_bad_input_without_a_request(images):
+    fetcher = ImageFetcher([images], schemes=["http"], max_images=2)
+    try:
+        with pytest.raises(InvalidImageError, match="control characters"):
+            await fetcher.inline(message(f"http://{images}/a\tb.png"))
+        many = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"http://{images}/ok.png"}}] * 3}]
+        with pytest.raises(InvalidImageError, match="3 image URLs in one request"):
+            await fetcher.inline(many)
+        one_bad = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"http://{images}/slow"}},
+            {"type": "image_url", "image_url": {"url": f"http://{images}/missing.png"}}]}]
+        start = time.perf_counter()
+        with pytest.raises(InvalidImageError, match="404"):
+            await fetcher.inline(one_bad)
+        assert time.perf_counter() - start < 2.0  # the slow one was cancelled, not waited for
+    finally:
+        await fetcher.aclose()
