@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fairagents as fa
 from fairagents.constants import HEADER_AGENT, HEADER_APP
-from fairagents.server import Config
+from fairagents.server import Config, build_arbiter
 from fairagents.testing import FakeEngine
 
 from ._support import KEYS, MSG, client, live, make_config, wait_until
@@ -407,3 +407,14 @@ async def test_token_ids_outside_the_vocabulary_are_refused_before_anything_runs
             await c.completions.create(model="chat", prompt=[1, 5000], max_tokens=2)
         nothing_ran(arbiter, engine)
         assert (await c.completions.create(model="chat", prompt=[1, 99], max_tokens=2)).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("policy", sorted(fa.policies.POLICIES))
+async def test_every_policy_name_serves_through_the_server(policy):
+    config = make_config(policy=policy, in_flight=2)
+    arbiter = build_arbiter(config, engines={"chat": FakeEngine(tokens_per_reply=3)})
+    assert arbiter.policy.name == policy
+    async with live(arbiter, config) as (url, _), client(url) as c, client(url, KEYS["studio"]) as s:
+        replies = await asyncio.gather(*(who.chat.completions.create(model="chat", messages=MSG, max_tokens=4)
+                                         for who in (c, s, c, s)))
+    assert [r.usage.completion_tokens for r in replies] == [3, 3, 3, 3]
