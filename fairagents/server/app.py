@@ -5,13 +5,18 @@ of an app: the bearer key decides the app (a missing or unknown key is a 401 and
 nothing runs), the ``X-Fairagents-Agent`` header the agent (``default`` otherwise).
 With keys off (``server.auth = false``, local use), ``X-Fairagents-App`` names the app.
 
-What a request goes through: validation (400, nothing charged), the model (404 if
-unknown), the prompt is rendered once here, so its length is known for ``usage``,
-then :meth:`~fairagents.Arbiter.stream_complete` queues it under the app's bound
-(429 with ``Retry-After`` past it). The server waits for the first token before it
-answers, so an error while queued still gets its status (503 for an engine failure
-or shutdown); a client that leaves meanwhile is noticed and its request cancelled
-(it leaves the queue, or is aborted in the engine, charged only for tokens produced).
+What a request goes through, cheap checks first: the key (401), the bounded body
+(413), validation (400, nothing charged; large bodies are parsed in the text
+preprocessing pool), the model (404 if unknown), then
+:meth:`~fairagents.Arbiter.check_admission` (503 while the model is down, 429 with
+``Retry-After`` when the app's queue is full) — all before any tokenizing. The prompt
+is then rendered once, off the event loop in the preprocessing pools (fair by app),
+so its length is known for ``usage``, and
+:meth:`~fairagents.Arbiter.stream_complete` queues it with the arrival time of the
+request. The server waits for the first token before it answers, so an error while
+queued still gets its status (503 for an engine failure or shutdown); a client that
+leaves meanwhile is noticed and its request cancelled (it leaves the queue, or is
+aborted in the engine, charged only for tokens produced).
 
 Examples:
     >>> import fairagents as fa
