@@ -300,6 +300,12 @@ class Arbiter(ModelCalls):
         task = self._restarts.get(model)
         return task is not None and not task.done()
 
+    def restart_eta(self, model: str) -> float | None:
+        """Seconds until a restarting ``model`` is likely back: the backoff plus its engine's last start time."""
+        if not self.restarting(model) or self.restart is None:
+            return None
+        return self.restart.backoff + (self.pool.get(model).start_time or 0.0)
+
     async def _auto_restart(self, model: str, plan: Restart) -> None:
         """Bring a dead model back by :attr:`restart`; on giving up it stays down (logged)."""
         try:

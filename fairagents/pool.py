@@ -18,6 +18,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,6 +90,8 @@ class PoolModel:
     """Its token budget setting."""
     run_time: float | None = None
     """Moving average of dispatch-to-finish seconds: the retry hint of an overloaded app."""
+    start_time: float | None = None
+    """Seconds its engine took to start, last time: the retry hint while it restarts."""
 
 
 class Pool:
@@ -173,7 +176,7 @@ class Pool:
 
     async def start(self, models: list[PoolModel]) -> None:
         """Start the engines of ``models`` in parallel; if one fails, stop them all and raise its error."""
-        results = await asyncio.gather(*(m.engine.start() for m in models), return_exceptions=True)
+        results = await asyncio.gather(*(_timed_start(m) for m in models), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             await self.stop(models)
@@ -191,12 +194,18 @@ class Pool:
         async for attempt in retrying:
             with attempt:
                 await m.engine.stop()
-                await m.engine.start()
+                await _timed_start(m)
 
     async def stop(self, models: list[PoolModel] | None = None) -> None:
         """Stop the engines of ``models`` (default: all), in parallel; a failure to stop is not raised."""
         models = list(self.models.values()) if models is None else models
         await asyncio.gather(*(m.engine.stop() for m in models), return_exceptions=True)
+
+
+async def _timed_start(m: PoolModel) -> None:
+    began = time.perf_counter()
+    await m.engine.start()
+    m.start_time = time.perf_counter() - began
 
 
 def check_limit(value: object) -> None:

@@ -776,3 +776,21 @@ async def test_an_engine_that_dies_while_idle_is_noticed_by_the_next_call_and_re
                 break
             await asyncio.sleep(0.01)
         assert (await who.chat("chat", MSG)).usage.completion_tokens == 1
+
+
+async def test_the_restart_eta_is_the_backoff_plus_the_engines_last_start_time():
+    class Slow(FakeEngine):
+        async def start(self):
+            await asyncio.sleep(0.05)
+            await super().start()
+
+    arbiter = fa.Arbiter(restart=fa.Restart(backoff=2.0))
+    engine = Slow(tokens_per_reply=1)
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        assert arbiter.restart_eta("chat") is None  # not restarting
+        engine.fail()
+        with pytest.raises(fa.EngineError):
+            await who.chat("chat", MSG)
+        assert 2.05 <= arbiter.restart_eta("chat") < 2.5

@@ -425,9 +425,9 @@ def _error(err: FairAgentsError, arbiter: Arbiter | None = None) -> tuple[int, d
     if isinstance(err, OverloadedError):
         headers = {"Retry-After": str(max(1, math.ceil(err.retry_after))), "retry-after-ms": str(int(err.retry_after * 1000))}
     elif isinstance(err, EngineError):
-        restarting = arbiter is not None and err.model in arbiter.models and arbiter.restarting(err.model)
-        if restarting and arbiter is not None and arbiter.restart is not None:
-            wait = max(1.0, arbiter.restart.backoff)  # the model is coming back: worth a retry
+        eta = arbiter.restart_eta(err.model) if arbiter is not None and err.model in arbiter.models else None
+        if eta is not None:
+            wait = max(1.0, eta)  # the model is coming back (backoff + its engine's last start): worth a retry
             headers = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(int(wait * 1000)),
                        "x-should-retry": "true"}
         else:
