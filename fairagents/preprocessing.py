@@ -200,19 +200,19 @@ class Preprocessor:
             work = self._pool.submit(_timed, job.fn, job.args)
             work.add_done_callback(lambda done, job=job: _call_soon(loop, self._finished, job, done, loop))
 
-    def _finished(self, job: _Job, done: concurrent.futures.Future[tuple[float, Any]], loop: asyncio.AbstractEventLoop) -> None:
+    def _finished(
+        self, job: _Job, done: concurrent.futures.Future[tuple[float, Any, BaseException | None]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._busy -= 1
         self._running_of[job.app] -= 1
         if not self._running_of[job.app]:
             del self._running_of[job.app]
         try:
-            seconds, result = done.result()
+            seconds, result, error = done.result()
         except concurrent.futures.CancelledError:  # the pool closed before a worker took it
-            seconds, result, error = 0.0, None, ShutdownError("the preprocessing pool closed before the request was prepared")
-        else:
-            error = None
-            if isinstance(result, _Raised):
-                seconds, error = result.seconds, result.error
+            closed = ShutdownError("the preprocessing pool closed before the request was prepared")
+            seconds, result, error = 0.0, None, closed
         self.used[job.app] += seconds
         if job.app in self._vtime:
             self._vtime[job.app] += seconds / job.weight
@@ -231,12 +231,6 @@ class Preprocessor:
                 del self._queues[job.app]
 
 
-@dataclass(frozen=True)
-class _Raised:
-    seconds: float
-    error: BaseException
-
-
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
     """Hand a finished job back to its loop; a loop that has closed meanwhile has no one to tell."""
     try:
@@ -245,11 +239,11 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         pass
 
 
-def _timed(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[float, Any]:
-    """Run ``fn(*args)`` on a worker; its error is returned with the time it took, not lost."""
+def _timed(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[float, Any, BaseException | None]:
+    """Run ``fn(*args)`` on a worker: the seconds it took, its result, and its error (returned, not lost)."""
     start = time.perf_counter()
     try:
         result = fn(*args)
-    except BaseException as err:  # noqa: BLE001
-        return 0.0, _Raised(time.perf_counter() - start, err)
-    return time.perf_counter() - start, result
+    except BaseException as err:  # noqa: BLE001 - the job's own error goes to its caller
+        return time.perf_counter() - start, None, err
+    return time.perf_counter() - start, result, None

@@ -132,18 +132,21 @@ def safi(result: SimResult, alpha: float = SAFI_ALPHA) -> dict[str, float]:
     count: dict[str, int] = defaultdict(int)
     for r in result.records:
         count[r.app] += 1
-        met = r.outcome is Outcome.FINISHED and r.ttft is not None and (
-            r.slo is None or r.slo.met(ttft=r.ttft, tpot=r.tpot, e2e=r.finished - r.arrival))
-        missed[r.app] += not met
+        missed[r.app] += not _met(r)
     service = {s.name: s.service for s in result.app_stats()}
     most = max(service.values(), default=0.0) or 1.0
     return {app: alpha * missed[app] / count[app] + (1 - alpha) * service.get(app, 0.0) / most for app in count}
 
 
+def _met(r: RequestRecord) -> bool:
+    """Whether ``r`` finished and met every SLO it had."""
+    return r.outcome is Outcome.FINISHED and r.ttft is not None and (
+        r.slo is None or r.slo.met(ttft=r.ttft, tpot=r.tpot, e2e=r.finished - r.arrival))
+
+
 def _row(result: SimResult) -> dict[str, float]:
     records = result.records
-    met = [r.outcome is Outcome.FINISHED and r.ttft is not None and
-           (r.slo is None or r.slo.met(ttft=r.ttft, tpot=r.tpot, e2e=r.finished - r.arrival)) for r in records]
+    met = [_met(r) for r in records]
     ttfts = [r.ttft for r in records if r.ttft is not None]
     return {
         "slo_attainment": sum(met) / len(met),

@@ -385,7 +385,11 @@ class PredictivePolicy(BasePolicy):
         return deadline(req, est.length, self.default_ttft, self.default_tpot)
 
     def _key(self, req: Request, est: Estimate, now: float) -> float:
-        """The request's key, computed once at arrival (lower runs first)."""
+        """The request's key, computed once at arrival (lower runs first).
+
+        Subclasses that keep this class's ``_enqueue`` define it (``edf``, ``sjf``,
+        ``wfq``); ``two_lane`` orders its lanes in its own ``_enqueue`` and never calls it.
+        """
         raise NotImplementedError
 
     def _enqueue(self, req: Request, now: float) -> None:

@@ -61,8 +61,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
@@ -96,12 +96,9 @@ class _Window:
     arrivals: int = 0
     finished: int = 0
     violations: int = 0
-    ttfts: list[float] | None = None
-    lengths: list[int] | None = None
-    service: dict[str, float] | None = None
-
-    def __post_init__(self) -> None:
-        self.ttfts, self.lengths, self.service = [], [], defaultdict(float)
+    ttfts: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    service: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     @property
     def violation_rate(self) -> float:
@@ -235,10 +232,10 @@ class Adaptive(BasePolicy):
         w.finished += 1
         first = self._first.get(req.id)
         produced = self._produced.get(req.id, 0)
-        w.lengths.append(produced)  # type: ignore[union-attr]
+        w.lengths.append(produced)
         ttft = None if first is None else first - req.arrival
         if ttft is not None:
-            w.ttfts.append(ttft)  # type: ignore[union-attr]
+            w.ttfts.append(ttft)
         tpot = None if first is None or produced < 2 else (now - first) / (produced - 1)
         slo = req.agent.effective_slo
         if slo is not None and ((slo.ttft is not None and (ttft is None or ttft > slo.ttft))
@@ -256,7 +253,7 @@ class Adaptive(BasePolicy):
             return
         w, self._window = self._window, _Window()
         self._next = (math.floor(now / self.interval) + 1) * self.interval
-        p99 = percentile(w.ttfts, 99) if w.ttfts else None  # type: ignore[arg-type]
+        p99 = percentile(w.ttfts, 99) if w.ttfts else None
         target, reason = self._decide(w)
         if self._watch is not None:
             until, p99_before, rate_before = self._watch
@@ -281,13 +278,13 @@ class Adaptive(BasePolicy):
         if queued > self.bypass_queue or w.violation_rate > self.bypass_violation:
             if "fcfs" in self.pool:
                 return "fcfs", "emergency bypass"
-        lengths = w.lengths or []
+        lengths = w.lengths
         mean = sum(lengths) / len(lengths) if lengths else 0.0
         cv = (math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean) if mean else 0.0
         rules = [
             (cv > self.length_cv and w.violation_rate > self.violation, "two_lane", "long requests block short ones"),
             (w.violation_rate > self.violation, "edf", "deadline misses"),
-            (len(w.service or {}) > 1 and jain_index((w.service or {}).values()) < self.unfairness, "wfq", "unfair shares"),
+            (len(w.service) > 1 and jain_index(w.service.values()) < self.unfairness, "wfq", "unfair shares"),
             (True, "sjf", "steady"),
         ]
         for fires, name, reason in rules:
@@ -309,7 +306,3 @@ class Adaptive(BasePolicy):
             new.on_arrival(req, now)
         self.active = new
         self.switches.append(Switch(now, old.name, name, reason))
-
-    def describe(self) -> dict[str, Any]:
-        """The active policy and the switches so far (for logs and the fairness view)."""
-        return {"active": self.active.name, "switches": [(s.at, s.frm, s.to, s.reason) for s in self.switches]}
