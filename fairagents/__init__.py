@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 from fairagents import engines, policies
+from fairagents.admission import Statera
 from fairagents.arbiter import AgentHandle, AppHandle, Arbiter, Restart
 from fairagents.cost import CostModel, ModelProfile, RawTokenCost, UnifiedTokenCost, service_bound
 from fairagents.errors import (
@@ -59,6 +60,7 @@ __all__ = [
     "Restart",
     "SLO",
     "ShutdownError",
+    "Statera",
     "Stats",
     "Timing",
     "UnifiedTokenCost",

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import structlog
 
+from fairagents.admission import Statera, make_admission
 from fairagents.calls import Call, ModelCalls
 from fairagents.dispatcher import Changes, Dispatcher, Ticket
 from fairagents.engines.base import Engine, GenerationParams, Prompt
@@ -85,6 +86,12 @@ class Arbiter(ModelCalls):
             token budget one app may hold at once, for apps declared without their own
             (``None``: no cap). A flood then cannot hold every slot; see
             :mod:`fairagents.dispatcher` for the rule and its cost.
+        admission: ``"statera"`` (or a :class:`~fairagents.admission.Statera`) reserves
+            a conformal bound on each request's output instead of ``max_tokens`` and
+            steers every model's in-flight limit and token budget from measured
+            occupancy and TPOT (H-MAS Alg. 2); ``None`` (the default): worst-case
+            reservations under fixed limits. Works with any policy; see
+            :mod:`fairagents.admission` for what it buys and risks.
         restart: how a model whose engine died is brought back (:class:`Restart`);
             ``None`` leaves it down until :meth:`restart_model` is called.
         drain_timeout: seconds ``async with`` exit waits for accepted work before
@@ -119,6 +126,7 @@ class Arbiter(ModelCalls):
         token_budget: TokenBudget = "engine",
         pool_in_flight: int | None = None,
         max_in_flight_share: float | None = None,
+        admission: str | Statera | None = None,
         restart: Restart | None = Restart(),  # noqa: B008 (frozen)
         d_base: int | None = None,
         w_input: float | None = None,
@@ -136,6 +144,7 @@ class Arbiter(ModelCalls):
         if restart is not None and not isinstance(restart, Restart):
             raise InvalidParameterError(f"restart must be a fairagents.Restart or None, got {restart!r}")
         self.max_in_flight_share = max_in_flight_share
+        self.admission = make_admission(admission)
         self.restart = restart
         self._restarts: dict[str, asyncio.Task[None]] = {}
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
@@ -471,7 +480,7 @@ class Arbiter(ModelCalls):
 
     def _new_dispatcher(self, policy: Policy) -> Dispatcher:
         return Dispatcher(policy, self.cost, pool_slots=self.pool_in_flight, charge=self._charge,
-                          is_live=self._is_live, app_share=self._share_of)
+                          is_live=self._is_live, app_share=self._share_of, admission=self.admission)
 
     def _share_of(self, app: str) -> float | None:
         return self.tenants.share.get(app, self.max_in_flight_share)

@@ -40,6 +40,14 @@ held-back request simply arrives later. Capping is not work-conserving — with 
 the capped app asking, the rest of the model stays idle — which is the point: it
 buys the other apps' latency with the capped app's throughput.
 
+**Admission control (optional).** ``admission=Statera()`` trades the worst-case
+guarantee for throughput, as H-MAS does (:mod:`fairagents.admission`): a request
+reserves ``prompt`` plus a conformal upper bound on its output instead of
+``max_tokens`` (exceeded with probability ``ε``; a request that outgrows it has its
+reservation raised as it goes), and a two-loop controller tightens each model's
+in-flight limit and token budget (``slot_limit``, ``budget_limit``) when the model runs
+hot. A model with nothing running always takes the policy's next request.
+
 When the policy's choice for a model does not fit the budget, the model takes nothing
 else until it does (no smaller request jumps ahead): skipping would hand the model to
 whoever asks least, and a large request could wait forever. A request whose
@@ -89,7 +97,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairagents.cost import ModelProfile, UnifiedTokenCost, service_bound
 from fairagents.errors import (
@@ -104,6 +112,9 @@ from fairagents.errors import (
 from fairagents.metrics import RequestRecord
 from fairagents.policies.base import Policy
 from fairagents.request import Outcome, Request
+
+if TYPE_CHECKING:
+    from fairagents.admission import Statera
 
 __all__ = ["Changes", "Dispatcher", "ModelState", "Ticket", "TicketState"]
 
@@ -153,6 +164,10 @@ class Ticket:
     """Why the dispatcher ended it, when it did so itself (model down, shut down)."""
     held_back: bool = False
     """Waiting in the dispatcher, not yet shown to the policy: its app is at its share of the model."""
+    predicted: int | None = None
+    """Output tokens predicted at arrival, under an admission controller (``l_pred``)."""
+    bound: int | None = None
+    """Output tokens reserved for at arrival, under an admission controller (``l_upper``)."""
 
     def record(self) -> RequestRecord:
         """The request's record (valid once it ended)."""
@@ -203,14 +218,25 @@ class ModelState:
     running: int = 0
     reserved: int = 0
     """KV tokens reserved by its running requests."""
+    used: int = 0
+    """KV tokens its running requests hold now: prompt + output so far."""
     down: EngineError | None = None
     """Why it is down, while it is."""
+    slot_limit: int | None = None
+    """In-flight limit set by an admission controller (≤ ``slots``), if one steers the model."""
+    budget_limit: int | None = None
+    """Token budget set by an admission controller (≤ ``token_budget``), if one steers the model."""
 
     def has_slot(self) -> bool:
-        return self.running < self.slots and self.down is None
+        if self.down is not None or self.running >= self.slots:
+            return False
+        return self.slot_limit is None or self.running < self.slot_limit or not self.running
 
     def fits(self, ticket: Ticket) -> bool:
-        return self.token_budget is None or self.reserved + ticket.reserved <= self.token_budget
+        if self.token_budget is None or not self.running:
+            return True  # alone, a request always fits: arrive() refused any larger than the whole budget
+        budget = self.token_budget if self.budget_limit is None else self.budget_limit
+        return self.reserved + ticket.reserved <= budget
 
 
 _NOTHING = Changes()
@@ -229,6 +255,10 @@ class Dispatcher:
             means its caller has gone: it ends as cancelled, uncharged.
         app_share: called with an app's name: the largest share (0 < share ≤ 1) of a
             model's slots and token budget that app may hold, or ``None`` for no cap.
+        admission: an admission controller that reserves predicted bounds instead of
+            worst cases and steers each model's in-flight limit and token budget
+            (:class:`~fairagents.admission.Statera`); ``None``: worst-case reservations
+            under the fixed limits.
 
     Examples:
         >>> import fairagents as fa
@@ -248,6 +278,7 @@ class Dispatcher:
         charge: Callable[[float, Request, float], None] | None = None,
         is_live: Callable[[str], bool] | None = None,
         app_share: Callable[[str], float | None] | None = None,
+        admission: Statera | None = None,
     ) -> None:
         if pool_slots is not None:
             _check_count(pool_slots, "pool slots", optional=True)
@@ -262,6 +293,7 @@ class Dispatcher:
         self._withdrawn: list[Ticket] = []  # ended by is_live during the current event
         self._closed = False
         self._app_share = app_share
+        self.admission = admission
         self._held: dict[tuple[str, str], list[int]] = {}  # (app, model) -> [requests, tokens] running or shown
         self._held_back: dict[tuple[str, str], deque[Ticket]] = {}  # (app, model) -> waiting, not yet shown
 
@@ -290,6 +322,8 @@ class Dispatcher:
         if isinstance(policy_cost, UnifiedTokenCost) and policy_cost is not self.cost:
             policy_cost.register(name, profile)
         state = self._models[name] = ModelState(name, slots, token_budget, max_model_len, block)
+        if self.admission is not None:
+            self.admission.add_model(state)
         return state
 
     def model(self, name: str) -> ModelState:
@@ -344,14 +378,16 @@ class Dispatcher:
         """``U`` of the fairness guarantee under these limits (see :func:`~fairagents.service_bound`).
 
         A model holds at most ``slots`` requests of at most ``max_request_tokens``
-        (default and cap: its context), and at most its token budget.
+        (default and cap: its context), and at most its token budget — unless an
+        admission controller reserves less than the worst case: then the budget no
+        longer bounds the tokens its requests may come to hold, and only the slots do.
         """
         longest, held = {}, {}
         for m in self._models.values():
             longest[m.name] = m.max_model_len if max_request_tokens is None else min(max_request_tokens, m.max_model_len)
             slots = m.slots if self.pool_slots is None else min(m.slots, self.pool_slots)
             held[m.name] = slots * longest[m.name]
-            if m.token_budget is not None:
+            if m.token_budget is not None and self.admission is None:
                 held[m.name] = min(held[m.name], m.token_budget)
         return service_bound(self.cost, held, pool=self.pool_slots, longest=longest)
 
@@ -388,6 +424,9 @@ class Dispatcher:
         if m.down is not None:
             raise EngineError(f"model {m.name!r} is down: {m.down}", **about)
         ticket = Ticket(request, reserved)
+        if self.admission is not None:
+            ticket.predicted, ticket.bound = self.admission.admit(request, self.cost)
+            ticket.reserved = self.reservation(m.name, request.prompt_tokens, ticket.bound)
         key = (request.app, m.name)
         if self._held_back.get(key) or not self._within_share(ticket):
             self.cost.input_cost(m.name, request.prompt_tokens)  # what the policy checks: raises before queuing
@@ -409,6 +448,12 @@ class Dispatcher:
         if ticket.first_token is None:
             ticket.first_token = now
         ticket.produced += new_tokens
+        m = self._models[r.model]
+        m.used += new_tokens
+        if r.prompt_tokens + ticket.produced > ticket.reserved:  # it outgrew its predicted bound
+            self._grow(ticket, m, self.reservation(m.name, r.prompt_tokens, ticket.produced) - ticket.reserved)
+        if self.admission is not None:
+            self.admission.on_progress(m, ticket, new_tokens, now)
         self.policy.on_progress(r, new_tokens, now)
         amount = self.cost.output_cost(r.model, new_tokens)
         self._charge(ticket, amount, now)
@@ -483,7 +528,10 @@ class Dispatcher:
         if ticket.state is TicketState.RUNNING:
             m.running -= 1
             m.reserved -= ticket.reserved
+            m.used -= r.prompt_tokens + ticket.produced
             self.pool_running -= 1
+            if self.admission is not None:
+                self.admission.on_end(ticket, outcome is Outcome.FINISHED, self.cost)
         ticket.state = TicketState.DONE
         ticket.outcome = outcome
         ticket.ended = now
@@ -551,7 +599,19 @@ class Dispatcher:
         ticket.error = err
         self._withdrawn.append(ticket)
 
+    def _grow(self, ticket: Ticket, m: ModelState, tokens: int) -> None:
+        """Raise a running request's reservation (and its app's share of it) by ``tokens``."""
+        r = ticket.request
+        ticket.reserved += tokens
+        m.reserved += tokens
+        held = self._held.get((r.app, r.model))
+        if held is not None:
+            held[1] += tokens
+
     def _changes(self, touched: ModelState, now: float, ended: list[Ticket]) -> Changes:
+        if self.admission is not None:
+            for m in self._models.values() if self.pool_slots is not None else (touched,):
+                self.admission.tick(m, now)
         started = self._fill(touched, now)
         if self._withdrawn:
             ended = ended + self._withdrawn
@@ -609,6 +669,7 @@ class Dispatcher:
         ticket.dispatched = now
         m.running += 1
         m.reserved += ticket.reserved
+        m.used += r.prompt_tokens
         self.pool_running += 1
         self._charge(ticket, self.cost.input_cost(m.name, r.prompt_tokens), now)
         return True

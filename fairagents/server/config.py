@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from fairagents.admission import Statera
 from fairagents.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE
 from fairagents.engines.base import Engine
@@ -249,6 +250,46 @@ class RestartConfig(_Section):
         return Restart(self.attempts, self.backoff, self.max_backoff)
 
 
+class StateraConfig(_Section):
+    """Statera admission (``[admission]``): its parameters (see :class:`~fairagents.Statera`).
+
+    Examples:
+        >>> from fairagents.server.config import StateraConfig
+        >>> StateraConfig(epsilon=0.1).build().epsilon
+        0.1
+    """
+
+    epsilon: float = Field(default=0.05, gt=0, lt=1)
+    """Chance a request outgrows its conformal output bound."""
+    frag: float = Field(default=0.05, ge=0, lt=1)
+    """Share of each model's KV capacity kept free."""
+    band: tuple[float, float] = (0.8, 0.95)
+    """Utilisation band ``[u_low, u_high]`` the two loops keep each model in."""
+    eta_budget: float = Field(default=0.5, gt=0)
+    """Inner-loop step: share of the budget moved per unit of error."""
+    eta_slots: float = Field(default=0.5, gt=0)
+    """Outer-loop step: share of the in-flight limit moved per unit of averaged error."""
+    min_budget: float = Field(default=0.1, gt=0, le=1)
+    """Lowest token budget, as a share of the fenced capacity."""
+    min_slots: int = Field(default=1, ge=1)
+    """Lowest in-flight limit."""
+    window: int = Field(default=10, ge=1)
+    """Cycles the outer loop averages."""
+    period: float = Field(default=0.05, gt=0)
+    """Seconds per control cycle."""
+
+    @field_validator("band")
+    @classmethod
+    def _ordered_band(cls, band: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < band[0] <= band[1] <= 1:
+            raise ValueError("band must be [u_low, u_high] with 0 < u_low ≤ u_high ≤ 1")
+        return band
+
+    def build(self) -> Statera:
+        """The :class:`~fairagents.Statera` it describes."""
+        return Statera(**self.model_dump())
+
+
 class ImageFetchConfig(_Section):
     """Fetching image URLs for clients (``server.image_fetch``): only from ``allow_hosts``, bounded.
 
@@ -322,7 +363,7 @@ class Config(_Section):
     """
 
     policy: str = "hmfs"
-    """Scheduling policy: ``hmfs``, ``vtc``, ``rr`` or ``fcfs``."""
+    """Scheduling policy: any name of :data:`fairagents.policies.POLICIES` (``hmfs``, ``vtc``, ``edf``, ``adaptive``, …)."""
     in_flight: int | None = Field(default=None, ge=1)
     """Default in-flight limit of the models that set none."""
     pool_in_flight: int | None = Field(default=None, ge=1)
@@ -333,6 +374,10 @@ class Config(_Section):
     max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
     """Largest share of a model's slots and token budget one app may hold at once, for
     apps that set none (unset: no cap). A flooding app then cannot hold every slot."""
+    admission: Literal["off", "statera"] | StateraConfig = "off"
+    """``"statera"`` (or an ``[admission]`` table of its parameters): reserve a conformal
+    bound on each request's output instead of ``max_tokens`` and steer each model's
+    in-flight limit and token budget (H-MAS Alg. 2); ``"off"``: worst-case reservations."""
     restart: RestartConfig | Literal["off"] = Field(default_factory=lambda: RestartConfig())
     """How a model whose engine died comes back; ``"off"``: it stays down until restarted by hand."""
     d_base: int = Field(default=DEFAULT_D_BASE, ge=1)
@@ -438,6 +483,7 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         pool_in_flight=config.pool_in_flight,
         token_budget=None if config.token_budget == "off" else config.token_budget,
         max_in_flight_share=config.max_in_flight_share,
+        admission=config.admission.build() if isinstance(config.admission, StateraConfig) else config.admission,
         restart=None if config.restart == "off" else config.restart.build(),
         d_base=config.d_base,
         w_input=config.w_input,

@@ -1,0 +1,367 @@
+"""Statera admission (H-MAS Alg. 2): a conformal length bound and a two-loop controller steer the dispatcher.
+
+Without it the dispatcher reserves every request's worst case, ``prompt + max_tokens``
+KV tokens, under a fixed in-flight limit and token budget (:mod:`fairagents.dispatcher`):
+nothing is ever preempted, and a model whose callers ask for far more ``max_tokens``
+than they use runs far fewer requests than its KV cache could hold. :class:`Statera`
+is H-MAS's answer (§3.4.2; Appendix E.2, Alg. 2), an option of the arbiter and the
+simulator (``admission="statera"``) that works under any policy:
+
+**(A)–(B) The admission fence (eq. 4, eq. 2).** A request's output length is
+predicted when it arrives (``l_pred``, the shared online
+:class:`~fairagents.policies.predict.LengthPredictor`, per agent and modality), and
+bounded by ``l_upper = l_pred + q₁₋ε(D_b)``, where ``D_b`` holds the errors
+``e = l_real − l_pred`` of the finished requests whose prompt length fell in the same
+bucket ``b``. The request reserves ``prompt + l_upper`` tokens instead of
+``prompt + max_tokens``, and a model admits while the reservations of its running
+requests stay within ``B_token ≤ M_cap · (1 − δ_frag)`` (eq. 2), ``M_cap`` being the
+model's token budget (its KV capacity). The quantile is split-conformal: with ``n``
+errors in the bucket, ``q`` is the ``⌈(n + 1)(1 − ε)⌉``-th smallest, so a new request
+of the bucket exceeds its bound with probability at most ``ε`` when errors are
+exchangeable. A request that does outgrow its bound has its reservation raised, token
+by token, to what it holds, so the fence always counts real usage; the engine may then
+preempt (vLLM recomputes), which is the risk ``ε`` buys throughput with.
+
+**(C) The two loops (Alg. 2 lines 9–13).** Each cycle (``period`` seconds, at the
+first dispatcher event after it ends) the window-averaged utilisation ``ū`` is
+tracked against a band ``[u_low, u_high]``: ``e = ū − clip(ū, band)``. The inner loop
+moves the token budget, ``B ← Proj[B_min, B_max](B − η_B · e)``; the outer loop moves
+the in-flight limit on the error averaged over the last ``W`` cycles,
+``N ← Proj[N_min, N_max](N − η_N · ē)``. ``B_max`` is the fenced capacity and
+``N_max`` the model's configured in-flight limit: Statera only ever tightens them.
+
+Where the paper leaves it open, and what is chosen here:
+
+- **Utilisation.** The paper tracks window-averaged GPU utilisation. An arbiter outside
+  the engine sees two things that saturate with load: KV occupancy (tokens the running
+  requests hold, prompt + output so far, over ``M_cap · (1 − δ_frag)``, time-averaged
+  over the cycle) and decode speed (the measured time per output token over the TPOT
+  objective of each request that states one, a moving average). ``ū`` is the larger of
+  the occupancy and ``u_high ×`` the TPOT ratio, so TPOT exactly on target sits on the
+  band's upper edge and anything slower throttles.
+- **``B_token``.** In the paper it caps the decode tokens issued per scheduling cycle,
+  a knob inside the engine. Outside it, the nearest knob is the dispatcher's token
+  budget (tokens of KV reserved by the running requests): it bounds the tokens in
+  flight. That is what the inner loop moves.
+- **Step sizes.** ``η_B`` and ``η_N`` are given as shares of ``B_max`` and ``N_max`` per
+  unit of error (a 10-point excursion above the band with ``eta_budget=0.5`` takes 5 %
+  of the budget off in one cycle). ``B_min``/``N_min`` are ``min_budget × B_max`` and
+  ``min_slots``.
+- **Buckets.** Prompt-length buckets are powers of two (``⌊log₂ prompt⌋``), each keeping
+  its last ``history`` errors (the workload drifts). A bucket with too few errors for
+  the quantile (fewer than ``⌈(1 − ε)/ε⌉``) borrows the errors of all buckets; with too
+  few of those as well, the bound is ``max_tokens`` — the dispatcher's worst case, so
+  Statera starts exactly as safe as admission without it.
+- **Only finished requests calibrate**: a cancelled or failed request's length is not
+  its natural length.
+- **Work conservation.** A model with nothing running always takes the policy's next
+  request, whatever the two loops say, so a tightened limit cannot leave it idle.
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.admission import Statera
+    >>> from fairagents.dispatcher import Dispatcher
+    >>> cost = fa.UnifiedTokenCost()
+    >>> d = Dispatcher(fa.policies.FCFS(), cost, admission=Statera(epsilon=0.1, frag=0.0))
+    >>> _ = d.add_model("chat", fa.ModelProfile(d_model=4096, n_layers=1), slots=8, token_budget=400, max_model_len=400)
+    >>> who = fa.Agent("bot", fa.App("a"))
+    >>> def serve(i, out):   # a request asking max_tokens=200 that produces ``out`` tokens; what it reserved
+    ...     now = float(i)
+    ...     _ = d.arrive(fa.Request(f"r{i}", who, "chat", prompt_tokens=10, max_tokens=200, arrival=now), now)
+    ...     reserved = d.ticket(f"r{i}").reserved
+    ...     _ = d.progress(f"r{i}", out, now), d.finish(f"r{i}", now)
+    ...     return reserved
+    >>> serve(0, 20)        # nothing learned yet: the worst case, prompt + max_tokens
+    210
+    >>> [serve(i, 20) for i in range(1, 30)][-1]   # learned: 20 tokens of output, and the conformal margin (0 here)
+    30
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fairagents.errors import InvalidParameterError
+from fairagents.policies._predicted import check_positive, modality_of
+from fairagents.policies.predict import LengthPredictor
+
+if TYPE_CHECKING:
+    from fairagents.cost import CostModel
+    from fairagents.dispatcher import ModelState, Ticket
+    from fairagents.request import Request
+
+__all__ = ["ConformalBound", "Statera", "StateraState", "make_admission"]
+
+
+class ConformalBound:
+    """Split-conformal upper quantiles of length-prediction errors, per prompt-length bucket (H-MAS eq. 4, Alg. 2 (A)).
+
+    Args:
+        epsilon: the miss rate ``ε``: a new error exceeds the quantile with probability ≤ ε.
+        history: errors kept per bucket (the most recent).
+
+    Examples:
+        >>> from fairagents.admission import ConformalBound
+        >>> bound = ConformalBound(epsilon=0.1)
+        >>> for e in range(-5, 15):            # errors −5 … 14 on prompts of 100 tokens
+        ...     bound.observe(100, e)
+        >>> bound.quantile(100)                # ⌈21 · 0.9⌉ = 19th smallest of 20
+        13
+        >>> bound.quantile(5000) == bound.quantile(100)   # an empty bucket borrows every bucket's errors
+        True
+        >>> ConformalBound(epsilon=0.1).quantile(100) is None   # nothing to go on
+        True
+    """
+
+    def __init__(self, *, epsilon: float = 0.05, history: int = 1000) -> None:
+        if not (isinstance(epsilon, int | float) and 0 < epsilon < 1):
+            raise InvalidParameterError(f"epsilon must be in (0, 1), got {epsilon!r}")
+        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+            raise InvalidParameterError(f"history must be an integer ≥ 1, got {history!r}")
+        self.epsilon = float(epsilon)
+        self.history = history
+        self.needed = math.ceil((1 - self.epsilon) / self.epsilon)
+        """Errors a buffer needs before its quantile is finite: ``⌈(n + 1)(1 − ε)⌉ ≤ n``."""
+        self._recent: dict[int | None, deque[int]] = {}  # bucket (None: all) -> errors in arrival order
+        self._sorted: dict[int | None, list[int]] = {}  # the same errors, sorted
+
+    @staticmethod
+    def bucket(prompt_tokens: int) -> int:
+        """The bucket of a prompt length: ``⌊log₂ prompt⌋`` (0 for an empty prompt)."""
+        return max(prompt_tokens, 1).bit_length() - 1
+
+    def observe(self, prompt_tokens: int, error: int) -> None:
+        """Record ``error = l_real − l_pred`` of a finished request (Alg. 2 lines 1–4)."""
+        for key in (self.bucket(prompt_tokens), None):
+            recent = self._recent.setdefault(key, deque())
+            ordered = self._sorted.setdefault(key, [])
+            if len(recent) == self.history:
+                ordered.pop(bisect.bisect_left(ordered, recent.popleft()))
+            recent.append(error)
+            bisect.insort(ordered, error)
+
+    def quantile(self, prompt_tokens: int) -> int | None:
+        """``q₁₋ε(D_b)`` for a prompt of this length (Alg. 2 line 7); ``None`` with too few errors."""
+        for key in (self.bucket(prompt_tokens), None):
+            ordered = self._sorted.get(key)
+            if ordered is not None and len(ordered) >= self.needed:
+                rank = math.ceil((len(ordered) + 1) * (1 - self.epsilon))
+                return ordered[min(rank, len(ordered)) - 1]
+        return None
+
+    def upper(self, prompt_tokens: int, predicted: int, max_tokens: int) -> int:
+        """``l_upper = l_pred + q`` (eq. 4), in ``[1, max_tokens]``; ``max_tokens`` while the quantile is unknown."""
+        q = self.quantile(prompt_tokens)
+        if q is None:
+            return max_tokens
+        return max(1, min(max_tokens, predicted + q))
+
+
+@dataclass(slots=True)
+class StateraState:
+    """One model's controls and the measurements they are steered by.
+
+    Examples:
+        >>> from fairagents.admission import StateraState
+        >>> StateraState(budget_max=900, slots_max=8).errors
+        []
+    """
+
+    budget_max: int | None
+    """``B_max = M_cap · (1 − δ_frag)`` (tokens), or ``None`` for a model without a token budget."""
+    slots_max: int
+    """``N_max``: the model's configured in-flight limit."""
+    budget: float | None = None
+    """``B_token`` now (tokens)."""
+    slots: float = 0.0
+    """``N_run`` now (requests; the dispatcher uses it rounded)."""
+    cycle_start: float | None = None
+    area: float = 0.0
+    """∫ KV occupancy dt over the cycle so far (token·seconds)."""
+    last: float | None = None
+    """When occupancy was last integrated (seconds)."""
+    tpot_ratio: float | None = None
+    """Moving average of measured time per output token over the request's TPOT objective."""
+    utilisation: float | None = None
+    """``ū`` of the last cycle."""
+    errors: list[float] = field(default_factory=list)
+    """``e`` of the last ``W`` cycles, newest last."""
+
+
+class Statera:
+    """H-MAS's Statera agent as admission control for the dispatcher (Alg. 2; see the module docs).
+
+    Args:
+        epsilon: ``ε``, the chance a request outgrows its bound (eq. 4).
+        frag: ``δ_frag``, the share of KV capacity kept free (eq. 2).
+        band: ``(u_low, u_high)``, the utilisation band the loops keep ``ū`` in.
+        eta_budget: ``η_B`` as a share of ``B_max`` per unit of error.
+        eta_slots: ``η_N`` as a share of ``N_max`` per unit of error.
+        min_budget: ``B_min`` as a share of ``B_max``.
+        min_slots: ``N_min``.
+        window: ``W``, cycles averaged by the outer loop.
+        period: seconds per control cycle.
+        history: errors kept per prompt-length bucket.
+        predictor: the output-length predictor (a new one by default).
+
+    Examples:
+        >>> from fairagents.admission import Statera
+        >>> Statera(band=(0.9, 0.5))
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: band must be (u_low, u_high) with 0 < u_low ≤ u_high ≤ 1, got (0.9, 0.5)
+    """
+
+    name = "statera"
+
+    def __init__(
+        self,
+        *,
+        epsilon: float = 0.05,
+        frag: float = 0.05,
+        band: tuple[float, float] = (0.8, 0.95),
+        eta_budget: float = 0.5,
+        eta_slots: float = 0.5,
+        min_budget: float = 0.1,
+        min_slots: int = 1,
+        window: int = 10,
+        period: float = 0.05,
+        history: int = 1000,
+        predictor: LengthPredictor | None = None,
+    ) -> None:
+        if not 0 <= frag < 1:
+            raise InvalidParameterError(f"frag must be in [0, 1), got {frag!r}")
+        low, high = band
+        if not 0 < low <= high <= 1:
+            raise InvalidParameterError(f"band must be (u_low, u_high) with 0 < u_low ≤ u_high ≤ 1, got {band!r}")
+        if not 0 < min_budget <= 1:
+            raise InvalidParameterError(f"min_budget must be in (0, 1], got {min_budget!r}")
+        for what, value in (("min_slots", min_slots), ("window", window)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidParameterError(f"{what} must be an integer ≥ 1, got {value!r}")
+        self.conformal = ConformalBound(epsilon=epsilon, history=history)
+        self.frag = float(frag)
+        self.band = (float(low), float(high))
+        self.eta_budget = check_positive(eta_budget, "eta_budget")
+        self.eta_slots = check_positive(eta_slots, "eta_slots")
+        self.min_budget = float(min_budget)
+        self.min_slots = min_slots
+        self.window = window
+        self.period = check_positive(period, "period")
+        self.predictor = predictor if predictor is not None else LengthPredictor()
+        self.states: dict[str, StateraState] = {}
+        """Each model's controls, by name."""
+        self.covered = 0
+        """Finished requests whose output stayed within their bound."""
+        self.calibrated = 0
+        """Finished requests measured against their bound."""
+        self._last_token: dict[str, float] = {}  # running request id -> when its last output arrived
+
+    @property
+    def epsilon(self) -> float:
+        """``ε``."""
+        return self.conformal.epsilon
+
+    # -- what the dispatcher calls --------------------------------------------------
+
+    def add_model(self, m: ModelState) -> None:
+        """Start steering ``m``: its controls open at ``B_max`` and ``N_max`` (Alg. 1 line 1)."""
+        budget_max = None if m.token_budget is None else max(1, math.floor(m.token_budget * (1 - self.frag)))
+        state = self.states[m.name] = StateraState(budget_max, m.slots, budget_max, float(m.slots))
+        self._apply(m, state)
+
+    def admit(self, request: Request, cost: CostModel) -> tuple[int, int]:
+        """``(l_pred, l_upper)`` of an arriving request (output tokens)."""
+        modality = modality_of(cost, request.model)
+        predicted = self.predictor.predict(request.agent, modality, request.prompt_tokens, request.max_tokens)
+        return predicted, self.conformal.upper(request.prompt_tokens, predicted, request.max_tokens)
+
+    def on_progress(self, m: ModelState, ticket: Ticket, new_tokens: int, now: float) -> None:
+        """A running request produced ``new_tokens``: measure its decode speed, integrate occupancy."""
+        r = ticket.request
+        last = self._last_token.get(r.id)
+        self._last_token[r.id] = now
+        slo = r.agent.effective_slo
+        if last is not None and slo is not None and slo.tpot:
+            ratio = (now - last) / new_tokens / slo.tpot
+            state = self.states[m.name]
+            state.tpot_ratio = ratio if state.tpot_ratio is None else 0.8 * state.tpot_ratio + 0.2 * ratio
+        self.tick(m, now)
+
+    def on_end(self, ticket: Ticket, finished: bool, cost: CostModel) -> None:
+        """A request ended: a finished one calibrates the bound with its real length (Alg. 2 lines 1–4)."""
+        r = ticket.request
+        self._last_token.pop(r.id, None)
+        if not finished or ticket.predicted is None:
+            return
+        self.calibrated += 1
+        self.covered += ticket.produced <= ticket.bound
+        self.conformal.observe(r.prompt_tokens, ticket.produced - ticket.predicted)
+        self.predictor.observe(r.agent, modality_of(cost, r.model), r.prompt_tokens, ticket.produced, r.max_tokens)
+
+    def tick(self, m: ModelState, now: float) -> None:
+        """Integrate ``m``'s occupancy up to ``now``; at the end of a cycle, run the two loops."""
+        state = self.states[m.name]
+        if state.last is not None and state.budget_max is not None:
+            state.area += m.used * (now - state.last)
+        state.last = now
+        if state.cycle_start is None:
+            state.cycle_start = now
+            return
+        elapsed = now - state.cycle_start
+        if elapsed < self.period:
+            return
+        occupancy = None if state.budget_max is None else state.area / elapsed / state.budget_max
+        state.area, state.cycle_start = 0.0, now
+        self._control(state, occupancy)
+        self._apply(m, state)
+
+    # -- the two loops -----------------------------------------------------------------
+
+    def _control(self, state: StateraState, occupancy: float | None) -> None:
+        """One cycle of Alg. 2 lines 9–13."""
+        low, high = self.band
+        signals = [x for x in (occupancy, None if state.tpot_ratio is None else high * state.tpot_ratio)
+                   if x is not None]
+        if not signals:
+            return  # nothing measured: the controls stay where they are
+        u = state.utilisation = max(signals)
+        e = u - min(max(u, low), high)
+        if state.budget is not None and state.budget_max is not None:
+            b_min = self.min_budget * state.budget_max
+            state.budget = min(max(state.budget - self.eta_budget * state.budget_max * e, b_min), state.budget_max)
+        state.errors.append(e)
+        del state.errors[:-self.window]
+        mean = sum(state.errors) / len(state.errors)
+        n_min = min(self.min_slots, state.slots_max)
+        state.slots = min(max(state.slots - self.eta_slots * state.slots_max * mean, n_min), state.slots_max)
+
+    @staticmethod
+    def _apply(m: ModelState, state: StateraState) -> None:
+        m.slot_limit = max(1, round(state.slots))
+        m.budget_limit = None if state.budget is None else max(1, math.floor(state.budget))
+
+
+def make_admission(spec: str | Statera | None) -> Statera | None:
+    """An admission controller from a name (``"statera"``; ``"off"`` or ``None``: none) or an object.
+
+    Examples:
+        >>> from fairagents.admission import make_admission
+        >>> make_admission("statera").name, make_admission("off")
+        ('statera', None)
+        >>> make_admission("magic")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: unknown admission 'magic'; known: 'statera', 'off'
+    """
+    if spec is None or spec == "off":
+        return None
+    if isinstance(spec, Statera):
+        return spec
+    if spec == "statera":
+        return Statera()
+    raise InvalidParameterError(f"unknown admission {spec!r}; known: 'statera', 'off'")
