@@ -52,8 +52,12 @@ Where the paper leaves it open, and what is chosen here:
   the quantile (fewer than ``⌈(1 − ε)/ε⌉``) borrows the errors of all buckets; with too
   few of those as well, the bound is ``max_tokens`` — the dispatcher's worst case, so
   Statera starts exactly as safe as admission without it.
-- **Only finished requests calibrate**: a cancelled or failed request's length is not
-  its natural length.
+- **What calibrates.** Only finished requests (a cancelled or failed request's length
+  is not its natural length), and only those the predictor had learned something for
+  when they arrived: before that it guesses ``max_tokens / 2``, and those errors say
+  nothing about the predictor that follows (such requests reserve ``max_tokens``). The
+  predictor keeps learning, so errors are only approximately exchangeable: coverage
+  is measured (``covered / calibrated``) rather than assumed.
 - **Work conservation.** A model with nothing running always takes the policy's next
   request, whatever the two loops say, so a tightened limit cannot leave it idle.
 
@@ -258,7 +262,7 @@ class Statera:
         self.covered = 0
         """Finished requests whose output stayed within their bound."""
         self.calibrated = 0
-        """Finished requests measured against their bound."""
+        """Finished requests with a prediction, measured against their bound (their errors calibrate it)."""
         self._last_token: dict[str, float] = {}  # running request id -> when its last output arrived
 
     @property
@@ -274,9 +278,16 @@ class Statera:
         state = self.states[m.name] = StateraState(budget_max, m.slots, budget_max, float(m.slots))
         self._apply(m, state)
 
-    def admit(self, request: Request, cost: CostModel) -> tuple[int, int]:
-        """``(l_pred, l_upper)`` of an arriving request (output tokens)."""
+    def admit(self, request: Request, cost: CostModel) -> tuple[int | None, int]:
+        """``(l_pred, l_upper)`` of an arriving request (output tokens).
+
+        ``l_pred`` is ``None`` and ``l_upper`` is ``max_tokens`` while the predictor has
+        learned nothing for the request's agent and modality: its guess then is not the
+        predictor whose errors calibrate the bound, and its error is not recorded.
+        """
         modality = modality_of(cost, request.model)
+        if not self.predictor.informed(request.agent, modality):
+            return None, request.max_tokens
         predicted = self.predictor.predict(request.agent, modality, request.prompt_tokens, request.max_tokens)
         return predicted, self.conformal.upper(request.prompt_tokens, predicted, request.max_tokens)
 
@@ -296,11 +307,12 @@ class Statera:
         """A request ended: a finished one calibrates the bound with its real length (Alg. 2 lines 1–4)."""
         r = ticket.request
         self._last_token.pop(r.id, None)
-        if not finished or ticket.predicted is None:
+        if not finished:
             return
-        self.calibrated += 1
-        self.covered += ticket.produced <= ticket.bound
-        self.conformal.observe(r.prompt_tokens, ticket.produced - ticket.predicted)
+        if ticket.predicted is not None and ticket.bound is not None:
+            self.calibrated += 1
+            self.covered += ticket.produced <= ticket.bound
+            self.conformal.observe(r.prompt_tokens, ticket.produced - ticket.predicted)
         self.predictor.observe(r.agent, modality_of(cost, r.model), r.prompt_tokens, ticket.produced, r.max_tokens)
 
     def tick(self, m: ModelState, now: float) -> None:

@@ -424,9 +424,7 @@ class Dispatcher:
         if m.down is not None:
             raise EngineError(f"model {m.name!r} is down: {m.down}", **about)
         ticket = Ticket(request, reserved)
-        if self.admission is not None:
-            ticket.predicted, ticket.bound = self.admission.admit(request, self.cost)
-            ticket.reserved = self.reservation(m.name, request.prompt_tokens, ticket.bound)
+        self._bound(ticket)
         key = (request.app, m.name)
         if self._held_back.get(key) or not self._within_share(ticket):
             self.cost.input_cost(m.name, request.prompt_tokens)  # what the policy checks: raises before queuing
@@ -599,6 +597,23 @@ class Dispatcher:
         ticket.error = err
         self._withdrawn.append(ticket)
 
+    def _bound(self, ticket: Ticket) -> None:
+        """Under an admission controller, reserve a waiting request's current predicted bound.
+
+        Computed when the request arrives and again each time it is considered for
+        dispatch (H-MAS Alg. 2 (B)), so a request that waited while the predictor learned
+        is admitted on what is known now.
+        """
+        if self.admission is None:
+            return
+        r = ticket.request
+        ticket.predicted, ticket.bound = self.admission.admit(r, self.cost)
+        change = self.reservation(r.model, r.prompt_tokens, ticket.bound) - ticket.reserved
+        ticket.reserved += change
+        held = self._held.get((r.app, r.model)) if r.id in self._tickets and not ticket.held_back else None
+        if held is not None:  # shown to the policy: its app's share counts its reservation
+            held[1] += change
+
     def _grow(self, ticket: Ticket, m: ModelState, tokens: int) -> None:
         """Raise a running request's reservation (and its app's share of it) by ``tokens``."""
         r = ticket.request
@@ -634,6 +649,7 @@ class Dispatcher:
             if req is None:
                 break
             ticket = self._tickets[req.id]
+            self._bound(ticket)
             if not m.fits(ticket):
                 break  # the head waits for KV; nothing jumps ahead of it
             if self._dispatch(ticket, m, now):
@@ -649,6 +665,7 @@ class Dispatcher:
                 break
             m = self._models[req.model]
             ticket = self._tickets[req.id]
+            self._bound(ticket)
             if not m.fits(ticket):
                 room.remove(m.name)  # its head waits for KV; other models may still go
                 continue

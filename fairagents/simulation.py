@@ -31,6 +31,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fairagents.admission import Statera, make_admission
 from fairagents.cost import UnifiedTokenCost
 from fairagents.dispatcher import Changes, Dispatcher
 from fairagents.engines.sim import SimEngine
@@ -74,6 +75,8 @@ class Workload:
     """A list of timed requests, with builders for common shapes (deterministic by seed).
 
     Lengths are an ``int`` or an inclusive ``(low, high)`` range drawn uniformly.
+    ``max_tokens`` is what each request asks for (at least its longest output; default:
+    exactly its output, so a worst-case reservation is exact).
 
     Examples:
         >>> import fairagents as fa
@@ -96,26 +99,37 @@ class Workload:
         self.requests.append(request)
         return self
 
-    def burst(self, agent: Agent, model: str, *, n: int, at: float = 0.0, prompt: Length, output: Length) -> Workload:
+    def burst(self, agent: Agent, model: str, *, n: int, at: float = 0.0, prompt: Length, output: Length,
+              max_tokens: int | None = None) -> Workload:
         """``n`` requests all arriving at ``at`` (a backlog)."""
+        _check_max_tokens(max_tokens, output)
         for _ in range(n):
-            self.add(SimRequest(at, agent, model, self._draw(prompt), self._draw(output)))
+            self.add(SimRequest(at, agent, model, self._draw(prompt), self._draw(output), max_tokens))
         return self
 
     def poisson(
-        self, agent: Agent, model: str, *, rate: float, until: float, start: float = 0.0, prompt: Length, output: Length
+        self, agent: Agent, model: str, *, rate: float, until: float, start: float = 0.0, prompt: Length, output: Length,
+        max_tokens: int | None = None,
     ) -> Workload:
         """Requests arriving as a Poisson process of ``rate`` per second over ``[start, until)``."""
         if rate <= 0:
             raise InvalidParameterError(f"rate must be > 0 requests per second, got {rate!r}")
+        _check_max_tokens(max_tokens, output)
         t = start + self._rng.expovariate(rate)
         while t < until:
-            self.add(SimRequest(t, agent, model, self._draw(prompt), self._draw(output)))
+            self.add(SimRequest(t, agent, model, self._draw(prompt), self._draw(output), max_tokens))
             t += self._rng.expovariate(rate)
         return self
 
     def _draw(self, length: Length) -> int:
         return length if isinstance(length, int) else self._rng.randint(*length)
+
+
+def _check_max_tokens(max_tokens: int | None, output: Length) -> None:
+    longest = output if isinstance(output, int) else output[1]
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < longest):
+        raise InvalidParameterError(f"max_tokens must be an integer ≥ the longest output ({longest}), got {max_tokens!r}")
 
 
 @dataclass
@@ -147,6 +161,10 @@ class SimResult:
     """Times a model was left with an empty batch while a request for it waited (0 is work-conserving)."""
     dispatch_order: dict[str, list[str]] = field(default_factory=dict)
     """Request ids per model, in dispatch order."""
+    preemptions: int = 0
+    """Requests the engines preempted (only ``kv="paged"`` engines preempt, when admission overcommits)."""
+    admission: Statera | None = None
+    """The admission controller of the run, if any (its ``states``, ``covered`` and ``calibrated`` after the run)."""
 
     def app_weights(self) -> dict[str, float]:
         return {name: app.weight for name, app in self.apps.items()}
@@ -183,6 +201,7 @@ def simulate(
     apps: Mapping[str, App] | None = None,
     d_base: int | None = None,
     pool_running: int | None = None,
+    admission: str | Statera | None = None,
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
 
@@ -199,6 +218,10 @@ def simulate(
             with room (:meth:`~fairagents.policies.Policy.select_among`). A request
             given a slot joins its engine's batch at that engine's next step boundary.
             ``None``: each engine is filled on its own.
+        admission: ``"statera"`` (a new :class:`~fairagents.Statera` for the run) or a
+            :class:`~fairagents.Statera`: reservations by predicted bound and the two
+            loops, as ``Arbiter(admission=...)``. It overcommits the worst case, so the
+            engines must model what a real engine then does: ``SimEngine(kv="paged")``.
 
     Raises:
         BadInputError: a bad workload (an unknown model or app, a request that does not
@@ -218,8 +241,15 @@ def simulate(
         raise InvalidParameterError(f"pool_running must be an integer ≥ 1 or None, got {pool_running!r}")
     cost = UnifiedTokenCost({m: e.profile for m, e in engines.items()}, **({"d_base": d_base} if d_base else {}))
     policy_obj = make_policy(policy, cost)
+    controller = make_admission(admission)
+    if controller is not None:
+        reserving = sorted(m for m, e in engines.items() if getattr(e, "kv", "reserve") != "paged")
+        if reserving:
+            raise InvalidParameterError(
+                f"admission {controller.name!r} reserves less than max_tokens, so a simulated engine must model KV "
+                f"as vLLM pages it and preempt: use SimEngine(kv='paged') for {', '.join(reserving)}")
     requests = _validate(workload, engines, apps)
-    run = _Run(policy_obj, engines, cost, pool_running)
+    run = _Run(policy_obj, engines, cost, pool_running, controller)
     return run.play(requests)
 
 
@@ -251,14 +281,16 @@ class _Run:
     _STEP, _ARRIVAL, _CANCEL = 0, 1, 2  # order of events at the same instant
 
     def __init__(
-        self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None
+        self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None,
+        admission: Statera | None = None,
     ) -> None:
         self.policy = policy
         self.engines = engines
         self.cost = cost
         self.pool = pool
         self.charges: list[Charge] = []
-        self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge)
+        self.admission = admission
+        self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge, admission=admission)
         for model, engine in engines.items():
             # The engine's batch and KV capacity are the dispatcher's slots and token budget.
             self.dispatcher.add_model(model, engine.profile, slots=engine.max_running,
@@ -305,6 +337,8 @@ class _Run:
             end=now,
             idle_with_backlog=self.idle_with_backlog,
             dispatch_order=self.order,
+            preemptions=sum(getattr(e, "preemptions", 0) for e in self.engines.values()),
+            admission=self.admission,
         )
 
     def _apply(self, changes: Changes) -> None:

@@ -3,15 +3,15 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server']
+    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server']
 """
 
 from __future__ import annotations
 
-from fairagents.bench import isolation, modality, overhead, policies, scheduler, server
+from fairagents.bench import admission, isolation, modality, overhead, policies, scheduler, server
 
 __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
-BENCHMARKS = {"isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
+BENCHMARKS = {"admission": admission, "isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
               "scheduler": scheduler, "server": server}

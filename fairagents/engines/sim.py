@@ -8,14 +8,25 @@ one; features that claim to serve use real engines.
 
 The model, one step at a time (continuous batching):
 
-- a step prefills the requests admitted since the last step and decodes one
-  token for every other running request; every running request gains one output
+- a step prefills the requests that joined the batch since the last step and decodes
+  one token for every other running request; every running request gains one output
   token at the end of the step (a new request's first token comes from its prefill);
-- step time = ``decode_base + decode_per_seq · batch + prefill_per_token · new prompt
-  tokens``, times ``1 + jitter · u`` with ``u`` uniform in [-1, 1] from a seeded RNG;
-- admission reserves ``prompt + max_tokens`` KV tokens, so nothing is preempted and
-  the batch never holds more than ``kv_capacity`` tokens (the ``M`` of the fairness
-  bound).
+- step time = ``decode_base + decode_per_seq · batch + prefill_per_token · prefilled
+  tokens``, times ``1 + jitter · u`` with ``u`` uniform in [-1, 1] from a seeded RNG.
+
+The KV cache is managed one of two ways (``kv=``):
+
+- ``"reserve"`` (the default): admission reserves ``prompt + max_tokens`` KV tokens,
+  so nothing is preempted, the batch never holds more than ``kv_capacity`` tokens
+  (the ``M`` of the fairness bound), and a request that does not fit is refused;
+- ``"paged"``, vLLM's paged KV cache with recompute preemption: a running request
+  holds the ``prompt + generated`` tokens it has, and grows by one token a step. A
+  request admitted without room waits in the engine's own FCFS queue and joins the
+  batch at a step boundary when it fits. When the batch's next step would outgrow the
+  cache, the most recently joined request is preempted: it loses its KV, goes back to
+  the head of the queue, and on rejoining is prefilled again over its prompt and the
+  tokens it had generated (which it keeps). This lets a scheduler that admits more
+  than the worst case be simulated honestly, preemption cost included.
 
 Examples:
     >>> import fairagents as fa
@@ -33,7 +44,9 @@ Examples:
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Literal
 
 from fairagents.cost import ModelProfile
 from fairagents.errors import ContextLengthError, InvalidParameterError, ProtocolError
@@ -76,13 +89,18 @@ class SimEngine:
     Args:
         profile: the simulated model's profile (for unified-token accounting).
         max_running: most sequences in the running batch.
-        kv_capacity: KV cache size in tokens; a request reserves ``prompt + max_tokens``.
+        kv_capacity: KV cache size in tokens.
         max_model_len: longest ``prompt + max_tokens`` accepted (defaults to ``kv_capacity``).
-        prefill_per_token: seconds of prefill per prompt token.
+        prefill_per_token: seconds of prefill per prompt token (and per output token a
+            preempted request recomputes when paged).
         decode_base: seconds of a decode step with an empty batch.
         decode_per_seq: extra seconds per sequence in the batch.
         jitter: relative step-time noise in [0, 1).
         seed: seed of the jitter's RNG; the same seed gives the same run.
+        kv: ``"reserve"`` reserves ``prompt + max_tokens`` KV tokens per request and
+            refuses what does not fit; ``"paged"`` holds ``prompt + generated``,
+            queues what does not fit, and preempts the most recently joined request
+            when the batch outgrows the cache (see the module docs).
 
     Examples:
         >>> import fairagents as fa
@@ -92,6 +110,26 @@ class SimEngine:
         Traceback (most recent call last):
         ...
         fairagents.errors.ContextLengthError: prompt (90) + max_tokens (20) exceeds the context of 100 tokens
+
+        In paged mode two requests that would each reserve 30 tokens share 30 tokens
+        of cache until they outgrow it; then the newer one is preempted and resumes,
+        recomputing its KV, when the older one is done:
+
+        >>> engine = fa.engines.SimEngine(fa.ModelProfile(d_model=64, n_layers=1), kv_capacity=30, kv="paged")
+        >>> for name in ("old", "new"):
+        ...     engine.admit(fa.Request(id=name, agent=who, model="m", prompt_tokens=10, max_tokens=20,
+        ...                             arrival=0.0), output_tokens=8)
+        >>> engine.running_ids, engine.kv_used
+        (['old', 'new'], 20)
+        >>> now, log = 0.0, []
+        >>> while (end := engine.start_step(now)) is not None:
+        ...     log.append((engine.running_ids, engine.waiting_ids))
+        ...     now = end
+        ...     _ = engine.finish_step(now)
+        >>> log[4:7]
+        [(['old', 'new'], []), (['old'], ['new']), (['old'], ['new'])]
+        >>> engine.preemptions, engine.kv_used
+        (1, 0)
     """
 
     def __init__(
@@ -106,6 +144,7 @@ class SimEngine:
         decode_per_seq: float = 0.0004,
         jitter: float = 0.0,
         seed: int = 0,
+        kv: Literal["reserve", "paged"] = "reserve",
     ) -> None:
         for what, value in (("max_running", max_running), ("kv_capacity", kv_capacity)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,6 +160,8 @@ class SimEngine:
             raise InvalidParameterError("a decode step must take time: decode_base + decode_per_seq > 0")
         if not 0 <= jitter < 1:
             raise InvalidParameterError(f"jitter must be in [0, 1), got {jitter!r}")
+        if kv not in ("reserve", "paged"):
+            raise InvalidParameterError(f"kv must be 'reserve' or 'paged', got {kv!r}")
         self.profile = profile
         self.max_running = max_running
         self.kv_capacity = kv_capacity
@@ -129,8 +170,13 @@ class SimEngine:
         self.decode_base = decode_base
         self.decode_per_seq = decode_per_seq
         self.jitter = jitter
+        self.kv = kv
+        self.preemptions = 0
+        """Requests preempted so far (always 0 with ``kv="reserve"``)."""
+        self._paged = kv == "paged"
         self._rng = random.Random(seed)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _Running] = {}  # in the order they joined the batch
+        self._waiting: OrderedDict[str, _Running] = OrderedDict()  # next to join first
         self._kv_used = 0
         self._step_end: float | None = None
 
@@ -141,12 +187,25 @@ class SimEngine:
 
     @property
     def running_ids(self) -> list[str]:
-        """Ids of the requests in the running batch."""
+        """Ids of the requests in the running batch, in the order they joined it."""
         return list(self._running)
 
     @property
+    def waiting(self) -> int:
+        """Number of requests admitted but waiting to join the batch (always 0 with ``kv="reserve"``)."""
+        return len(self._waiting)
+
+    @property
+    def waiting_ids(self) -> list[str]:
+        """Ids of the waiting requests, the next to join first."""
+        return list(self._waiting)
+
+    @property
     def kv_used(self) -> int:
-        """KV tokens reserved by the running batch."""
+        """KV tokens the running batch holds.
+
+        A request holds ``prompt + max_tokens`` when reserving, ``prompt + generated`` when paged.
+        """
         return self._kv_used
 
     @property
@@ -163,43 +222,71 @@ class SimEngine:
             )
 
     def fits(self, req: Request) -> bool:
-        """Whether ``req`` can join the running batch now (a free slot and enough KV)."""
-        return (
-            len(self._running) < self.max_running
-            and self._kv_used + req.prompt_tokens + req.max_tokens <= self.kv_capacity
-        )
+        """Whether ``req`` can join the running batch now: a free slot and enough KV.
+
+        Enough KV is ``prompt + max_tokens`` when reserving. When paged it is room,
+        beside what the batch holds and the one token each running request adds in the
+        next step, for the prompt, the tokens already generated (a preempted request
+        being resumed) and one token for the request's first step.
+        """
+        if not self._paged:
+            return (
+                len(self._running) < self.max_running
+                and self._kv_used + req.prompt_tokens + req.max_tokens <= self.kv_capacity
+            )
+        state = self._waiting.get(req.id)
+        return self._room(req.prompt_tokens + (state.generated if state is not None else 0))
 
     def admit(self, req: Request, output_tokens: int) -> None:
-        """Add ``req`` to the batch between steps; it will generate ``output_tokens`` (1 ≤ n ≤ max_tokens)."""
+        """Add ``req`` between steps; it will generate ``output_tokens`` (1 ≤ n ≤ max_tokens).
+
+        When reserving, ``req`` joins the batch and must fit. When paged, it joins the
+        waiting queue and, if everything ahead of it joined and it fits, the batch.
+        """
         if self._step_end is not None:
             raise ProtocolError("requests join the batch between steps, not during one")
         self.check(req)
         if not 1 <= output_tokens <= req.max_tokens:
             raise InvalidParameterError(f"output_tokens must be in [1, {req.max_tokens}], got {output_tokens!r}")
+        if req.id in self._running or req.id in self._waiting:
+            raise ProtocolError(f"request {req.id!r} is already in the engine")
+        if self._paged:
+            self._waiting[req.id] = _Running(req, output_tokens)
+            self._fill()
+            return
         if not self.fits(req):
             raise ProtocolError(f"request {req.id!r} does not fit the running batch now")
         self._running[req.id] = _Running(req, output_tokens)
         self._kv_used += req.prompt_tokens + req.max_tokens
 
     def abort(self, request_id: str) -> bool:
-        """Drop a running request, freeing its slot and KV; whether it was running."""
+        """Drop a running or waiting request, freeing its slot and KV; whether it was in the engine."""
+        if self._waiting.pop(request_id, None) is not None:
+            return True  # a waiting request holds no KV
         state = self._running.pop(request_id, None)
         if state is None:
             return False
-        self._kv_used -= state.request.prompt_tokens + state.request.max_tokens
+        self._kv_used -= self._held(state)
         return True
 
     def start_step(self, now: float) -> float | None:
-        """Start a step over the current batch; its end time, or ``None`` if the batch is empty."""
+        """Start a step over the current batch; its end time, or ``None`` if no request is in the engine.
+
+        When paged, waiting requests first join the batch while they fit, then the most
+        recently joined requests are preempted until the step fits the cache.
+        """
         if self._step_end is not None:
             raise ProtocolError("a step is already in progress")
+        if self._paged:
+            self._fill()
+            self._preempt()
         if not self._running:
             return None
-        new_prompt = sum(s.request.prompt_tokens for s in self._running.values() if not s.prefilled)
+        prefill = sum(s.request.prompt_tokens + s.generated for s in self._running.values() if not s.prefilled)
         duration = (
             self.decode_base
             + self.decode_per_seq * len(self._running)
-            + self.prefill_per_token * new_prompt
+            + self.prefill_per_token * prefill
         )
         if self.jitter:
             duration *= 1 + self.jitter * self._rng.uniform(-1.0, 1.0)
@@ -213,12 +300,47 @@ class SimEngine:
         self._step_end = None
         progress = []
         for rid, state in list(self._running.items()):
-            first = not state.prefilled
+            first = state.generated == 0
             state.prefilled = True
             state.generated += 1
             finished = state.generated >= state.output_tokens
             progress.append(SimProgress(state.request, 1, first, finished))
+            if self._paged:
+                self._kv_used += 1
             if finished:
                 del self._running[rid]
-                self._kv_used -= state.request.prompt_tokens + state.request.max_tokens
+                self._kv_used -= self._held(state)
         return progress
+
+    def _held(self, state: _Running) -> int:
+        """KV tokens a running request holds."""
+        return state.request.prompt_tokens + (state.generated if self._paged else state.request.max_tokens)
+
+    def _room(self, tokens: int) -> bool:
+        """Paged: whether a request holding ``tokens`` can join the batch now and take its first step."""
+        running = len(self._running)
+        return running < self.max_running and self._kv_used + running + tokens + 1 <= self.kv_capacity
+
+    def _fill(self) -> None:
+        """Paged: move waiting requests into the batch, first come first served, while the next fits."""
+        while self._waiting:
+            state = next(iter(self._waiting.values()))
+            tokens = state.request.prompt_tokens + state.generated
+            if not self._room(tokens):
+                return
+            self._waiting.popitem(last=False)
+            self._running[state.request.id] = state
+            self._kv_used += tokens
+
+    def _preempt(self) -> None:
+        """Paged: preempt the most recently joined requests until the next step fits the cache.
+
+        A lone request always fits: ``check`` keeps ``prompt + max_tokens`` within the cache.
+        """
+        while len(self._running) > 1 and self._kv_used + len(self._running) > self.kv_capacity:
+            rid, state = self._running.popitem()
+            self._kv_used -= self._held(state)
+            state.prefilled = False
+            self._waiting[rid] = state
+            self._waiting.move_to_end(rid, last=False)
+            self.preemptions += 1

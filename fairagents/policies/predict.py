@@ -118,6 +118,11 @@ class LengthPredictor:
             guess = self.default * max_tokens
         return max(1, min(max_tokens, round(guess)))
 
+    def informed(self, agent: Agent, modality: Modality) -> bool:
+        """Whether :meth:`predict` has learned anything for this agent and modality (else it guesses ``default``)."""
+        return any((line := self._lines.get(key)) is not None and line.n >= self.min_samples
+                   for key in ((agent.key, modality), modality, None))
+
     def observe(self, agent: Agent, modality: Modality, prompt_tokens: int, output_tokens: int,
                 max_tokens: int | None = None) -> None:
         """Learn a finished request's output length (its error is measured first)."""
