@@ -26,13 +26,33 @@ restored (and held for one interval).
 policy, in arrival order, and withdrawn from the old one uncharged; requests already
 running stay with the policy that dispatched them, which is told of their progress
 and end. No request is lost, duplicated or reordered against the new policy's order.
-``switches`` records every decision.
+``switches`` records every switch, with the source of its decision.
+
+**A model's decision** (``selector``, Appendix C.2's "LLM-based selector"): at a
+decision the selector is given ``V_long`` (the interval's statistics, the active
+policy, the pool, and the rules' choice) and answers with the model's reply text, at
+once or through a future. The reply must be a JSON decision naming a policy of the pool
+(:mod:`fairagents.policies.selector`); anything else, an answer not there within
+``selector_timeout``, or a failing selector, and the rules decide ("parsing failures
+fall back to local rules"). The model's choice goes through the rollback guard like the
+rules'.
 
 Where the paper leaves it open, and what is chosen here:
 
-- ``Π_meta`` is an LLM in the paper; here it is the deterministic rule map above (the
-  paper's own fallback when the LLM's answer is invalid). Asking a model of the pool
-  is not built.
+- ``Π_meta`` is an LLM in the paper; without a ``selector`` it is the deterministic rule
+  map above (the paper's own fallback when the LLM's answer is invalid).
+  :class:`~fairagents.policies.selector.ModelSelector` asks a model of the pool through
+  an arbiter, as an ordinary request of an agent the user declares.
+- The policy stays pure and never waits: a future-like answer is checked at each later
+  event (arrivals and finishes); until it is there the active policy stays. An answer
+  that is there at the first event after the deadline is still used (the policy has no
+  clock to tell when it came); one that is not is cancelled. One question is pending at
+  a time: a boundary meanwhile asks nothing, but makes its own rules' choice (and
+  baseline) the fallback.
+- The emergency bypass is never delegated: the rules decide it at once, before any
+  question, and it cancels a pending one (as does a rollback). The decision's optional
+  hints ``h_t`` and bypass signal ``ξ_bypass`` are ignored.
+- A model's choice of the active policy switches nothing (it counts as accepted).
 - The thresholds of the rule map are not given in the paper; they are parameters,
   with defaults chosen on the simulator (``fairagents bench policies``).
 - A policy of the pool is named by its registered name and built with this policy's
@@ -53,46 +73,111 @@ Examples:
     'hmfs'
     >>> policy.on_arrival(fa.Request("r2", who, "m", 4, 4, 1.5), now=1.5)   # an interval ended with 2 waiting
     >>> policy.switches, policy.queued(), policy.select("m", now=1.5).id
-    ([Switch(at=1.5, frm='hmfs', to='fcfs', reason='emergency bypass')], 3, 'r0')
+    ([Switch(at=1.5, frm='hmfs', to='fcfs', reason='emergency bypass', source='bypass')], 3, 'r0')
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
 from fairagents.metrics import jain_index, percentile
 from fairagents.policies.base import BasePolicy, Policy
+from fairagents.policies.selector import parse_decision
 from fairagents.request import Outcome, Request
 
-__all__ = ["Adaptive", "Switch"]
+__all__ = ["Adaptive", "SelectorStats", "Switch"]
+
+BYPASS = "emergency bypass"
+SOURCES = (
+    "rules", "model", "fallback: malformed", "fallback: late", "fallback: error", "rollback", "bypass", "by hand",
+)
+"""What a :class:`Switch` came from."""
 
 
 @dataclass(frozen=True, slots=True)
 class Switch:
-    """One decision of the controller.
+    """One switch of the active policy, and where its decision came from.
+
+    ``source`` is one of :data:`SOURCES`:
+
+    - ``"rules"``: the rule map (no selector);
+    - ``"model"``: the selector's answer, validated against the pool;
+    - ``"fallback: malformed"``, ``"fallback: late"``, ``"fallback: error"``: the rule
+      map, because the selector's answer was not a valid decision, was not there by
+      ``selector_timeout``, or the selector failed;
+    - ``"rollback"``: the rollback guard restored the last stable policy;
+    - ``"bypass"``: the emergency bypass (always the rules');
+    - ``"by hand"``: :meth:`Adaptive.switch` called by an operator.
+
+    ``reason`` is the rule's reason, or the model's own (``"the model's choice"`` if it
+    gave none).
 
     Examples:
         >>> from fairagents.policies.adaptive import Switch
-        >>> Switch(10.0, "fcfs", "edf", "deadlines").to
-        'edf'
+        >>> Switch(10.0, "fcfs", "edf", "deadlines").source
+        'rules'
     """
 
     at: float
     frm: str
     to: str
     reason: str
+    source: str = "rules"
+
+
+@dataclass(slots=True)
+class SelectorStats:
+    """What the selector's questions came to: asked, and how each was answered.
+
+    ``asked`` = ``accepted + malformed + late + errors + dropped`` once no question is
+    pending; ``dropped`` counts questions cancelled because the emergency bypass or a
+    rollback decided first.
+
+    Examples:
+        >>> from fairagents.policies.adaptive import SelectorStats
+        >>> SelectorStats().asked
+        0
+    """
+
+    asked: int = 0
+    accepted: int = 0
+    malformed: int = 0
+    late: int = 0
+    errors: int = 0
+    dropped: int = 0
+
+
+@dataclass(slots=True)
+class _Fallback:
+    """The rules' choice at a decision, and the baseline the rollback guard compares with."""
+
+    target: str
+    reason: str
+    p99: float | None
+    rate: float
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A question to the selector whose answer is not in yet."""
+
+    future: Any
+    asked: float
+    fallback: _Fallback
 
 
 @dataclass(slots=True)
 class _Window:
     """What one interval showed."""
 
+    start: float = 0.0
     arrivals: int = 0
     finished: int = 0
     violations: int = 0
@@ -120,6 +205,17 @@ class Adaptive(BasePolicy):
         bypass_violation: a violation rate above which the bypass fires.
         rho: the rollback factor ``ρ`` > 1 of eq. 12.
         guard: seconds after a switch during which the rollback guard watches.
+        selector: ``Π_meta`` as a model (Appendix C.2), or ``None`` for the rules alone.
+            Called at a decision with the view ``V_long`` (a JSON-able dict, see
+            :meth:`view`), it returns the model's reply text (``str``), or a future-like
+            object (``done()``, ``result()``, ``cancel()``: an :class:`asyncio.Task`, a
+            :class:`concurrent.futures.Future`) whose result is that text.
+            :class:`~fairagents.policies.selector.ModelSelector` asks a model of the
+            pool. The reply is validated by
+            :func:`~fairagents.policies.selector.parse_decision` against the pool; the
+            rules decide instead when it is malformed, late, or the selector fails.
+        selector_timeout: seconds (of ``now``) a pending answer is waited for; at the
+            first event after that it is cancelled and the rules decide.
 
     Examples:
         >>> from fairagents.policies.adaptive import Adaptive
@@ -127,6 +223,34 @@ class Adaptive(BasePolicy):
         Traceback (most recent call last):
         ...
         fairagents.errors.InvalidParameterError: adaptive pool: unknown policy 'nope'
+
+        A selector that answers at once, with the reply of a model that chose ``edf``
+        (the rules would keep ``sjf`` on a quiet interval):
+
+        >>> import fairagents as fa
+        >>> cost = fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> who = fa.Agent("t", fa.App("a"))
+        >>> views = []
+        >>> def model(view):
+        ...     views.append(view)
+        ...     return 'Here you go: {"policy": "edf", "reason": "deadlines ahead"}'
+        >>> policy = Adaptive(cost, interval=1.0, selector=model)
+        >>> policy.on_arrival(fa.Request("r0", who, "m", 4, 4, 0.2), now=0.2)
+        >>> policy.on_arrival(fa.Request("r1", who, "m", 4, 4, 1.5), now=1.5)
+        >>> views[0]["rules"], views[0]["arrivals"], views[0]["queued"]
+        ({'policy': 'sjf', 'reason': 'steady'}, 1, 1)
+        >>> policy.switches
+        [Switch(at=1.5, frm='sjf', to='edf', reason='deadlines ahead', source='model')]
+
+        A reply that is no decision (or names a policy outside the pool): the rules decide.
+
+        >>> policy = Adaptive(cost, initial="fcfs", interval=1.0, selector=lambda view: "EDF, definitely")
+        >>> policy.on_arrival(fa.Request("r0", who, "m", 4, 4, 0.2), now=0.2)
+        >>> policy.on_arrival(fa.Request("r1", who, "m", 4, 4, 1.5), now=1.5)
+        >>> policy.switches
+        [Switch(at=1.5, frm='fcfs', to='sjf', reason='steady', source='fallback: malformed')]
+        >>> policy.selector_stats
+        SelectorStats(asked=1, accepted=0, malformed=1, late=0, errors=0, dropped=0)
     """
 
     name: ClassVar[str] = "adaptive"
@@ -146,6 +270,8 @@ class Adaptive(BasePolicy):
         bypass_violation: float = 0.9,
         rho: float = 1.5,
         guard: float = 10.0,
+        selector: Callable[[dict[str, Any]], Any] | None = None,
+        selector_timeout: float = 5.0,
     ) -> None:
         from fairagents.policies import POLICIES
 
@@ -157,6 +283,10 @@ class Adaptive(BasePolicy):
             initial = "fcfs" if "fcfs" in pool else pool[0]
         if interval <= 0 or guard < 0 or rho <= 1:
             raise InvalidParameterError("adaptive: interval must be > 0, guard ≥ 0 and rho > 1")
+        if selector is not None and not callable(selector):
+            raise InvalidParameterError(f"adaptive: selector must be callable or None, got {selector!r}")
+        if not selector_timeout >= 0:
+            raise InvalidParameterError(f"adaptive: selector_timeout must be ≥ 0, got {selector_timeout!r}")
         self.pool = tuple(pool)
         self.interval, self.violation, self.length_cv, self.unfairness = interval, violation, length_cv, unfairness
         self.bypass_queue, self.bypass_violation, self.rho, self.guard = bypass_queue, bypass_violation, rho, guard
@@ -171,6 +301,10 @@ class Adaptive(BasePolicy):
         self._stable: str = initial
         self._watch: tuple[float, float | None, float] | None = None  # (until, TTFT p99 before, violation rate before)
         self._ending = Outcome.CANCELLED  # the outcome of the request ending now (for _dequeue)
+        self.selector, self.selector_timeout = selector, selector_timeout
+        self.selector_stats = SelectorStats()
+        """How the selector's questions were answered."""
+        self._pending: _Pending | None = None
 
     # -- the policy interface ------------------------------------------------------
 
@@ -243,44 +377,58 @@ class Adaptive(BasePolicy):
             w.violations += 1
 
     def _tick(self, now: float) -> None:
+        """At each event: a decision if an interval ended, then the pending answer, if any, checked."""
+        if now >= self._next:
+            self._boundary(now)
+        if self._pending is not None:
+            self._poll(now)
+
+    def _boundary(self, now: float) -> None:
         """At the first event after an interval ends: the rollback guard, then one meta decision.
 
         However many intervals passed without events, one decision is made, on the
         statistics gathered since the last one. A baseline without measurements (no
-        request finished before the switch) cannot be exceeded.
+        request finished before the switch) cannot be exceeded. The bypass is the rules'
+        at once; otherwise the selector, if any, is asked (unless a question is pending:
+        its fallback becomes this interval's rules' choice).
         """
-        if now < self._next:
-            return
-        w, self._window = self._window, _Window()
+        w, self._window = self._window, _Window(start=now)
         self._next = (math.floor(now / self.interval) + 1) * self.interval
         p99 = percentile(w.ttfts, 99) if w.ttfts else None
-        target, reason = self._decide(w)
+        mean, cv = _length_stats(w.lengths)
+        target, reason = self._decide(w, cv)
+        bypassing = reason == BYPASS
         if self._watch is not None:
             until, p99_before, rate_before = self._watch
             worse = w.finished and (
                 (p99 is not None and p99_before is not None and p99 > self.rho * p99_before)
                 or (rate_before > 0 and w.violation_rate > self.rho * rate_before)
             )
-            bypassing = reason == "emergency bypass"  # never undo the bypass while its condition holds
+            # never undo the bypass while its condition holds
             if worse and not bypassing and self.active.name != self._stable:
-                self.switch(self._stable, now, "rollback (eq. 12)")
+                self._drop_pending()
+                self.switch(self._stable, now, "rollback (eq. 12)", source="rollback")
                 self._watch = None
                 return
             if now >= until:
                 self._stable = self.active.name
                 self._watch = None
-        if target != self.active.name:
-            self._watch = (now + max(self.guard, self.interval), p99, w.violation_rate)
-            self.switch(target, now, reason)
+        fallback = _Fallback(target, reason, p99, w.violation_rate)
+        if bypassing or self.selector is None:
+            if bypassing:
+                self._drop_pending()
+            self._apply(target, reason, "bypass" if bypassing else "rules", fallback, now)
+        elif self._pending is not None:
+            self._pending.fallback = fallback
+        else:
+            self._ask(self._view(w, now, p99, mean, cv, fallback), fallback, now)
 
-    def _decide(self, w: _Window) -> tuple[str, str]:
+    def _decide(self, w: _Window, cv: float) -> tuple[str, str]:
+        """The rule map's choice on interval ``w``, and why."""
         queued = self.queued()
         if queued > self.bypass_queue or w.violation_rate > self.bypass_violation:
             if "fcfs" in self.pool:
-                return "fcfs", "emergency bypass"
-        lengths = w.lengths
-        mean = sum(lengths) / len(lengths) if lengths else 0.0
-        cv = (math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean) if mean else 0.0
+                return "fcfs", BYPASS
         rules = [
             (cv > self.length_cv and w.violation_rate > self.violation, "two_lane", "long requests block short ones"),
             (w.violation_rate > self.violation, "edf", "deadline misses"),
@@ -292,10 +440,109 @@ class Adaptive(BasePolicy):
                 return name, reason
         return self.active.name, "no rule applies"
 
-    def switch(self, name: str, now: float, reason: str = "by hand") -> None:
+    def _view(
+        self, w: _Window, now: float, p99: float | None, mean: float, cv: float, fallback: _Fallback
+    ) -> dict[str, Any]:
+        """``V_long``: what interval ``w`` showed, the state, and the rules' choice, as a JSON-able dict."""
+        span = now - w.start
+        return {
+            "interval_s": _round(span),
+            "arrivals": w.arrivals,
+            "arrival_rate_per_s": _round(w.arrivals / span) if span > 0 else None,
+            "finished": w.finished,
+            "violation_rate": _round(w.violation_rate),
+            "ttft_p99_s": None if p99 is None else _round(p99),
+            "output_length_mean": _round(mean),
+            "output_length_cv": _round(cv),
+            "jain_index": _round(jain_index(w.service.values())) if w.service else None,
+            "queued": self.queued(),
+            "active": self.active.name,
+            "pool": list(self.pool),
+            "rules": {"policy": fallback.target, "reason": fallback.reason},
+        }
+
+    def view(self, now: float) -> dict[str, Any]:
+        """The view a selector would be given now, on the interval so far (for inspection; changes nothing)."""
+        w = self._window
+        p99 = percentile(w.ttfts, 99) if w.ttfts else None
+        mean, cv = _length_stats(w.lengths)
+        target, reason = self._decide(w, cv)
+        return self._view(w, now, p99, mean, cv, _Fallback(target, reason, p99, w.violation_rate))
+
+    def _ask(self, view: dict[str, Any], fallback: _Fallback, now: float) -> None:
+        """Ask the selector: a reply text is settled now, a future-like answer is left pending."""
+        assert self.selector is not None
+        self.selector_stats.asked += 1
+        try:
+            answer = self.selector(view)
+        except Exception:  # e.g. ModelSelector with no running event loop
+            self._fall_back("error", fallback, now)
+            return
+        if isinstance(answer, str):
+            self._settle(answer, fallback, now)
+        elif all(callable(getattr(answer, a, None)) for a in ("done", "result", "cancel")):
+            self._pending = _Pending(answer, now, fallback)
+        else:
+            self._fall_back("error", fallback, now)
+
+    def _poll(self, now: float) -> None:
+        """The pending answer: settled if it is there, the rules' choice if its time is up."""
+        pending = self._pending
+        assert pending is not None
+        try:
+            done = bool(pending.future.done())
+            text = pending.future.result() if done else None
+        except BaseException as err:  # the selector's failure, or its future cancelled
+            if isinstance(err, KeyboardInterrupt | SystemExit):
+                raise
+            self._pending = None
+            self._fall_back("error", pending.fallback, now)
+            return
+        if done:
+            self._pending = None
+            self._settle(text, pending.fallback, now)
+        elif now >= pending.asked + self.selector_timeout:
+            self._pending = None
+            self._cancel(pending)
+            self._fall_back("late", pending.fallback, now)
+
+    def _settle(self, text: Any, fallback: _Fallback, now: float) -> None:
+        """Apply the model's decision in ``text`` if it is valid, the rules' choice if not."""
+        decision = parse_decision(text, self.pool)
+        if decision is None:
+            self._fall_back("malformed", fallback, now)
+            return
+        self.selector_stats.accepted += 1
+        self._apply(decision.policy, decision.reason or "the model's choice", "model", fallback, now)
+
+    def _fall_back(self, why: str, fallback: _Fallback, now: float) -> None:
+        stats = self.selector_stats
+        setattr(stats, _COUNTERS[why], getattr(stats, _COUNTERS[why]) + 1)
+        self._apply(fallback.target, fallback.reason, f"fallback: {why}", fallback, now)
+
+    def _drop_pending(self) -> None:
+        """Cancel the pending question: the bypass or a rollback decided first."""
+        if self._pending is not None:
+            self._cancel(self._pending)
+            self._pending = None
+            self.selector_stats.dropped += 1
+
+    @staticmethod
+    def _cancel(pending: _Pending) -> None:
+        with contextlib.suppress(Exception):  # a future-like object that fails to cancel: nothing more to do
+            pending.future.cancel()
+
+    def _apply(self, target: str, reason: str, source: str, fallback: _Fallback, now: float) -> None:
+        """Make ``target`` active (nothing if it is) and start the rollback guard's watch."""
+        if target != self.active.name:
+            self._watch = (now + max(self.guard, self.interval), fallback.p99, fallback.rate)
+            self.switch(target, now, reason, source=source)
+
+    def switch(self, name: str, now: float, reason: str = "by hand", *, source: str = "by hand") -> None:
         """Make ``name`` the active policy now: the waiting requests move to it, in arrival order; running ones stay.
 
-        The controller calls it; an operator may too (the rules may switch again at the next interval).
+        The controller calls it; an operator may too (the rules, or a pending answer of
+        the selector, may switch again later).
         """
         if name not in self.pool:
             raise InvalidParameterError(f"adaptive: {name!r} is not in the pool ({', '.join(self.pool)})")
@@ -305,4 +552,18 @@ class Adaptive(BasePolicy):
             old.on_finish(req, Outcome.CANCELLED, now)  # withdrawn from the old order, uncharged
             new.on_arrival(req, now)
         self.active = new
-        self.switches.append(Switch(now, old.name, name, reason))
+        self.switches.append(Switch(now, old.name, name, reason, source))
+
+
+_COUNTERS = {"malformed": "malformed", "late": "late", "error": "errors"}
+
+
+def _length_stats(lengths: Sequence[int]) -> tuple[float, float]:
+    """The mean and coefficient of variation of output lengths (0 for none)."""
+    mean = sum(lengths) / len(lengths) if lengths else 0.0
+    cv = (math.sqrt(sum((x - mean) ** 2 for x in lengths) / len(lengths)) / mean) if mean else 0.0
+    return mean, cv
+
+
+def _round(x: float) -> float:
+    return round(float(x), 4)
