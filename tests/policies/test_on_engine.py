@@ -27,3 +27,25 @@ async def test_every_policy_serves_two_apps_on_the_real_engine(text_engine, poli
     stats = arbiter.stats()
     assert stats.apps["a"].done == stats.apps["b"].done == 3
     assert arbiter.policy.queued() == 0 and arbiter.policy.running() == 0
+
+
+@pytest.mark.parametrize("policy", ["hmfs", "edf"])
+async def test_statera_admission_serves_on_the_real_engine_and_learns_lengths(text_engine, policy):
+    """On vLLM's own KV capacity: once calibrated, requests reserve their predicted length, not max_tokens."""
+    statera = fa.Statera()
+    arbiter = fa.Arbiter(policy=policy, in_flight=4, admission=statera)
+    arbiter.add_model("chat", text_engine)
+    who = arbiter.app("a").agent("t")
+    await arbiter.start()
+    try:
+        for _ in range(4):
+            replies = await asyncio.gather(*(who.chat("chat", MSG, max_tokens=64, stop=(), ignore_eos=False,
+                                                      seed=i) for i in range(8)))
+            assert all(1 <= r.usage.completion_tokens <= 64 for r in replies)
+        state = statera.states["chat"]
+        assert state.budget_max == int(arbiter.token_budget_of("chat") * (1 - statera.frag))
+        assert statera.calibrated >= 8
+    finally:
+        await arbiter.close(stop_engines=False)
+    m = arbiter.dispatcher.model("chat")
+    assert (m.running, m.reserved, m.used) == (0, 0, 0)
