@@ -35,36 +35,23 @@ from typing import Any
 from rich.table import Table
 
 from fairagents.admission import Statera
-from fairagents.bench.policies import _row
-from fairagents.cost import ModelProfile
+from fairagents.bench import policies as mixed_slo
 from fairagents.engines.sim import SimEngine
-from fairagents.identity import SLO, Agent, App, Modality
 from fairagents.simulation import Workload, simulate
 
-__all__ = ["ADMISSIONS", "render", "run", "scenario"]
+__all__ = ["ADMISSIONS", "ASKS", "render", "run", "scenario"]
 
 #: Admission modes compared: worst-case reservations, and Statera.
 ADMISSIONS = ("off", "statera")
 
 
+#: What each app's callers ask for as ``max_tokens`` (they use far less).
+ASKS = {"assistant": 1024, "reports": 2048, "inspector": 512, "flood": 1024}
+
+
 def scenario(seconds: float = 60.0, seed: int = 0) -> tuple[Workload, dict[str, SimEngine]]:
     """``bench policies``' workload with callers asking for generous ``max_tokens``, on paged engines."""
-    assistant = Agent("chat", App("assistant"), slo=SLO(ttft=1.0, tpot=0.1, e2e=10.0))
-    reports = Agent("writer", App("reports"), slo=SLO(ttft=10.0, tpot=0.5, e2e=120.0))
-    inspector = Agent("eye", App("inspector"), slo=SLO(ttft=2.0, e2e=15.0))
-    flood = Agent("bulk", App("flood"), slo=SLO(ttft=10.0, tpot=0.5))
-    work = Workload(seed=seed)
-    work.poisson(assistant, "text", rate=4.0, until=seconds, prompt=(100, 400), output=(16, 96), max_tokens=1024)
-    work.poisson(reports, "text", rate=0.5, until=seconds, prompt=(200, 800), output=(400, 900), max_tokens=2048)
-    work.poisson(inspector, "vision", rate=3.0, until=seconds, prompt=(600, 1200), output=(16, 64), max_tokens=512)
-    work.poisson(flood, "text", rate=7.0, until=seconds, prompt=(200, 600), output=(64, 256), max_tokens=1024)
-    engines = {
-        "text": SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=16, kv_capacity=16_384, seed=seed,
-                          kv="paged"),
-        "vision": SimEngine(ModelProfile(d_model=2048, n_layers=24, modality=Modality.VISION), max_running=8,
-                            kv_capacity=16_384, seed=seed, kv="paged"),
-    }
-    return work, engines
+    return mixed_slo.scenario(seconds, seed, max_tokens=ASKS, kv="paged")
 
 
 def run(policies: Sequence[str] | None = None, seconds: float = 60.0, seed: int = 0) -> dict[str, Any]:
@@ -76,7 +63,7 @@ def run(policies: Sequence[str] | None = None, seconds: float = 60.0, seed: int 
             work, engines = scenario(seconds, seed)
             controller = Statera() if mode == "statera" else None
             result = simulate(work, name, engines, admission=controller)
-            row: dict[str, Any] = _row(result)
+            row: dict[str, Any] = mixed_slo._row(result)
             row["makespan"] = result.end
             row["preemptions"] = result.preemptions
             row["coverage"] = controller.covered / controller.calibrated if controller and controller.calibrated else None

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from rich.table import Table
 
@@ -49,21 +49,34 @@ __all__ = ["esg", "goodput", "render", "run", "safi", "scenario"]
 SAFI_ALPHA = 0.7
 
 
-def scenario(seconds: float = 60.0, seed: int = 0) -> tuple[Workload, dict[str, SimEngine]]:
-    """The mixed-SLO overload workload and its two simulated engines."""
+def scenario(
+    seconds: float = 60.0, seed: int = 0, *, max_tokens: Mapping[str, int] | None = None,
+    kv: Literal["reserve", "paged"] = "reserve",
+) -> tuple[Workload, dict[str, SimEngine]]:
+    """The mixed-SLO overload workload and its two simulated engines.
+
+    ``max_tokens`` maps an app to what its callers ask for (default: exactly what they
+    use); ``kv`` is the engines' KV model (:class:`~fairagents.engines.SimEngine`).
+    """
+    asks = max_tokens or {}
     assistant = Agent("chat", App("assistant"), slo=SLO(ttft=1.0, tpot=0.1, e2e=10.0))
     reports = Agent("writer", App("reports"), slo=SLO(ttft=10.0, tpot=0.5, e2e=120.0))
     inspector = Agent("eye", App("inspector"), slo=SLO(ttft=2.0, e2e=15.0))
     flood = Agent("bulk", App("flood"), slo=SLO(ttft=10.0, tpot=0.5))
     work = Workload(seed=seed)
-    work.poisson(assistant, "text", rate=4.0, until=seconds, prompt=(100, 400), output=(16, 96))
-    work.poisson(reports, "text", rate=0.5, until=seconds, prompt=(200, 800), output=(400, 900))
-    work.poisson(inspector, "vision", rate=3.0, until=seconds, prompt=(600, 1200), output=(16, 64))
-    work.poisson(flood, "text", rate=7.0, until=seconds, prompt=(200, 600), output=(64, 256))
+    for who, model, rate, prompt, output in [
+        (assistant, "text", 4.0, (100, 400), (16, 96)),
+        (reports, "text", 0.5, (200, 800), (400, 900)),
+        (inspector, "vision", 3.0, (600, 1200), (16, 64)),
+        (flood, "text", 7.0, (200, 600), (64, 256)),
+    ]:
+        work.poisson(who, model, rate=rate, until=seconds, prompt=prompt, output=output,
+                     max_tokens=asks.get(who.app.name))
     engines = {
-        "text": SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=16, kv_capacity=16_384, seed=seed),
+        "text": SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=16, kv_capacity=16_384, seed=seed,
+                          kv=kv),
         "vision": SimEngine(ModelProfile(d_model=2048, n_layers=24, modality=Modality.VISION), max_running=8,
-                            kv_capacity=16_384, seed=seed),
+                            kv_capacity=16_384, seed=seed, kv=kv),
     }
     return work, engines
 

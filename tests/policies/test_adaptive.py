@@ -84,11 +84,8 @@ def test_a_switch_that_makes_ttft_worse_is_rolled_back():
     assert policy.switches[-1].reason == "rollback (eq. 12)"
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["arrive", "dispatch", "progress", "finish", "cancel", "switch"]),
-                          st.sampled_from(POOL), st.integers(1, 50)), max_size=80))
-def test_switching_keeps_every_request_exactly_once(steps):
-    policy = make(pool=POOL, interval=1e9)  # only the switches the test makes
+def drive(policy, steps, other=None):
+    """Play ``steps`` (kind, policy name, size) on ``policy``, checking its queue; each request must run once."""
     apps = [agent("a", fa.SLO(ttft=1.0, tpot=0.1)), agent("b", weight=2.0), agent("c", fa.SLO(e2e=5.0))]
     waiting, running, dispatched, now, n = {}, {}, [], 0.0, 0
     for kind, name, size in steps:
@@ -113,14 +110,23 @@ def test_switching_keeps_every_request_exactly_once(steps):
         elif kind == "cancel" and waiting:
             rid = next(iter(waiting))
             policy.on_finish(waiting.pop(rid), fa.Outcome.CANCELLED, now)
-        elif kind == "switch":
+        elif kind == "switch" and name in POOL:
             policy.switch(name, now)
+        elif other is not None:
+            other(kind, name)
         assert policy.queued("m") == policy.active.queued("m") == len(waiting)
         assert policy.running() == len(running)
     while (req := policy.select("m", now)) is not None:  # drain: each waiting request exactly once
         policy.on_dispatch(req, now)
         dispatched.append(waiting.pop(req.id).id)
     assert not waiting and len(dispatched) == len(set(dispatched))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["arrive", "dispatch", "progress", "finish", "cancel", "switch"]),
+                          st.sampled_from(POOL), st.integers(1, 50)), max_size=80))
+def test_switching_keeps_every_request_exactly_once(steps):
+    drive(make(pool=POOL, interval=1e9), steps)  # only the switches the test makes
 
 
 def test_an_interval_where_nearly_everything_misses_bypasses_to_fcfs():
@@ -352,7 +358,7 @@ def test_the_selector_parameters_are_checked():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["arrive", "dispatch", "finish", "cancel", "answer", "switch"]),
+@given(st.lists(st.tuples(st.sampled_from(["arrive", "dispatch", "progress", "finish", "cancel", "answer", "switch"]),
                           st.sampled_from([*POOL, "junk"]), st.integers(1, 50)), max_size=80),
        st.booleans())
 def test_a_models_switches_keep_every_request_exactly_once(steps, immediate):
@@ -364,41 +370,12 @@ def test_a_models_switches_keep_every_request_exactly_once(steps, immediate):
         futures.append(concurrent.futures.Future())
         return futures[-1]
 
-    policy = make(pool=POOL, interval=0.35, selector_timeout=0.5, selector=answer)
-    apps = [agent("a", fa.SLO(ttft=1.0, tpot=0.1)), agent("b", weight=2.0), agent("c", fa.SLO(e2e=5.0))]
-    waiting, running, dispatched, now, n = {}, {}, [], 0.0, 0
-    for kind, name, size in steps:
-        now += 0.1
-        if kind == "arrive":
-            n += 1
-            req = fa.Request(f"r{n}", apps[n % 3], "m", size, size, now)
-            policy.on_arrival(req, now)
-            waiting[req.id] = req
-        elif kind == "dispatch":
-            req = policy.select("m", now)
-            assert (req is None) == (not waiting)
-            if req is not None:
-                policy.on_dispatch(req, now)
-                running[req.id] = waiting.pop(req.id)
-                dispatched.append(req.id)
-        elif kind == "finish" and running:
-            rid = next(iter(running))
-            req = running.pop(rid)
-            policy.on_progress(req, 2, now)
-            policy.on_finish(req, fa.Outcome.FINISHED, now)
-        elif kind == "cancel" and waiting:
-            rid = next(iter(waiting))
-            policy.on_finish(waiting.pop(rid), fa.Outcome.CANCELLED, now)
-        elif kind == "answer" and futures and not futures[-1].done():
+    def answer_now(kind, name):
+        if kind == "answer" and futures and not futures[-1].done():
             futures[-1].set_result(f'{{"policy": "{name}"}}')
-        elif kind == "switch" and name != "junk":
-            policy.switch(name, now)
-        assert policy.queued("m") == policy.active.queued("m") == len(waiting)
-        assert policy.running() == len(running)
-    while (req := policy.select("m", now)) is not None:
-        policy.on_dispatch(req, now)
-        dispatched.append(waiting.pop(req.id).id)
-    assert not waiting and len(dispatched) == len(set(dispatched))
+
+    policy = make(pool=POOL, interval=0.35, selector_timeout=0.5, selector=answer)
+    drive(policy, steps, answer_now)
     stats = policy.selector_stats
     pending = 1 if policy._pending is not None else 0
     assert stats.asked == stats.accepted + stats.malformed + stats.late + stats.errors + stats.dropped + pending
