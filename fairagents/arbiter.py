@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -43,7 +45,7 @@ from fairagents.handles import AgentHandle, AppHandle
 from fairagents.identity import SLO, Agent, App
 from fairagents.metrics import RequestRecord
 from fairagents.policies import Policy, priced_policy
-from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, Restart, TokenBudget, check_limit
+from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, Restart, TokenBudget, check_limit, schedules_fairly
 from fairagents.preprocessing import Preprocessor
 from fairagents.request import Outcome, Request
 from fairagents.stats import Ledger, Stats
@@ -145,6 +147,8 @@ class Arbiter(ModelCalls):
             raise InvalidParameterError(f"restart must be a fairagents.Restart or None, got {restart!r}")
         self.max_in_flight_share = max_in_flight_share
         self.admission = make_admission(admission)
+        self.fair_counters: Any = None
+        """The counters the pool's engines with ``scheduler="fair"`` share (created with the first)."""
         self.restart = restart
         self._restarts: dict[str, asyncio.Task[None]] = {}
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
@@ -181,12 +185,14 @@ class Arbiter(ModelCalls):
             raise InvalidParameterError(
                 f"the arbiter is running: add model {name!r} with 'await arbiter.start_model(...)'", model=name
             )
+        self._share_fair_counters(name, engine)
         self.pool.add(name, engine, in_flight=in_flight, token_budget=token_budget)
 
     async def start_model(
         self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
     ) -> None:
         """Add a model to a running arbiter: start its engine, then open it for requests."""
+        self._share_fair_counters(name, engine)
         self._register(await self.pool.add_started(name, engine, in_flight=in_flight, token_budget=token_budget))
 
     def app(
@@ -453,7 +459,7 @@ class Arbiter(ModelCalls):
         now = self.clock()
         request = Request(f"fa-{next(_request_ids)}", agent, model, prompt.n_tokens, params.max_tokens,
                           now if arrival is None else arrival)
-        call = Call(request, prompt, params, asyncio.get_running_loop().create_future())
+        call = Call(request, prompt, dataclasses.replace(params, agent=agent), asyncio.get_running_loop().create_future())
         self._calls[request.id] = call
         self._waiting[waiting] += 1
         try:
@@ -477,6 +483,18 @@ class Arbiter(ModelCalls):
         return engine
 
     # -- the dispatcher's events -------------------------------------------------------
+
+    def _share_fair_counters(self, name: str, engine: Engine) -> None:
+        """An engine that schedules fairly itself charges the pool's one set of in-engine counters."""
+        if not schedules_fairly(engine) or name in self.pool.models:
+            return
+        if self.fair_counters is None:
+            from fairagents.engines.fair_scheduler import FairCounters
+
+            cost = self.cost
+            self.fair_counters = FairCounters(d_base=getattr(cost, "d_base", None), w_input=cost.w_input,
+                                              w_output=cost.w_output)
+        engine.share_counters(self.fair_counters, name)  # type: ignore[attr-defined]
 
     def _new_dispatcher(self, policy: Policy) -> Dispatcher:
         return Dispatcher(policy, self.cost, pool_slots=self.pool_in_flight, charge=self._charge,

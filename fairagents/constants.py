@@ -14,6 +14,10 @@ from __future__ import annotations
 METADATA_APP = "fairagents_app"
 #: Key under which an agent name travels in LangChain/LangGraph run metadata.
 METADATA_AGENT = "fairagents_agent"
+#: Key of an app's weight in a vLLM request's ``extra_args`` (read by the in-engine fair scheduler).
+XARG_APP_WEIGHT = "fairagents_app_weight"
+#: Key of an agent's weight in a vLLM request's ``extra_args`` (read by the in-engine fair scheduler).
+XARG_AGENT_WEIGHT = "fairagents_agent_weight"
 #: Key under which an agent's weight travels in LangGraph node metadata (used when the agent is declared).
 METADATA_WEIGHT = "fairagents_weight"
 #: HTTP header naming the calling agent on a request to a fairagents server.

@@ -32,10 +32,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_APP
+from fairagents.constants import (
+    DEFAULT_AGENT,
+    HEADER_AGENT,
+    HEADER_APP,
+    METADATA_AGENT,
+    METADATA_APP,
+    XARG_AGENT_WEIGHT,
+    XARG_APP_WEIGHT,
+)
 from fairagents.errors import InvalidParameterError
 
-__all__ = ["SLO", "Agent", "App", "Modality", "acting_as", "agent", "current_agent", "identity_headers"]
+__all__ = ["SLO", "Agent", "App", "Modality", "acting_as", "agent", "current_agent", "identity_args", "identity_headers"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -339,3 +347,19 @@ def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool 
     if name_app and app:
         headers[HEADER_APP] = app
     return headers
+
+
+def identity_args(agent: Agent) -> dict[str, Any]:
+    """The arguments under which ``agent`` travels to an engine that schedules by identity.
+
+    vLLM's ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP), read by
+    :class:`~fairagents.engines.fair_scheduler.FairScheduler`.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.identity import identity_args
+        >>> identity_args(fa.Agent("planner", fa.App("search", weight=2.0)))
+        {'fairagents_app': 'search', 'fairagents_agent': 'planner', 'fairagents_app_weight': 2.0, 'fairagents_agent_weight': 1.0}
+    """
+    return {METADATA_APP: agent.app.name, METADATA_AGENT: agent.name,
+            XARG_APP_WEIGHT: agent.app.weight, XARG_AGENT_WEIGHT: agent.weight}

@@ -27,10 +27,12 @@ import tenacity
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError, UnknownModelError
 
-__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget"]
+__all__ = ["DEFAULT_IN_FLIGHT", "FAIR_ENGINE_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "schedules_fairly"]
 
 #: Requests a model runs at once when neither the call nor the engine says (``fairagents bench overhead``).
 DEFAULT_IN_FLIGHT = 32
+#: Requests handed at once to an engine that schedules fairly itself: everything, in practice.
+FAIR_ENGINE_IN_FLIGHT = 65_536
 
 #: A token budget: the engine's reported KV capacity (``"engine"``), a number of tokens, or none.
 TokenBudget = Literal["engine"] | int | None
@@ -153,11 +155,17 @@ class Pool:
         return m
 
     def limit(self, m: PoolModel) -> int:
-        """``m``'s in-flight limit: its own, the pool's, its engine's batch capacity, or :data:`DEFAULT_IN_FLIGHT`."""
+        """``m``'s in-flight limit: its own, the pool's, its engine's batch capacity, or :data:`DEFAULT_IN_FLIGHT`.
+
+        An engine that schedules fairly itself (``engine.scheduler == "fair"``) is handed
+        everything by default (:data:`FAIR_ENGINE_IN_FLIGHT`): it orders and preempts.
+        """
         if m.in_flight is not None:
             return m.in_flight
         if self.in_flight is not None:
             return self.in_flight
+        if schedules_fairly(m.engine):
+            return FAIR_ENGINE_IN_FLIGHT
         capacity = getattr(m.engine, "max_num_seqs", None)
         return capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
 
@@ -165,6 +173,8 @@ class Pool:
         """``m``'s token budget in tokens (``"engine"``: its engine's KV capacity, once started), or ``None``."""
         if m.token_budget != "engine":
             return m.token_budget  # type: ignore[return-value]
+        if schedules_fairly(m.engine):
+            return None  # it preempts by counters: reserving its KV in front of it would only idle it
         capacity = getattr(m.engine, "token_capacity", None)
         return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0 else None
 
@@ -206,6 +216,18 @@ async def _timed_start(m: PoolModel) -> None:
     began = time.perf_counter()
     await m.engine.start()
     m.start_time = time.perf_counter() - began
+
+
+def schedules_fairly(engine: object) -> bool:
+    """Whether ``engine`` orders and preempts by fair counters itself (``VLLMEngine(scheduler="fair")``).
+
+    Examples:
+        >>> from fairagents.pool import schedules_fairly
+        >>> from fairagents.engines.vllm import VLLMEngine
+        >>> schedules_fairly(VLLMEngine(scheduler="fair")), schedules_fairly(VLLMEngine())
+        (True, False)
+    """
+    return getattr(engine, "scheduler", None) == "fair"
 
 
 def check_limit(value: object) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from fairagents.cost import ModelProfile
 from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent
 
 __all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt"]
 
@@ -75,6 +76,9 @@ class GenerationParams:
     """Strings that end generation."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks)."""
+    agent: Agent | None = field(default=None, compare=False)
+    """Who asks, set by the arbiter: an engine that schedules by identity passes it on
+    (``VLLMEngine(scheduler="fair")`` as ``SamplingParams.extra_args``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -39,7 +39,7 @@ import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -49,7 +49,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from fairagents.cost import ModelProfile  # noqa: E402
 from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
-from fairagents.identity import Modality  # noqa: E402
+from fairagents.identity import Modality, identity_args  # noqa: E402
 
 __all__ = ["VLLMEngine", "max_token_bytes"]
 
@@ -95,6 +95,11 @@ class VLLMEngine:
             what vLLM is handed fits its batch and KV cache at once and its own FCFS queue
             stays empty.
         dtype: weights' dtype (``"float32"`` on CPU).
+        scheduler: ``"vllm"`` (vLLM's own FCFS scheduler: the arbiter keeps the queue and
+            hands the engine what fits) or ``"fair"``: HMFS inside vLLM's engine loop
+            (:class:`~fairagents.engines.fair_scheduler.FairScheduler`), so the engine
+            orders its queue and picks preemption victims by app and agent counters; the
+            arbiter then hands it everything (see "Capacity and admission").
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
 
     Attributes:
@@ -133,11 +138,15 @@ class VLLMEngine:
         kv_cache_bytes: int = 256 * 2**20,
         max_num_seqs: int = 32,
         dtype: str = "float32",
+        scheduler: Literal["vllm", "fair"] = "vllm",
         engine_args: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes <= 0:
             raise InvalidParameterError(f"kv_cache_bytes must be an integer > 0, got {kv_cache_bytes!r}")
+        if scheduler not in ("vllm", "fair"):
+            raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
         self.model = None if model is None else str(model)
+        self.scheduler = scheduler
         self.max_num_seqs = max_num_seqs
         self.healthy = True
         self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
@@ -162,6 +171,16 @@ class VLLMEngine:
         self._failure: EngineError | None = None
         self._tokenizer: Any = None
         self._engine: Any = None  # the vllm LLMEngine, owned by the thread; kept for introspection
+        self.fair_counters: Any = None
+        """With ``scheduler="fair"``: the :class:`~fairagents.engines.fair_scheduler.FairCounters` it
+        charges (its own, or a pool's from :meth:`share_counters`); set on :meth:`start`."""
+        self._fair_name = "engine"
+
+    def share_counters(self, counters: Any, name: str) -> None:
+        """With ``scheduler="fair"``: charge and order by ``counters`` (a pool's), as model ``name``; before start."""
+        if self._thread is not None:
+            raise ProtocolError("share_counters must be called before start()")
+        self.fair_counters, self._fair_name = counters, name
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -257,6 +276,7 @@ class VLLMEngine:
             stop=list(params.stop) or None,
             ignore_eos=params.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            extra_args=None if params.agent is None else identity_args(params.agent),
         )
         sink: asyncio.Queue[Any] = asyncio.Queue()
         self._sinks[request_id] = sink
@@ -301,7 +321,14 @@ class VLLMEngine:
                 from vllm.engine.arg_utils import EngineArgs
                 from vllm.v1.engine.llm_engine import LLMEngine
 
-                engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **self._args))
+                args = dict(self._args)
+                if self.scheduler == "fair":
+                    from fairagents.engines.fair_scheduler import FairCounters, FairScheduler
+
+                    if self.fair_counters is None:
+                        self.fair_counters = FairCounters()
+                    args.setdefault("scheduler_cls", FairScheduler.sharing(self.fair_counters, self._fair_name))
+                engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args))
                 _live.add(id(self))
         except BaseException as err:  # noqa: BLE001 - any failure to load is reported to start()
             failure = EngineError(f"vLLM could not load {self.model!r}: {err}")

@@ -158,6 +158,12 @@ class CounterLevel(Generic[K]):
             self._active.discard(client)
             self._last_left = client
 
+    def touch(self, client: K, weight: float) -> None:
+        """Know ``client`` (its weight), starting it at the floor if it is new."""
+        self.inverse_weight[client] = 1.0 / weight
+        if client not in self.counter:
+            self.counter[client] = self._floor()
+
     def charge(self, client: K, amount: float) -> None:
         self.counter[client] += amount * self.inverse_weight[client]
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
+from fairagents.identity import Agent
 from fairagents.policies._structures import CounterLevel, Fifo
 from fairagents.policies.base import BasePolicy
 from fairagents.request import Request
@@ -83,6 +84,42 @@ class HMFS(BasePolicy):
         """Current counter ``C_{a,t}`` of each agent of ``app`` seen so far."""
         level = self._agents.get(app)
         return dict(level.counter) if level is not None else {}
+
+    def counters_of(self, agent: Agent) -> tuple[float, float]:
+        """``(C_a, C_{a,t})`` of ``agent``'s app and of the agent (0 for a client not seen yet).
+
+        Examples:
+            >>> import fairagents as fa
+            >>> fa.policies.HMFS().counters_of(fa.Agent("t", fa.App("a")))
+            (0.0, 0.0)
+        """
+        app = agent.app.name
+        level = self._agents.get(app)
+        return self._apps.counter.get(app, 0.0), 0.0 if level is None else level.counter.get(agent.name, 0.0)
+
+    def charge_to(self, agent: Agent, amount: float) -> None:
+        """Charge ``amount`` (unified tokens) to ``agent`` and its app, outside the request lifecycle.
+
+        For a driver that meters service itself, as the in-engine
+        :class:`~fairagents.engines.fair_scheduler.FairScheduler` does per scheduled
+        chunk. A client charged before it ever waited starts at its level's floor (the
+        lowest active counter), as a newly active one would.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.HMFS()
+            >>> policy.charge_to(fa.Agent("t", fa.App("a", weight=2.0)), 10.0)
+            >>> policy.counters_of(fa.Agent("t", fa.App("a", weight=2.0)))
+            (5.0, 10.0)
+        """
+        app = agent.app.name
+        agents = self._agents.get(app)
+        if agents is None:
+            agents = self._agents[app] = CounterLevel()
+        self._apps.touch(app, agent.app.weight)
+        agents.touch(agent.name, agent.weight)
+        self._apps.charge(app, amount)
+        agents.charge(agent.name, amount)
 
     def select(self, model: str, now: float) -> Request | None:
         app = self._apps.lowest(model)

@@ -1,0 +1,382 @@
+"""HMFS inside vLLM's engine loop: a v1 scheduler that orders, charges and preempts by fair counters.
+
+fairagents' arbiter schedules in front of an engine; this module schedules inside one.
+:class:`FairScheduler` is a vLLM v1 scheduler (a subclass of vLLM's ``AsyncScheduler``,
+so async scheduling keeps its overlap) for ``EngineArgs(scheduler_cls=...)`` or
+``vllm serve --scheduler-cls fairagents.vllm.FairScheduler``:
+
+- **Identity** comes from each request's ``SamplingParams.extra_args``:
+  ``fairagents_app`` and ``fairagents_agent`` (over HTTP, vLLM's ``vllm_xargs`` request
+  field carries them). A request without them belongs to the app ``default``.
+- **Weights** come from a file named by the environment variable
+  ``FAIRAGENTS_SCHEDULER_CONFIG`` (TOML or JSON: ``{"apps": {"name": {"weight": 2,
+  "agents": {"planner": 3}}}}``) when it is set — then a request's own weight
+  arguments are ignored, since over plain ``vllm serve`` anyone can send them — or else
+  from ``fairagents_app_weight`` / ``fairagents_agent_weight`` in ``extra_args``
+  (default 1; an invalid one is ignored, with a warning).
+- **The waiting queue** is HMFS (Zhang & Hu, Alg. 1, via
+  :class:`~fairagents.policies.HMFS`): the app with the lowest counter first, then its
+  agent with the lowest counter, then the earliest arrival; a client that becomes
+  active again (a new request, or a preempted one re-queued) is lifted to the lowest
+  active counter at its level, so idling banks no credit.
+- **Charges**, in unified tokens of this model (its hidden size and depth, HMFS eq. 1):
+  the whole prompt when the request is taken into the batch (its first prefill chunk,
+  a cached prefix included), so the next pick of the same step already sees it — as
+  VTC charges input at admission; charged per chunk instead, every slot freed at one
+  step boundary would go to the same client — and output tokens as each step returns
+  them. Work a preemption makes the engine redo is never charged again. (A request
+  that reaches the batch through vLLM's separate queue of requests holding KV blocks
+  is charged chunk by chunk as its prefill runs.)
+- **Preemption**: before each step the running requests are ordered by the same key,
+  so when KV runs out vLLM's victim (the last of the running list) is a request of the
+  app, then agent, with the highest counter — not simply the newest.
+
+Cost per step: a queue decision is O(log n) in the number of apps and agents (lazy
+heaps over counters that only grow); ordering the running list is O(r log r) for the
+``r ≤ max_num_seqs`` running requests.
+
+Examples:
+    >>> from fairagents.engines.fair_scheduler import identity, FairScheduler
+    >>> identity({"fairagents_app": "search", "fairagents_agent": "planner"}).app.name
+    'search'
+    >>> identity(None).name, identity(None).app.name
+    ('default', 'default')
+    >>> FairScheduler.__mro__[1].__name__
+    'AsyncScheduler'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import structlog
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
+from vllm.v1.request import Request as VllmRequest
+
+from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT
+from fairagents.cost import ModelProfile, UnifiedTokenCost
+from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent, App, Modality
+from fairagents.policies.hmfs import HMFS
+from fairagents.request import Outcome
+from fairagents.request import Request as FairRequest
+
+__all__ = ["CONFIG_ENV", "FairCounters", "FairQueue", "FairScheduler", "Weights", "identity"]
+
+log = structlog.get_logger(__name__)
+
+#: Environment variable naming the weights file (TOML or JSON) of :class:`FairScheduler`.
+CONFIG_ENV = "FAIRAGENTS_SCHEDULER_CONFIG"
+DEFAULT = "default"
+
+
+class Weights:
+    """App and agent weights from a file: ``{"apps": {app: {"weight": w, "agents": {agent: w}}}}``.
+
+    Examples:
+        >>> from fairagents.engines.fair_scheduler import Weights
+        >>> w = Weights({"apps": {"search": {"weight": 2, "agents": {"planner": 3}}}})
+        >>> w.app("search"), w.agent("search", "planner"), w.agent("search", "other"), w.app("x")
+        (2.0, 3.0, 1.0, 1.0)
+        >>> Weights({"apps": {"a": {"weight": 0}}})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: weight of app 'a' must be a finite number > 0, got 0
+    """
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        apps = data.get("apps", {})
+        if not isinstance(apps, Mapping) or set(data) - {"apps"}:
+            raise InvalidParameterError('a weights file holds one table, "apps": {app: {"weight": ..., "agents": {...}}}')
+        self._apps: dict[str, float] = {}
+        self._agents: dict[tuple[str, str], float] = {}
+        for name, spec in apps.items():
+            spec = spec if isinstance(spec, Mapping) else {}
+            self._apps[name] = _weight(spec.get("weight", 1.0), f"app {name!r}")
+            for agent, w in (spec.get("agents") or {}).items():
+                self._agents[(name, agent)] = _weight(w, f"agent {agent!r} of app {name!r}")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Weights:
+        """Read a TOML (``.toml``) or JSON file."""
+        text = Path(path).read_text()
+        return cls(tomllib.loads(text) if str(path).endswith(".toml") else json.loads(text))
+
+    def app(self, name: str) -> float:
+        return self._apps.get(name, 1.0)
+
+    def agent(self, app: str, name: str) -> float:
+        return self._agents.get((app, name), 1.0)
+
+
+def _weight(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError(f"weight of {what} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def identity(extra_args: Mapping[str, Any] | None, weights: Weights | None = None) -> Agent:
+    """The agent a request's ``extra_args`` name (app and agent ``default`` when absent).
+
+    With ``weights`` (a weights file), weights come from it alone; without, from the
+    ``fairagents_app_weight`` / ``fairagents_agent_weight`` arguments (an invalid one
+    counts as 1).
+    """
+    args = extra_args or {}
+    app = str(args.get(METADATA_APP) or DEFAULT)
+    name = str(args.get(METADATA_AGENT) or DEFAULT)
+    if weights is not None:
+        return Agent(name, App(app, weight=weights.app(app)), weight=weights.agent(app, name))
+    return Agent(name, App(app, weight=_arg_weight(args, XARG_APP_WEIGHT)), weight=_arg_weight(args, XARG_AGENT_WEIGHT))
+
+
+def _arg_weight(args: Mapping[str, Any], key: str) -> float:
+    if key not in args:
+        return 1.0
+    try:
+        return _weight(args[key], key)
+    except InvalidParameterError as err:
+        log.warning("fairagents.vllm.bad_weight", error=str(err))
+        return 1.0
+
+
+class FairCounters:
+    """HMFS counters for one or more engines' fair schedulers: one set per pool, safe across engine threads.
+
+    Each engine registers its model (its profile prices its tokens in unified
+    tokens); apps and agents then have one counter across every model of the pool, as
+    in HMFS's Algorithm 1, so an app's service on one model counts on the others.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.engines.fair_scheduler import FairCounters
+        >>> counters = FairCounters()
+        >>> counters.register("chat", fa.ModelProfile(d_model=4096, n_layers=1))
+        >>> counters.charge(fa.Agent("t", fa.App("a")), "chat", prompt=10, output=5)
+        >>> counters.charged
+        {'a': 20.0}
+    """
+
+    def __init__(self, *, d_base: int | None = None, w_input: float = 1.0, w_output: float = 2.0) -> None:
+        self.cost = UnifiedTokenCost(**({"d_base": d_base} if d_base else {}), w_input=w_input, w_output=w_output)
+        self.policy = HMFS(self.cost)
+        """The counters: ``policy.app_counters()``, ``policy.agent_counters(app)`` (unified tokens / weight)."""
+        self.lock = threading.RLock()
+        self.charged: dict[str, float] = {}
+        """Service charged per app so far, in unified tokens (not divided by weight)."""
+
+    def register(self, model: str, profile: ModelProfile) -> None:
+        """Price ``model``'s tokens by ``profile`` (an engine's model joins the pool)."""
+        with self.lock:
+            if model not in self.cost.profiles:
+                self.cost.register(model, profile)
+
+    def charge(self, agent: Agent, model: str, *, prompt: int = 0, output: int = 0) -> None:
+        """Charge ``prompt`` input and ``output`` output tokens of ``model`` to ``agent``."""
+        amount = (self.cost.input_cost(model, prompt) if prompt else 0.0) + (
+            self.cost.output_cost(model, output) if output else 0.0)
+        if amount <= 0:
+            return
+        with self.lock:
+            self.policy.charge_to(agent, amount)
+            self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
+
+
+class FairQueue(RequestQueue):
+    """vLLM's waiting queue, ordered by HMFS counters (see the module docs).
+
+    The requests it holds are known to the policy as waiting ones. A request popped
+    for scheduling leaves the policy (the scheduler charges it from then on); one put
+    back (skipped, or preempted) arrives again, with the counter lift that brings.
+
+    Args:
+        counters: the HMFS counters (shared with the scheduler that charges them, and
+            with other engines' schedulers of the same pool).
+        model: this engine's name among the counters' models.
+        agent_of: the agent of a vLLM request.
+        on_pop: called with each request popped for the batch, under the counters'
+            lock (the scheduler charges its prompt there, so the next pick of the same
+            step sees it).
+
+    Examples:
+        >>> from fairagents.engines.fair_scheduler import FairCounters, FairQueue
+        >>> len(FairQueue(FairCounters(), "engine", agent_of=lambda r: None))
+        0
+    """
+
+    def __init__(self, counters: FairCounters, model: str, agent_of: Any,
+                 on_pop: Any = None) -> None:
+        self.counters = counters
+        self.policy = counters.policy
+        self.model = model
+        self._agent_of = agent_of
+        self._on_pop = on_pop
+        self._held: dict[str, tuple[VllmRequest, FairRequest]] = {}
+
+    def add_request(self, request: VllmRequest) -> None:
+        # No prompt on the policy's copy: the scheduler charges input as prefill runs.
+        twin = FairRequest(request.request_id, self._agent_of(request), self.model, 0, max(request.max_tokens, 1),
+                           request.arrival_time)
+        with self.counters.lock:
+            self.policy.on_arrival(twin, request.arrival_time)
+        self._held[request.request_id] = (request, twin)
+
+    def peek_request(self) -> VllmRequest:
+        with self.counters.lock:
+            twin = self.policy.select(self.model, 0.0)
+        if twin is None:
+            raise IndexError("peek from an empty queue")
+        return self._held[twin.id][0]
+
+    def pop_request(self) -> VllmRequest:
+        with self.counters.lock:
+            request = self.peek_request()
+            twin = self._held.pop(request.request_id)[1]
+            self.policy.on_dispatch(twin, 0.0)  # charges nothing: the twin has no prompt
+            self.policy.on_finish(twin, Outcome.FINISHED, 0.0)  # the scheduler tracks it while it runs
+            if self._on_pop is not None:
+                self._on_pop(request)
+        return request
+
+    def prepend_request(self, request: VllmRequest) -> None:
+        self.add_request(request)  # the order is the counters', not the position
+
+    def prepend_requests(self, requests: Iterable[VllmRequest]) -> None:
+        for request in requests:
+            self.add_request(request)
+
+    def remove_request(self, request: VllmRequest) -> None:
+        held = self._held.pop(request.request_id, None)
+        if held is not None:
+            with self.counters.lock:
+                self.policy.on_finish(held[1], Outcome.CANCELLED, 0.0)
+
+    def remove_requests(self, requests: Iterable[VllmRequest]) -> None:
+        for request in requests:
+            self.remove_request(request)
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __iter__(self) -> Iterator[VllmRequest]:
+        with self.counters.lock:
+            keyed = [(self.policy.counters_of(t.agent), t.arrival, r) for r, t in self._held.values()]
+        keyed.sort(key=lambda k: (k[0], k[1]))
+        return iter([r for _, _, r in keyed])
+
+
+class FairScheduler(AsyncScheduler):
+    """vLLM's async scheduler with HMFS order, charging and preemption (see the module docs).
+
+    Constructed by vLLM (``EngineArgs(scheduler_cls=FairScheduler)``); it reads the
+    model's hidden size and depth from its config for unified tokens. It keeps its own
+    :class:`FairCounters`, unless built from :meth:`sharing`, which binds the counters
+    of a pool (in-process engines, as ``VLLMEngine(scheduler="fair")`` in an arbiter).
+
+    Examples:
+        >>> from vllm.engine.arg_utils import EngineArgs
+        >>> from fairagents.vllm import FairScheduler
+        >>> EngineArgs(model="some/model", scheduler_cls=FairScheduler).scheduler_cls is FairScheduler
+        True
+    """
+
+    shared: ClassVar[FairCounters | None] = None
+    """Counters bound by :meth:`sharing` (``None``: this scheduler makes its own)."""
+    model: ClassVar[str] = "engine"
+    """This engine's name among the counters' models."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        path = os.environ.get(CONFIG_ENV)
+        self.weights = Weights.load(path) if path else None
+        self.counters = self.shared if self.shared is not None else FairCounters()
+        self.counters.register(self.model, _profile(self.vllm_config))
+        self._agents: dict[str, Agent] = {}  # request id -> its agent, while the engine holds it
+        self._prefilled: dict[str, int] = {}  # request id -> prompt tokens charged so far
+        self.policy = SchedulingPolicy.FCFS  # preemption takes the last of `running`, which we order
+        self.waiting = FairQueue(self.counters, self.model, self._agent_of, self._charge_prompt)
+
+    @classmethod
+    def sharing(cls, counters: FairCounters, model: str) -> type[FairScheduler]:
+        """This class bound to ``counters`` under the name ``model`` (for in-process engines of one pool).
+
+        Examples:
+            >>> from fairagents.engines.fair_scheduler import FairCounters, FairScheduler
+            >>> bound = FairScheduler.sharing(FairCounters(), "chat")
+            >>> issubclass(bound, FairScheduler), bound.model
+            (True, 'chat')
+        """
+        return type(cls.__name__, (cls,), {"shared": counters, "model": model, "__module__": cls.__module__})
+
+    # -- identity and charging ---------------------------------------------------------
+
+    def _agent_of(self, request: VllmRequest) -> Agent:
+        agent = self._agents.get(request.request_id)
+        if agent is None:
+            params = request.sampling_params
+            agent = identity(params.extra_args if params is not None else None, self.weights)
+            self._agents[request.request_id] = agent
+        return agent
+
+    def _charge_prompt(self, request: VllmRequest, upto: int | None = None) -> None:
+        """Charge ``request``'s prompt up to token ``upto`` (all of it by default), never a token twice."""
+        rid = request.request_id
+        upto = request.num_prompt_tokens if upto is None else min(upto, request.num_prompt_tokens)
+        done = self._prefilled.get(rid, 0)
+        if upto > done:
+            self._prefilled[rid] = upto
+            self.counters.charge(self._agent_of(request), self.model, prompt=upto - done)
+
+    def _key(self, request: VllmRequest) -> tuple[float, float, float]:
+        return (*self.counters.policy.counters_of(self._agent_of(request)), request.arrival_time)
+
+    # -- the engine loop -----------------------------------------------------------------
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """Order the running requests (the victim of a preemption is the last), schedule, charge prefill."""
+        if len(self.running) > 1:
+            with self.counters.lock:
+                self.running.sort(key=self._key)
+        output = super().schedule(*args, **kwargs)
+        # Requests that reached the batch without this queue (vLLM's queue of requests
+        # holding KV blocks): their prompt as computed so far (num_computed_tokens already
+        # counts this step's tokens).
+        for rid in output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is not None and self._prefilled.get(rid, 0) < request.num_prompt_tokens:
+                self._charge_prompt(request, request.num_computed_tokens)
+        return output
+
+    def _update_request_with_output(self, request: VllmRequest, new_token_ids: list[int],
+                                    is_stale: bool = False) -> tuple[list[int], bool]:
+        new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
+        if new_token_ids:
+            self.counters.charge(self._agent_of(request), self.model, output=len(new_token_ids))
+        return new_token_ids, stopped
+
+    def _free_request(self, request: VllmRequest, *args: Any, **kwargs: Any) -> Any:
+        self._agents.pop(request.request_id, None)
+        self._prefilled.pop(request.request_id, None)
+        return super()._free_request(request, *args, **kwargs)
+
+
+def _profile(vllm_config: Any) -> ModelProfile:
+    """This model's profile for unified tokens: hidden size and layers of its (text) config."""
+    model_config = vllm_config.model_config
+    hf = model_config.hf_config
+    text = getattr(hf, "text_config", None) or hf
+    d_model = getattr(text, "hidden_size", None) or getattr(text, "d_model", None) or 4096
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "num_layers", None) or 1
+    modality = Modality.VISION if getattr(model_config, "is_multimodal_model", False) else Modality.TEXT
+    return ModelProfile(d_model=int(d_model), n_layers=int(layers), modality=modality)
