@@ -488,6 +488,15 @@ class Arbiter(ModelCalls):
         """An engine that schedules fairly itself charges the pool's one set of in-engine counters."""
         if not schedules_fairly(engine) or name in self.pool.models:
             return
+        theirs = getattr(engine, "fair_counters", None)
+        if theirs is not None:  # started (or bound) elsewhere already: its counters are the pool's
+            if self.fair_counters is None:
+                self.fair_counters = theirs
+            elif theirs is not self.fair_counters:
+                raise InvalidParameterError(
+                    f"model {name!r}'s engine already charges another arbiter's counters; the fair engines of "
+                    "one arbiter must share one set", model=name)
+            return
         if self.fair_counters is None:
             from fairagents.engines.fair_scheduler import FairCounters
 

@@ -3,15 +3,15 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server']
+    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server', 'vllm-scheduler']
 """
 
 from __future__ import annotations
 
-from fairagents.bench import admission, isolation, modality, overhead, policies, scheduler, server
+from fairagents.bench import admission, isolation, modality, overhead, policies, scheduler, server, vllm_scheduler
 
 __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
 BENCHMARKS = {"admission": admission, "isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
-              "scheduler": scheduler, "server": server}
+              "scheduler": scheduler, "server": server, "vllm-scheduler": vllm_scheduler}

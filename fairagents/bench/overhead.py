@@ -210,11 +210,11 @@ def pressure_kv_bytes(max_tokens: int = PRESSURE_TOKENS, holds: int = PRESSURE_H
 
 
 async def _pressure_point(
-    engine: Engine, token_budget: int | str | None, flood_callers: int, victim_callers: int, prompt: int,
+    engine: Engine, limits: dict[str, Any], flood_callers: int, victim_callers: int, prompt: int,
     max_tokens: int, seconds: float,
 ) -> tuple[dict[str, Any], float]:
-    """One admission mode under KV pressure: its row, and ``U`` under its own limits."""
-    arbiter, flood, victim = await _flood_and_victim(engine, token_budget=token_budget)
+    """One admission mode (``limits``: the arbiter's) under KV pressure: its row, and ``U`` under its own limits."""
+    arbiter, flood, victim = await _flood_and_victim(engine, **limits)
     tokens = 0
 
     async def caller(who: Any) -> None:
@@ -244,8 +244,8 @@ async def _pressure_point(
     waited = [dataclasses.replace(r, dispatched=r.first_token) for r in records]
     gap = max_service_gap(waited, charges, {"flood": 1.0, "victim": 1.0})
 
-    def ttft(app: str) -> float:
-        return percentile([r.ttft for r in records if r.app == app and r.ttft is not None], 50)
+    def ttft(app: str, q: float = 50) -> float:
+        return percentile([r.ttft for r in records if r.app == app and r.ttft is not None], q)
 
     row = {
         "in_flight": arbiter.in_flight_limit("m"),
@@ -254,7 +254,10 @@ async def _pressure_point(
         "victim_over_flood": served["victim"] / served["flood"] if served["flood"] else float("nan"),
         "max_gap": gap,
         "victim_ttft_p50_s": ttft("victim"),
+        "victim_ttft_p99_s": ttft("victim", 99),
         "flood_ttft_p50_s": ttft("flood"),
+        "output_tokens": produced,
+        "seconds": elapsed,
     }
     return row, arbiter.bound(prompt + max_tokens)
 
@@ -270,8 +273,8 @@ async def _kv_pressure(flood_callers: int, victim_callers: int, max_tokens: int,
         prompt = len(engine.prepare_chat(MESSAGES).token_ids)
         await _direct(engine, 2, 1, 8)  # warm up
         load = (flood_callers, victim_callers, prompt, max_tokens, seconds)
-        budgeted, u = await _pressure_point(engine, "engine", *load)
-        counted, _ = await _pressure_point(engine, None, *load)
+        budgeted, u = await _pressure_point(engine, {"token_budget": "engine"}, *load)
+        counted, _ = await _pressure_point(engine, {"token_budget": None}, *load)
     finally:
         await engine.stop()
     block, capacity = engine.kv_block_size, engine.token_capacity or 0

@@ -13,8 +13,9 @@ commands to a thread-safe inbox; the engine thread drains the inbox before every
 ``step()`` (and blocks on it when idle), and hands each step's outputs back with one
 ``loop.call_soon_threadsafe``. vLLM's ``add_request``, ``abort_request`` and ``step``
 take no locks, so this single-owner design is what makes them safe. vLLM keeps the
-forward context in a module global, so engines in one process never step at the
-same time (a process-wide lock). The synchronous engine emits nothing for an
+forward context in a module global (on every device, GPU included), so engines in one
+process never step at the same time (a process-wide lock): models of one pool take
+turns on the hardware. To overlap models on one GPU, run each in its own process. The synchronous engine emits nothing for an
 aborted request; the thread ends such a stream itself with ``"abort"``.
 
 Environment. Importing this module sets, unless already set,
@@ -55,8 +56,11 @@ __all__ = ["VLLMEngine", "max_token_bytes"]
 
 log = structlog.get_logger("fairagents.engines.vllm")
 
-# vLLM's forward context is a module-level global: two engines must not step at once.
+# vLLM's forward context is a module-level global (vllm.forward_context._forward_context),
+# not a per-thread one, on every device: two engines of one process must not step at once.
 _STEP_LOCK = threading.Lock()
+#: KV cache of an engine on a CPU when none is given.
+DEFAULT_CPU_KV_BYTES = 256 * 2**20
 # Engines of this process that have loaded and not yet shut down (by id of their VLLMEngine).
 _live: set[int] = set()
 _names = itertools.count(1)
@@ -88,13 +92,16 @@ class VLLMEngine:
         model: a Hugging Face model folder or name; ``None`` builds and serves the
             embedded tiny model (see :mod:`fairagents.models`).
         max_model_len: context length; ``None`` takes the model's own.
-        kv_cache_bytes: KV cache size. Always set: otherwise vLLM on CPU tries to
-            reserve most of the machine's memory.
+        kv_cache_bytes: KV cache size. On a CPU 256 MiB unless given (unset, vLLM
+            would reserve most of the machine's memory); on a GPU, unset, the cache is
+            sized by ``gpu_memory_utilization`` (see :meth:`engine_args`).
+        gpu_memory_utilization: on a GPU, the share of its memory this engine may take
+            (vLLM's default 0.9 when unset); give each engine of a pool on one GPU its share.
         max_num_seqs: most sequences vLLM batches at once; the arbiter's in-flight limit
             for this model defaults to it, and its token budget to ``token_capacity``, so
             what vLLM is handed fits its batch and KV cache at once and its own FCFS queue
             stays empty.
-        dtype: weights' dtype (``"float32"`` on CPU).
+        dtype: weights' dtype (default: ``"float32"`` on a CPU, the model's own on a GPU).
         scheduler: ``"vllm"`` (vLLM's own FCFS scheduler: the arbiter keeps the queue and
             hands the engine what fits) or ``"fair"``: HMFS inside vLLM's engine loop
             (:class:`~fairagents.engines.fair_scheduler.FairScheduler`), so the engine
@@ -135,14 +142,18 @@ class VLLMEngine:
         model: str | os.PathLike[str] | None = None,
         *,
         max_model_len: int | None = None,
-        kv_cache_bytes: int = 256 * 2**20,
+        kv_cache_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
         max_num_seqs: int = 32,
-        dtype: str = "float32",
+        dtype: str | None = None,
         scheduler: Literal["vllm", "fair"] = "vllm",
         engine_args: dict[str, Any] | None = None,
     ) -> None:
-        if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes <= 0:
+        if kv_cache_bytes is not None and (isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int)
+                                           or kv_cache_bytes <= 0):
             raise InvalidParameterError(f"kv_cache_bytes must be an integer > 0, got {kv_cache_bytes!r}")
+        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+            raise InvalidParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if scheduler not in ("vllm", "fair"):
             raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
         self.model = None if model is None else str(model)
@@ -155,15 +166,9 @@ class VLLMEngine:
         self.vocab_size: int | None = None  # set on start(): prompt token ids must be below it
         self.max_token_bytes: int | None = None  # set on start(): the cheap context check before tokenizing
         self.kv_block_size = 1
-        self._args = {
-            "max_model_len": max_model_len,
-            "kv_cache_memory_bytes": kv_cache_bytes,
-            "max_num_seqs": max_num_seqs,
-            "dtype": dtype,
-            "enforce_eager": True,
-            "disable_log_stats": True,
-            **(engine_args or {}),
-        }
+        self._kv_cache_bytes, self._gpu_memory_utilization, self._dtype = kv_cache_bytes, gpu_memory_utilization, dtype
+        self._args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "disable_log_stats": True,
+                      **(engine_args or {})}
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._sinks: dict[str, asyncio.Queue[Any]] = {}
         self._thread: threading.Thread | None = None
@@ -175,6 +180,32 @@ class VLLMEngine:
         """With ``scheduler="fair"``: the :class:`~fairagents.engines.fair_scheduler.FairCounters` it
         charges (its own, or a pool's from :meth:`share_counters`); set on :meth:`start`."""
         self._fair_name = "engine"
+
+    def engine_args(self, *, gpu: bool | None = None) -> dict[str, Any]:
+        """The ``vllm.EngineArgs`` fields this engine starts with, for the device it runs on.
+
+        On a CPU: float32 weights, eager mode (no graphs to capture), and a KV cache of
+        ``kv_cache_bytes`` (256 MiB by default: otherwise vLLM reserves most of the
+        machine's memory). On a GPU: the model's own dtype (``"auto"``), CUDA graphs,
+        and a KV cache sized by ``gpu_memory_utilization`` (vLLM's 0.9 by default; give
+        each engine of a pool sharing one GPU its share) unless ``kv_cache_bytes`` is set.
+        ``engine_args`` given to the constructor override any of these.
+
+        Examples:
+            >>> from fairagents.engines.vllm import VLLMEngine
+            >>> args = VLLMEngine(gpu_memory_utilization=0.4).engine_args(gpu=True)
+            >>> args["dtype"], args["enforce_eager"], args["gpu_memory_utilization"], "kv_cache_memory_bytes" in args
+            ('auto', False, 0.4, False)
+            >>> VLLMEngine().engine_args(gpu=False)["kv_cache_memory_bytes"] // 2**20
+            256
+        """
+        gpu = _on_gpu() if gpu is None else gpu
+        args: dict[str, Any] = {"dtype": self._dtype or ("auto" if gpu else "float32"), "enforce_eager": not gpu}
+        if self._kv_cache_bytes is not None or not gpu:
+            args["kv_cache_memory_bytes"] = self._kv_cache_bytes or DEFAULT_CPU_KV_BYTES
+        elif self._gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = self._gpu_memory_utilization
+        return {**args, **self._args}
 
     def share_counters(self, counters: Any, name: str) -> None:
         """With ``scheduler="fair"``: charge and order by ``counters`` (a pool's), as model ``name``; before start."""
@@ -321,7 +352,7 @@ class VLLMEngine:
                 from vllm.engine.arg_utils import EngineArgs
                 from vllm.v1.engine.llm_engine import LLMEngine
 
-                args = dict(self._args)
+                args = self.engine_args()
                 if self.scheduler == "fair":
                     from fairagents.engines.fair_scheduler import FairCounters, FairScheduler
 
@@ -419,6 +450,13 @@ def _kv_capacity(engine: Any) -> tuple[int, int]:
     if kv_config is not None:
         groups = max(sum(not getattr(g, "host_resident", False) for g in kv_config.kv_cache_groups), 1)
     return usable // groups * block, block
+
+
+def _on_gpu() -> bool:
+    """Whether vLLM runs on a CUDA (or ROCm) GPU here."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda_alike())
 
 
 def _shutdown(engine: Any, *, alone: bool) -> None:

@@ -203,10 +203,16 @@ class ModelConfig(_Section):
     count only); unset, the configuration's ``token_budget``."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Context length; unset, the model's own."""
-    kv_cache_bytes: int = Field(default=256 * 2**20, ge=2**20)
-    """KV cache size in bytes."""
+    kv_cache_bytes: int | None = Field(default=None, ge=2**20)
+    """KV cache size in bytes; unset, 256 MiB on a CPU and ``gpu_memory_utilization`` on a GPU."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """On a GPU, the share of its memory this engine may take (vLLM's 0.9 unset; split it between
+    the models of one GPU)."""
     max_num_seqs: int = Field(default=32, ge=1)
     """Most sequences the engine batches at once."""
+    scheduler: Literal["vllm", "fair"] = "vllm"
+    """``"fair"``: HMFS inside vLLM's engine loop (``fairagents.vllm.FairScheduler``), the
+    arbiter handing the engine everything; ``"vllm"``: vLLM's own, behind the arbiter's admission."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further engine arguments, passed as is: ``vllm.EngineArgs`` fields, or for ``diffusion``
     the :class:`~fairagents.engines.diffusion.DiffusionEngine` options (``max_size``, ``default_steps``…)."""
@@ -224,7 +230,9 @@ class ModelConfig(_Section):
             self.path,
             max_model_len=self.max_model_len,
             kv_cache_bytes=self.kv_cache_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
             max_num_seqs=self.max_num_seqs,
+            scheduler=self.scheduler,
             engine_args=self.engine_args,
         )
 

@@ -129,3 +129,47 @@ def test_counters_are_shared_across_the_models_of_a_pool():
     assert vision.pop_request().request_id == "v-a"  # the vision queue only holds its own
     bound = FairScheduler.sharing(counters, "text")
     assert bound.shared is counters and bound.model == "text" and FairScheduler.shared is None
+
+
+def test_engine_defaults_follow_the_device():
+    from fairagents.engines.vllm import VLLMEngine
+
+    cpu = VLLMEngine().engine_args(gpu=False)
+    assert (cpu["dtype"], cpu["enforce_eager"], cpu["kv_cache_memory_bytes"]) == ("float32", True, 256 * 2**20)
+    gpu = VLLMEngine(gpu_memory_utilization=0.3).engine_args(gpu=True)
+    assert (gpu["dtype"], gpu["enforce_eager"], gpu["gpu_memory_utilization"]) == ("auto", False, 0.3)
+    assert "kv_cache_memory_bytes" not in gpu
+    sized = VLLMEngine(kv_cache_bytes=2**30, dtype="bfloat16").engine_args(gpu=True)
+    assert (sized["kv_cache_memory_bytes"], sized["dtype"]) == (2**30, "bfloat16")
+    assert VLLMEngine(engine_args={"enforce_eager": True}).engine_args(gpu=True)["enforce_eager"] is True
+    with pytest.raises(fa.InvalidParameterError):
+        VLLMEngine(gpu_memory_utilization=1.5)
+    with pytest.raises(fa.InvalidParameterError):
+        VLLMEngine(scheduler="priority")
+
+
+def test_fair_counters_stay_exact_under_concurrent_engine_threads():
+    """Engines step on their own threads; charges and queue operations on one set of counters take its lock."""
+    import threading
+
+    counters = FairCounters()
+    counters.register("a", fa.ModelProfile(d_model=4096, n_layers=1))
+    counters.register("b", fa.ModelProfile(d_model=4096, n_layers=1))
+    queues = {m: FairQueue(counters, m, lambda r: identity(r.sampling_params.extra_args)) for m in "ab"}
+    who = fa.Agent("default", fa.App("x"))
+
+    def engine_thread(model):
+        q = queues[model]
+        for i in range(2000):
+            q.add_request(vreq(f"{model}{i}", "x", at=float(i)))
+            counters.charge(who, model, output=1)
+            q.pop_request()
+
+    threads = [threading.Thread(target=engine_thread, args=(m,)) for m in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counters.charged["x"] == 2 * 2000 * 2.0  # not one charge lost to a race
+    assert counters.policy.counters_of(who)[0] == 8000.0
+    assert len(queues["a"]) == len(queues["b"]) == 0

@@ -47,7 +47,7 @@ async def test_token_capacity_is_the_usable_kv_cache(text_engine):
     text = config.hf_text_config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     bytes_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * config.dtype.itemsize  # K and V
-    kv_cache_bytes = text_engine._args["kv_cache_memory_bytes"]  # what the fixture asked for
+    kv_cache_bytes = text_engine.engine_args()["kv_cache_memory_bytes"]  # what the fixture asked for
     assert capacity // block == kv_cache_bytes // (block * bytes_per_token) - 1
     assert text_engine._engine.vllm_config.cache_config.kv_cache_size_tokens == capacity + block  # vLLM's count keeps it
 

@@ -62,3 +62,21 @@ async def test_two_fair_engines_of_one_pool_share_counters_across_models():
     # Per-model counters would split b evenly between two backlogged apps. One set of
     # counters charges busy's service on a too, so fresh takes b while busy is served on a.
     assert on_b[:6].count("fresh") >= 5
+
+
+async def test_a_started_fair_engine_brings_its_counters_to_the_next_arbiter():
+    from fairagents.engines.fair_scheduler import FairCounters
+    from fairagents.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=2, scheduler="fair")
+    first = fa.Arbiter()
+    first.add_model("chat", engine)
+    async with first:
+        await first.app("a").agent("t").chat("chat", MSG, max_tokens=4)
+    second = fa.Arbiter()
+    second.add_model("chat", engine)  # the same engine, its counters with it
+    assert second.fair_counters is first.fair_counters is engine.fair_counters
+    third = fa.Arbiter()
+    third.fair_counters = FairCounters()
+    with pytest.raises(fa.InvalidParameterError, match="another arbiter's counters"):
+        third.add_model("chat", engine)
