@@ -1,0 +1,20 @@
+import pytest
+
+pytest.importorskip("vllm")
+
+from fairagents.bench import vllm_scheduler  # noqa: E402
+
+
+def test_the_in_engine_queue_decision_cost_is_measured_and_grows_slowly():
+    small, large = vllm_scheduler.decision_cost(10, decisions=2000), vllm_scheduler.decision_cost(10_000, decisions=2000)
+    assert 0 < small and 0 < large
+    assert large < 20 * small  # O(log n): a thousandfold more apps, far less than a thousandfold the cost
+
+
+def test_render_shows_every_mode():
+    row = {"tokens_per_s": 100.0, "throughput_vs_vllm": 1.0, "gap_over_2u": 0.5, "victim_over_flood": 0.3,
+           "victim_ttft_p50_s": 0.01, "victim_ttft_p99_s": 0.05}
+    result = {"token_capacity": 2048, "victim_callers": 3, "flood_callers": 30, "rounds": 2, "seconds": 15.0,
+              "u": 100.0, "decision_us": {"10": 3.0}, **{mode: row for mode in vllm_scheduler.MODES}}
+    first, second = vllm_scheduler.render(result)
+    assert len(first.rows) == 3 and len(second.rows) == 1
