@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from fairagents.admission import Statera
 from fairagents.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE
+from fairagents.cost import ModelProfile
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO
@@ -190,9 +191,24 @@ class ModelConfig(_Section):
         True
     """
 
-    engine: Literal["vllm", "vision", "diffusion"] = "vllm"
-    """The engine kind, in this process: ``vllm`` (text), ``vision`` (a vision-language
-    model on vLLM: image parts in chat), or ``diffusion`` (image generation with diffusers)."""
+    engine: Literal["vllm", "vision", "diffusion", "openai"] = "vllm"
+    """The engine kind: in this process ``vllm`` (text), ``vision`` (a vision-language
+    model on vLLM: image parts in chat) or ``diffusion`` (image generation with
+    diffusers); or ``openai``: remote OpenAI-compatible replicas (``urls``), such as
+    ``vllm serve`` (:class:`~fairagents.engines.remote.OpenAIEngine`)."""
+    urls: list[str] | None = None
+    """``openai``: the replicas' base URLs (``http://host:port/v1``)."""
+    served_model_name: str | None = None
+    """``openai``: the model's name on the replicas; unset, this model's name."""
+    api_key: SecretStr | None = None
+    """``openai``: the replicas' API key, if they need one."""
+    token_capacity: int | None = Field(default=None, ge=1)
+    """``openai``: KV tokens of all replicas together; unset, read from their ``/metrics``."""
+    d_model: int | None = Field(default=None, ge=1)
+    """``openai`` without ``path``: the model's hidden size, to price its tokens (prompts are
+    then tokenized by the replicas)."""
+    n_layers: int | None = Field(default=None, ge=1)
+    """``openai`` without ``path``: the model's number of layers."""
     path: str | None = None
     """A Hugging Face model folder or name; ``None`` serves the embedded tiny model."""
     in_flight: int | None = Field(default=None, ge=1)
@@ -217,8 +233,29 @@ class ModelConfig(_Section):
     """Further engine arguments, passed as is: ``vllm.EngineArgs`` fields, or for ``diffusion``
     the :class:`~fairagents.engines.diffusion.DiffusionEngine` options (``max_size``, ``default_steps``…)."""
 
-    def build(self) -> Any:
-        """A new, unstarted engine for this model (``path`` unset: the embedded model of its kind)."""
+    @model_validator(mode="after")
+    def _remote_needs_urls(self) -> ModelConfig:
+        if (self.engine == "openai") != (self.urls is not None):
+            raise ValueError("urls are for engine = \"openai\", which needs them")
+        if self.engine == "openai" and self.path is None and (self.d_model is None or self.n_layers is None):
+            raise ValueError("engine = \"openai\" needs the model's files here (path) or its d_model and n_layers, "
+                             "to price its tokens")
+        return self
+
+    def build(self, name: str = "chat") -> Any:
+        """A new, unstarted engine for this model, called ``name`` in the pool (``path`` unset: the embedded model)."""
+        if self.engine == "openai":
+            from fairagents.engines.remote import OpenAIEngine
+
+            given = self.d_model is not None and self.n_layers is not None
+            return OpenAIEngine(
+                self.urls or [], model=self.served_model_name or name, model_path=self.path,
+                profile=ModelProfile(d_model=self.d_model, n_layers=self.n_layers) if given else None,  # type: ignore[arg-type]
+                api_key=None if self.api_key is None else self.api_key.get_secret_value(),
+                max_model_len=self.max_model_len, token_capacity=self.token_capacity,
+                max_num_seqs=self.max_num_seqs if "max_num_seqs" in self.model_fields_set else None,
+                **self.engine_args,
+            )
         if self.engine == "diffusion":
             from fairagents.engines.diffusion import DiffusionEngine
 
@@ -501,5 +538,5 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
     )
     for name, model in config.models.items():
         budget = {None: False, "off": None}.get(model.token_budget, model.token_budget)  # type: ignore[arg-type]
-        arbiter.add_model(name, engines.get(name) or model.build(), in_flight=model.in_flight, token_budget=budget)
+        arbiter.add_model(name, engines.get(name) or model.build(name), in_flight=model.in_flight, token_budget=budget)
     return arbiter

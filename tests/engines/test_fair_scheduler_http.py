@@ -9,14 +9,13 @@ scheduler it is served alongside it.
 """
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from .._vllm_servers import start_server, stop_server, wait_healthy
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
@@ -40,36 +39,11 @@ print(json.dumps(done))
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(fair: bool, log: Path):
-    from fairagents.models import ensure_default_models
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-           str(ensure_default_models(["text"])["text"]), "--served-model-name", "chat", "--host", "127.0.0.1",
-           "--port", str(port), "--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(64 * 2**20), "--max-num-seqs", "2"]
-    if fair:
-        cmd += ["--scheduler-cls", "fairagents.vllm.FairScheduler"]
-    with log.open("w") as sink:  # a file, not a pipe: nobody drains a pipe, and a full one would block the server
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the vLLM server exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, f"http://127.0.0.1:{port}/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise AssertionError("the vLLM server did not become healthy in 240 s")
+    extra = ["--max-num-seqs", "2", *(["--scheduler-cls", "fairagents.vllm.FairScheduler"] if fair else [])]
+    proc, url = start_server(log, *extra)
+    wait_healthy(proc, url, log)
+    return proc, url
 
 
 def clients(url):
@@ -90,12 +64,7 @@ def test_two_client_processes_over_http(fair, tmp_path):
     try:
         flood, victim = clients(url)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     before_victim_done = sum(t < max(victim) for t in flood)
     if fair:
         assert before_victim_done <= 8  # served alongside the flood's backlog

@@ -1,6 +1,7 @@
 """Server configuration: TOML and YAML, validation, the default pool, building the arbiter."""
 
 import pytest
+from pydantic import ValidationError
 
 import fairagents as fa
 from fairagents.server import Config, build_arbiter, create_app, load_config
@@ -168,3 +169,19 @@ async def test_token_budgets_come_from_the_engine_a_number_or_are_off():
     arbiter = build_arbiter(config, engines={m: FakeEngine(token_capacity=128) for m in "abc"})
     async with arbiter:
         assert [arbiter.token_budget_of(m) for m in "abc"] == [512, 128, None]
+
+
+def test_a_model_on_remote_replicas():
+    from fairagents.engines.remote import OpenAIEngine
+
+    config = Config.model_validate({"server": {"auth": False}, "models": {"chat": {
+        "engine": "openai", "urls": ["http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1"], "d_model": 896,
+        "n_layers": 24, "served_model_name": "qwen", "api_key": "sk-replicas", "max_num_seqs": 16}}})
+    engine = config.models["chat"].build("chat")
+    assert isinstance(engine, OpenAIEngine)
+    assert (engine.model, engine.api_key, engine.max_num_seqs) == ("qwen", "sk-replicas", 32)
+    assert [r.url for r in engine.replicas] == ["http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1"]
+    with pytest.raises(ValidationError, match="needs the model's files"):
+        Config.model_validate({"models": {"chat": {"engine": "openai", "urls": ["http://x/v1"]}}})
+    with pytest.raises(ValidationError, match="urls are for"):
+        Config.model_validate({"models": {"chat": {"urls": ["http://x/v1"]}}})

@@ -1,0 +1,427 @@
+"""A model served by remote OpenAI-compatible servers: one or more ``vllm serve`` replicas behind one name.
+
+:class:`OpenAIEngine` is an :class:`~fairagents.engines.Engine` whose requests run on
+other machines, through the ``openai`` client:
+
+- **Dispatch.** Each request goes to the healthy replica with the fewest requests of
+  this engine in flight (least loaded), as a streaming ``/v1/completions`` call on the
+  prompt's token ids, with ``stream_options`` asking for usage on every chunk, so the
+  tokens charged are the server's own count.
+- **Identity** travels as vLLM's ``vllm_xargs`` (``fairagents_app``,
+  ``fairagents_agent`` and their weights): a replica running
+  :class:`~fairagents.vllm.FairScheduler` schedules by it.
+- **Pricing before dispatch.** Prompts are tokenized before they are queued, so they
+  can be priced: with the model's tokenizer from its files when they are here
+  (``model_path``; also the source of its profile for unified tokens), else by the
+  replica's ``/tokenize``.
+- **Abort** closes the stream: vLLM aborts a request whose client disconnected.
+- **Capacity.** ``token_capacity`` (the default token budget: the KV tokens of all
+  replicas) is configured, or read from each replica's ``/metrics``
+  (``vllm:cache_config_info``); ``max_num_seqs`` (the default in-flight limit) is
+  configured per replica and summed.
+- **A replica that fails** (connection refused or reset, a 5xx, a failed health check)
+  is taken out; it is checked again (``/health``) with exponential backoff (tenacity)
+  and put back when it answers. The rule for the requests it held: one that had
+  produced no token yet is sent again to another healthy replica (it is as if it had
+  waited); one that had produced tokens fails with
+  :class:`~fairagents.EngineError` (its output so far was delivered; sending it
+  again would repeat it). The engine stays ``healthy`` while one replica is; with none
+  left it reports itself dead, and the arbiter's restart brings it back when one
+  answers again.
+
+Examples:
+    >>> from fairagents.engines.remote import OpenAIEngine
+    >>> engine = OpenAIEngine(["http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1"], model="chat",
+    ...                       profile=None, model_path=None)
+    Traceback (most recent call last):
+    ...
+    fairagents.errors.InvalidParameterError: an OpenAIEngine needs the model's files (model_path) or its profile (profile), to price its tokens
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import structlog
+import tenacity
+
+from fairagents.cost import ModelProfile
+from fairagents.engines.base import Delta, GenerationParams, Prompt
+from fairagents.errors import EngineError, InvalidParameterError
+from fairagents.identity import Modality, identity_args
+
+__all__ = ["OpenAIEngine", "Replica"]
+
+log = structlog.get_logger("fairagents.engines.remote")
+
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
+
+
+@dataclass(eq=False)
+class Replica:
+    """One server of the model, and what this engine knows of it.
+
+    Examples:
+        >>> from fairagents.engines.remote import Replica
+        >>> Replica("http://127.0.0.1:8000/v1").root
+        'http://127.0.0.1:8000'
+    """
+
+    url: str
+    """Its OpenAI base URL (``…/v1``)."""
+    healthy: bool = True
+    running: int = 0
+    """Requests of this engine in flight on it."""
+    served: int = 0
+    """Requests it has been sent."""
+    failures: int = 0
+    """Times it was taken out."""
+    client: Any = field(default=None, repr=False)
+    recheck: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def root(self) -> str:
+        """The server's root URL (its base URL without ``/v1``), where ``/health`` and ``/metrics`` live."""
+        return self.url.rstrip("/").removesuffix("/v1")
+
+
+class _ReplicaFailed(Exception):
+    """A replica failed (connection, 5xx) — before or after the request produced output."""
+
+
+class OpenAIEngine:
+    """A text model on one or more remote OpenAI-compatible (vLLM) servers (see the module docs).
+
+    Args:
+        urls: the replicas' OpenAI base URLs (``http://host:port/v1``).
+        model: the model's name on the servers (``--served-model-name``).
+        model_path: the model's files here (a folder or a Hugging Face name): its
+            tokenizer prices prompts locally and its config gives the profile.
+        profile: the model's profile for unified tokens, when its files are not here.
+        api_key: the servers' API key, if they need one.
+        max_model_len: the context length; unset, the servers' own.
+        token_capacity: KV tokens of all replicas together; unset, read from their ``/metrics``.
+        max_num_seqs: sequences one replica batches at once (the in-flight limit is this
+            times the replicas); unset, the arbiter's default.
+        timeout: seconds a request may take in all.
+        backoff: seconds before the first health check of a failed replica (it doubles).
+        max_backoff: longest wait between two health checks.
+        transport: an ``httpx`` transport for every call to the servers (tests, custom TLS or proxies).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.engines.remote import OpenAIEngine
+        >>> engine = OpenAIEngine(["http://127.0.0.1:8000/v1"], model="chat",
+        ...                       profile=fa.ModelProfile(d_model=4096, n_layers=32))
+        >>> engine.healthy, [r.url for r in engine.replicas]
+        (True, ['http://127.0.0.1:8000/v1'])
+    """
+
+    modality: Modality = Modality.TEXT
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        model: str,
+        model_path: str | os.PathLike[str] | None = None,
+        profile: ModelProfile | None = None,
+        api_key: str | None = None,
+        max_model_len: int | None = None,
+        token_capacity: int | None = None,
+        max_num_seqs: int | None = None,
+        timeout: float = 600.0,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        transport: httpx.MockTransport | httpx.HTTPTransport | None = None,
+    ) -> None:
+        if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                        for u in urls):
+            raise InvalidParameterError(f"urls must be a non-empty list of http(s) base URLs, got {urls!r}")
+        if model_path is None and profile is None:
+            raise InvalidParameterError("an OpenAIEngine needs the model's files (model_path) or its profile "
+                                        "(profile), to price its tokens")
+        self.replicas = [Replica(u.rstrip("/")) for u in urls]
+        self.model = model
+        self.model_path = None if model_path is None else str(model_path)
+        self.profile = profile or ModelProfile(d_model=1, n_layers=1)  # from the model's config on start()
+        self._given_profile = profile is not None
+        self.api_key = api_key
+        self.max_model_len = max_model_len or 0
+        self._given_capacity = token_capacity
+        self.token_capacity: int | None = token_capacity
+        self._per_replica_seqs = max_num_seqs
+        if max_num_seqs is not None:
+            self.max_num_seqs = max_num_seqs * len(self.replicas)
+        self.timeout, self.backoff, self.max_backoff = timeout, backoff, max_backoff
+        self._transport = transport
+        self.vocab_size: int | None = None
+        self._tokenizer: Any = None
+        self._streams: dict[str, Any] = {}  # request id -> its open stream (to abort it)
+        self._aborted: set[str] = set()
+        self._started = False
+
+    @property
+    def healthy(self) -> bool:
+        """Whether one replica at least is in service."""
+        return any(r.healthy for r in self.replicas)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Reach the replicas (at least one must answer), learn the context and capacity, load the tokenizer."""
+        if self._started and self.healthy:
+            return
+        import openai
+
+        for r in self.replicas:
+            if r.client is None:
+                r.client = openai.AsyncOpenAI(base_url=r.url, api_key=self.api_key or "unused", max_retries=0,
+                                              timeout=self.timeout, http_client=self._http())
+        results = await asyncio.gather(*(self._probe(r) for r in self.replicas), return_exceptions=True)
+        cards = [c for c in results if not isinstance(c, BaseException)]
+        for r, result in zip(self.replicas, results, strict=True):
+            r.healthy = not isinstance(result, BaseException)
+            if not r.healthy:
+                self._take_out(r, result)  # type: ignore[arg-type]
+        if not cards:
+            raise EngineError(f"no replica of model {self.model!r} answers: {results[0]}")
+        if not self.max_model_len:
+            lengths = [c["max_model_len"] for c in cards if c.get("max_model_len")]
+            if not lengths:
+                raise EngineError(f"the replicas of {self.model!r} do not say their context length: set max_model_len")
+            self.max_model_len = min(lengths)
+        if self._given_capacity is None:
+            capacities = await asyncio.gather(*(self._capacity(r) for r in self.replicas if r.healthy))
+            self.token_capacity = sum(capacities) if capacities and all(capacities) else None
+        if self.model_path is not None and self._tokenizer is None:
+            self._tokenizer, profile = await asyncio.to_thread(_load_tokenizer, self.model_path)
+            if not self._given_profile:
+                self.profile = profile
+            self.vocab_size = len(self._tokenizer)
+        self._started = True
+
+    async def stop(self) -> None:
+        """Stop checking replicas and close the connections."""
+        for r in self.replicas:
+            if r.recheck is not None:
+                r.recheck.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await r.recheck
+                r.recheck = None
+            if r.client is not None:
+                await r.client.close()
+                r.client = None
+        self._started = False
+
+    async def _probe(self, r: Replica) -> dict[str, Any]:
+        """The replica's card for this model (raises if it is down or does not serve it)."""
+        assert r.client is not None
+        page = await r.client.models.list()
+        for card in page.data:
+            if card.id == self.model:
+                return card.model_dump()
+        raise EngineError(f"replica {r.url} does not serve {self.model!r} (it serves {[c.id for c in page.data]})")
+
+    async def _capacity(self, r: Replica) -> int | None:
+        """KV tokens the replica holds, from its ``/metrics`` (``None`` if it does not say)."""
+        try:
+            async with self._http(10) as http:
+                text = (await http.get(f"{r.root}/metrics")).text
+        except httpx.HTTPError:
+            return None
+        found = _CACHE_INFO.search(text)
+        if found is None:
+            return None
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found["labels"]))
+        try:
+            return (int(labels["num_gpu_blocks"]) - 1) * int(labels["block_size"])  # vLLM keeps one null block
+        except (KeyError, ValueError):
+            return None
+
+    def _http(self, timeout: float | None = None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=self._transport, timeout=timeout or self.timeout)  # type: ignore[arg-type]
+
+    # -- replicas in and out --------------------------------------------------------
+
+    def _take_out(self, r: Replica, err: BaseException) -> None:
+        if r.recheck is not None and not r.recheck.done():
+            return
+        r.healthy = False
+        r.failures += 1
+        log.warning("fairagents.remote.replica_down", url=r.url, model=self.model, error=str(err))
+        r.recheck = asyncio.get_running_loop().create_task(self._recheck(r))
+
+    async def _recheck(self, r: Replica) -> None:
+        """Check ``r``'s ``/health`` with exponential backoff until it answers; then put it back."""
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=self.backoff, max=self.max_backoff),
+            retry=tenacity.retry_if_exception_type(Exception), before=_sleep_first(self.backoff),
+        )
+        async for attempt in retrying:
+            with attempt:
+                async with self._http(5) as http:
+                    (await http.get(f"{r.root}/health")).raise_for_status()
+                await self._probe(r)
+        r.healthy = True
+        log.info("fairagents.remote.replica_back", url=r.url, model=self.model)
+
+    def _pick(self, tried: set[int]) -> Replica | None:
+        candidates = [r for r in self.replicas if r.healthy and id(r) not in tried and r.client is not None]
+        return min(candidates, key=lambda r: r.running) if candidates else None
+
+    # -- prompts -----------------------------------------------------------------
+
+    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
+        """Apply the chat template and tokenize (locally, or by a replica's ``/tokenize``)."""
+        for i, message in enumerate(messages):
+            if not isinstance(message.get("content"), str):
+                raise InvalidParameterError(f"messages[{i}].content must be text for a text model")
+        if self._tokenizer is not None:
+            try:
+                ids = self._tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
+                                                          tokenize=True, return_dict=False)
+            except Exception as err:  # a template that rejects the conversation (roles, order)
+                raise InvalidParameterError(f"the model's chat template rejected the messages: {err}") from err
+        else:
+            ids = self._tokenize({"messages": [dict(m) for m in messages], "add_generation_prompt": True})
+        if not ids:
+            raise InvalidParameterError("the messages render to an empty prompt")
+        return Prompt(token_ids=tuple(ids))
+
+    def prepare_text(self, text: str) -> Prompt:
+        """Tokenize a plain prompt as the model reads it."""
+        if not isinstance(text, str) or not text:
+            raise InvalidParameterError(f"the prompt must be a non-empty string, got {text!r}")
+        ids = self._tokenizer.encode(text) if self._tokenizer is not None else self._tokenize({"prompt": text})
+        return Prompt(token_ids=tuple(ids))
+
+    def _tokenize(self, body: dict[str, Any]) -> list[int]:
+        """A replica's ``/tokenize`` (runs in a preprocessing thread: a blocking call is fine there)."""
+        for r in [r for r in self.replicas if r.healthy] or self.replicas:
+            try:
+                with httpx.Client(transport=self._transport, timeout=30) as http:  # type: ignore[arg-type]
+                    reply = http.post(f"{r.root}/tokenize", json={"model": self.model, **body})
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 400:
+                raise InvalidParameterError(f"the model's server rejected the prompt: {reply.text[:500]}")
+            if reply.status_code == 200:
+                return list(reply.json()["tokens"])
+        raise EngineError(f"no replica of {self.model!r} could tokenize the prompt")
+
+    # -- requests ----------------------------------------------------------------
+
+    async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
+        """Stream one request from the least-loaded replica (see the module docs for failures)."""
+        tried: set[int] = set()
+        while True:
+            r = self._pick(tried)
+            if r is None:
+                raise EngineError(f"no replica of {self.model!r} is in service")
+            tried.add(id(r))
+            produced = 0
+            try:
+                async with contextlib.aclosing(self._stream(r, request_id, prompt, params)) as deltas:
+                    async for delta in deltas:  # closed with this generator: the replica then aborts
+                        produced += delta.new_tokens or bool(delta.text)
+                        yield delta
+                return
+            except _ReplicaFailed as failed:
+                self._take_out(r, failed.__cause__ or failed)
+                if produced:
+                    raise EngineError(f"replica {r.url} of {self.model!r} failed mid-request: {failed.__cause__}") \
+                        from failed.__cause__
+                log.info("fairagents.remote.retry_elsewhere", request_id=request_id, model=self.model)
+
+    async def _stream(self, r: Replica, request_id: str, prompt: Prompt,
+                      params: GenerationParams) -> AsyncIterator[Delta]:
+        import openai
+
+        extra: dict[str, Any] = {"ignore_eos": params.ignore_eos}
+        if params.agent is not None:
+            extra["vllm_xargs"] = identity_args(params.agent)
+        r.running += 1
+        r.served += 1
+        stream = None
+        try:
+            try:
+                stream = await r.client.completions.create(
+                    model=self.model, prompt=list(prompt.token_ids), max_tokens=params.max_tokens,
+                    temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                    stop=list(params.stop) or None, stream=True,
+                    stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body=extra,
+                )
+            except (openai.APIConnectionError, openai.InternalServerError) as err:
+                raise _ReplicaFailed(str(err)) from err
+            except openai.BadRequestError as err:
+                raise InvalidParameterError(f"the model's server rejected the request: {err.message}") from err
+            except openai.APIStatusError as err:
+                raise EngineError(f"the model's server answered {err.status_code}: {err.message}") from err
+            self._streams[request_id] = stream
+            produced, finish = 0, None
+            try:
+                async for chunk in stream:
+                    if request_id in self._aborted:
+                        break
+                    text, new = "", 0
+                    if chunk.choices:
+                        text = chunk.choices[0].text or ""
+                        finish = chunk.choices[0].finish_reason or finish
+                    if chunk.usage is not None:
+                        new = chunk.usage.completion_tokens - produced
+                        produced = chunk.usage.completion_tokens
+                    if new or text:
+                        yield Delta(new, text)
+            except (openai.APIConnectionError, httpx.TransportError, httpx.StreamError) as err:
+                if request_id in self._aborted:
+                    finish = "abort"
+                else:
+                    raise _ReplicaFailed(str(err)) from err
+            if request_id in self._aborted:
+                finish = "abort"
+            yield Delta(0, "", finish or "stop")
+        finally:
+            r.running -= 1
+            self._streams.pop(request_id, None)
+            self._aborted.discard(request_id)
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await stream.close()  # an early close is how vLLM learns to abort
+
+    async def abort(self, request_id: str) -> None:
+        """End a running request: its stream closes, and the replica aborts it."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            self._aborted.add(request_id)
+            await stream.close()
+
+
+def _sleep_first(seconds: float) -> Any:
+    """A tenacity ``before`` hook that waits before the first attempt too (a replica just failed)."""
+
+    async def before(state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 1:
+            await asyncio.sleep(seconds)
+
+    return before
+
+
+def _load_tokenizer(path: str) -> tuple[Any, ModelProfile]:
+    """The model's tokenizer and profile, from its files."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from fairagents.engines.base import LOAD_LOCK
+
+    with LOAD_LOCK:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+    text = getattr(config, "text_config", None) or config
+    return tokenizer, ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers))

@@ -1,0 +1,53 @@
+"""Real vLLM OpenAI servers on loopback for the tests (the embedded tiny model, through the module entry point)."""
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(log: Path, *extra: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``vllm serve`` of the embedded text model as ``chat``; its process and OpenAI base URL once healthy."""
+    from fairagents.models import ensure_default_models
+
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+           str(ensure_default_models(["text"])["text"]), "--served-model-name", "chat", "--host", "127.0.0.1",
+           "--port", str(port), "--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
+           "--kv-cache-memory-bytes", str(64 * 2**20), *extra]
+    with log.open("w") as sink:  # a file, not a pipe: nobody drains a pipe, and a full one would block the server
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 240) -> None:
+    root = url.removesuffix("/v1")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the vLLM server exited: {log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{root}/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"the vLLM server did not become healthy in {timeout:g} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

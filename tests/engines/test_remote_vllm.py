@@ -1,0 +1,101 @@
+"""OpenAIEngine against two real ``vllm serve`` replicas on loopback (the embedded tiny model)."""
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+import fairagents as fa
+
+from .._vllm_servers import start_server, stop_server, wait_healthy
+
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
+
+MSG = [{"role": "user", "content": "plan a route through the city"}]
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    logs = [tmp_path_factory.mktemp("replicas") / f"replica{i}.log" for i in range(2)]
+    servers = [start_server(log) for log in logs]  # both start at once
+    try:
+        for (proc, url), log in zip(servers, logs, strict=True):
+            wait_healthy(proc, url, log)
+        yield servers
+    finally:
+        for proc, _ in servers:
+            stop_server(proc)
+
+
+def make_engine(replicas, **kwargs):
+    from fairagents.engines.remote import OpenAIEngine
+    from fairagents.models import ensure_default_models
+
+    return OpenAIEngine([url for _, url in replicas], model="chat", model_path=ensure_default_models(["text"])["text"],
+                        backoff=0.2, max_backoff=1.0, **kwargs)
+
+
+def running_on(url):
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=5).text
+    found = re.search(r'^vllm:num_requests_running\{[^}]*\} ([0-9.]+)', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_requests_stream_through_the_arbiter_with_the_servers_usage(replicas):
+    engine = make_engine(replicas)
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        assert engine.token_capacity and arbiter.token_budget_of("chat") == engine.token_capacity
+        reply = await who.chat("chat", MSG, max_tokens=12, ignore_eos=True)
+        streamed = [d async for d in who.stream_chat("chat", MSG, max_tokens=9, ignore_eos=True)]
+        replies = await asyncio.gather(*(who.chat("chat", MSG, max_tokens=6, ignore_eos=True) for _ in range(8)))
+    assert reply.usage.completion_tokens == 12 and reply.text
+    assert sum(d.new_tokens for d in streamed) == 9
+    assert all(r.usage.completion_tokens == 6 for r in replies)
+    assert all(r.served >= 3 for r in engine.replicas)  # least loaded: both replicas took a share
+    stats = arbiter.stats()
+    assert stats.apps["a"].done == 10 and stats.apps["a"].service > 0
+
+
+async def test_cancelling_a_stream_stops_the_replica_generating(replicas):
+    engine = make_engine(replicas)
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        got = 0
+        async for delta in who.stream_chat("chat", MSG, max_tokens=400, ignore_eos=True):
+            got += delta.new_tokens
+            if got >= 3:
+                break  # the caller leaves: the stream closes, the replica aborts
+        for _ in range(50):
+            if all(running_on(url) == 0 for _, url in replicas):
+                break
+            await asyncio.sleep(0.1)
+    assert all(running_on(url) == 0 for _, url in replicas)
+    assert all(r.running == 0 for r in engine.replicas)
+
+
+async def test_a_replica_killed_mid_run_fails_its_requests_typed_and_the_other_keeps_serving(replicas):
+    engine = make_engine(replicas)
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine)
+    who = arbiter.app("a").agent("t")
+    async with arbiter:
+        calls = [asyncio.create_task(who.chat("chat", MSG, max_tokens=300, ignore_eos=True)) for _ in range(6)]
+        await asyncio.sleep(1.0)  # both replicas are generating
+        victim_proc, victim_url = replicas[0]
+        victim_proc.kill()
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=120)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert all(isinstance(r, fa.EngineError) for r in failed)  # typed, nothing hangs
+        assert len(failed) < len(results)  # the other replica's requests completed
+        dead = next(r for r in engine.replicas if r.url == victim_url)
+        assert not dead.healthy and engine.healthy
+        after = await who.chat("chat", MSG, max_tokens=5, ignore_eos=True)  # served by the survivor
+        assert after.usage.completion_tokens == 5
+        assert arbiter.serving("chat")
