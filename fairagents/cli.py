@@ -26,11 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairagents``."""
     from fairagents.policies import POLICIES
 
+    from fairagents import __version__
+
     parser = argparse.ArgumentParser(prog="fairagents", description="Fair model serving for multi-agent apps.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine and arbiter events to stderr")
+    parser.add_argument("--version", action="version", version=f"fairagents {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run several apps on a shared real engine and show who got what")
+    demo = commands.add_parser(
+        "demo", help="run several apps on a shared real engine and show who got what",
+        description="Run several apps on a shared real engine (the embedded tiny model by default) under each "
+                    "policy, print who got what, and write a plot. --simulated runs a three-model scenario on the "
+                    "simulator instead.")
     demo.add_argument("--policy", action="append", help="policy to compare (repeatable; default: fcfs and hmfs)")
     demo.add_argument("--seconds", type=float, default=12.0, help="load duration per policy (real engines)")
     demo.add_argument("--out", default="fairagents-demo.png", help="where to write the plot (real engines)")
@@ -38,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--simulated", action="store_true", help="run the three-model scenario on the simulator instead")
     demo.add_argument("--seed", type=int, default=0, help="seed of the simulated scenario")
 
-    serve = commands.add_parser("serve", help="serve the pool over an OpenAI-compatible HTTP API with a live fairness view")
+    serve = commands.add_parser(
+        "serve", help="serve the pool over an OpenAI-compatible HTTP API with a live fairness view",
+        description="Serve the pool over an OpenAI-compatible HTTP API (chat, completions, images, models), with "
+                    "per-app API keys, /health, /metrics, /v1/fairness and a live /dashboard. Without --config: the "
+                    "embedded tiny model as 'chat', keys off, on 127.0.0.1:8000.")
     serve.add_argument("--config", help="a .toml or .yaml configuration (default: the embedded model, keys off)")
     serve.add_argument("--host", help="overrides server.host")
     serve.add_argument("--port", type=int, help="overrides server.port")

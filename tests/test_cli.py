@@ -61,3 +61,25 @@ def test_models_build_into_a_fresh_home(tmp_path, monkeypatch, capsys):
     ids = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True, return_dict=False)
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
     assert not any(p.name.startswith(".") and p.is_dir() for p in (tmp_path / "models").iterdir())  # no staging left
+
+
+def test_version_and_python_dash_m(capsys):
+    import subprocess
+    import sys
+
+    import fairagents
+    from fairagents.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"fairagents {fairagents.__version__}"
+    run = subprocess.run([sys.executable, "-m", "fairagents", "serve", "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "OpenAI-compatible HTTP API" in run.stdout
+
+
+def test_the_real_engines_import_from_fairagents_engines_on_use():
+    import fairagents.engines as engines
+
+    assert engines.OpenAIEngine.__module__ == "fairagents.engines.remote"
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        engines.Nope  # noqa: B018

@@ -6,7 +6,10 @@ discrete-event simulator of a continuous-batching engine for benchmarks and test
 
 The real engines live in their own modules, imported on use (they pull in vLLM, torch
 and diffusers): :mod:`fairagents.engines.vllm`, :mod:`~fairagents.engines.vision`,
-:mod:`~fairagents.engines.diffusion`; :func:`embedded_pool` builds all three.
+:mod:`~fairagents.engines.diffusion`, and :mod:`~fairagents.engines.remote` (remote
+replicas); :func:`embedded_pool` builds the first three. ``from fairagents.engines
+import VLLMEngine`` (or ``VisionEngine``, ``DiffusionEngine``, ``OpenAIEngine``) imports
+its module then, not before.
 
 Examples:
     >>> import fairagents as fa
@@ -16,10 +19,29 @@ Examples:
 
 from __future__ import annotations
 
+from typing import Any
+
 from fairagents.engines.base import Delta, Engine, GenerationParams, ImageEngine, Prompt
 from fairagents.engines.sim import SimEngine, SimProgress
 
 __all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt", "SimEngine", "SimProgress", "embedded_pool"]
+
+_LAZY = {
+    "VLLMEngine": "fairagents.engines.vllm",
+    "VisionEngine": "fairagents.engines.vision",
+    "DiffusionEngine": "fairagents.engines.diffusion",
+    "OpenAIEngine": "fairagents.engines.remote",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The real engines, imported on first use (they pull in vLLM, torch, diffusers or openai)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fairagents.engines' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def embedded_pool(text_model: str | None = None) -> dict[str, Engine]:

@@ -26,7 +26,7 @@ Examples:
     >>> arbiter.add_model("chat", FakeEngine())
     >>> app = create_app(arbiter, Config.model_validate({"apps": {"driving": {"api_key": "sk-1"}}}))
     >>> sorted(route.path for route in app.routes if route.path.startswith("/v1"))
-    ['/v1/chat/completions', '/v1/completions', '/v1/fairness', '/v1/images/generations', '/v1/models']
+    ['/v1/chat/completions', '/v1/completions', '/v1/fairness', '/v1/images/generations', '/v1/models', '/v1/models/{model}']
 """
 
 from __future__ import annotations
@@ -545,16 +545,18 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             prompt_tokens=reply.usage.prompt_tokens, completion_tokens=reply.usage.completion_tokens,
             unified_tokens=reply.usage.unified_tokens).as_dict()})
 
+    def card(name: str) -> dict[str, Any]:
+        engine = arbiter.engine(name)  # UnknownModelError: a 404
+        return {"id": name, "object": "model", "created": int(gateway.view.started), "owned_by": "fairagents",
+                "max_model_len": engine.max_model_len, "modality": engine.profile.modality.value}
+
     @app.get("/v1/models")
     async def models(_: CallingApp) -> JSONResponse:
-        data = [
-            {
-                "id": name, "object": "model", "created": int(gateway.view.started), "owned_by": "fairagents",
-                "max_model_len": arbiter.engine(name).max_model_len, "modality": arbiter.engine(name).profile.modality.value,
-            }
-            for name in arbiter.models
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [card(name) for name in arbiter.models]})
+
+    @app.get("/v1/models/{model}")
+    async def model_card(model: str, _: CallingApp) -> JSONResponse:
+        return JSONResponse(card(model))
 
     @app.get("/v1/fairness")
     async def fairness(

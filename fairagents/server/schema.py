@@ -149,13 +149,11 @@ _RESPONSES: dict[str, dict[str, Any]] = {
                                                                                "contentMediaType": "image/png"}})},
         "usage": _ref("Usage"),
     }, description="The images as base64 PNG; `usage.completion_tokens` counts the latent tokens charged."),
-    "ModelList": _object({
-        "object": {"const": "list"},
-        "data": {"type": "array", "items": _object({
-            "id": _STRING, "object": {"const": "model"}, "created": _INT, "owned_by": _STRING,
-            "max_model_len": _INT, "modality": {"enum": ["text", "vision", "image"]},
-        })},
+    "Model": _object({
+        "id": _STRING, "object": {"const": "model"}, "created": _INT, "owned_by": _STRING,
+        "max_model_len": _INT, "modality": {"enum": ["text", "vision", "image"]},
     }),
+    "ModelList": _object({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}}),
     "FairnessView": _object(
         {"object": {"const": "fairness"}, "time": _NUMBER, "uptime_seconds": _NUMBER, "policy": _STRING,
          "unit": {"const": "unified_tokens"}, "draining": {"type": "boolean"},
@@ -257,6 +255,9 @@ _ENDPOINTS: dict[tuple[str, str], _Endpoint] = {
     ("/v1/models", "get"): _Endpoint(
         "The models of the pool", _APP, {"200": _json("ModelList", "The models, with their context length and modality.")},
         (400, 401, 503)),
+    ("/v1/models/{model}", "get"): _Endpoint(
+        "One model of the pool", _APP, {"200": _json("Model", "The model, with its context length and modality.")},
+        (400, 401, 404, 503)),
     ("/v1/fairness", "get"): _Endpoint(
         "The live fairness view", _OBSERVER, {"200": _json("FairnessView", "The fairness view.")}, (400, 401)),
     ("/metrics", "get"): _Endpoint(

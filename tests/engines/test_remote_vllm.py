@@ -29,12 +29,16 @@ def replicas(tmp_path_factory):
             stop_server(proc)
 
 
-def make_engine(replicas, **kwargs):
+def pool(replicas):
+    """An OpenAIEngine over the replicas, an arbiter over it, and an agent of app ``a``."""
     from fairagents.engines.remote import OpenAIEngine
     from fairagents.models import ensure_default_models
 
-    return OpenAIEngine([url for _, url in replicas], model="chat", model_path=ensure_default_models(["text"])["text"],
-                        backoff=0.2, max_backoff=1.0, **kwargs)
+    engine = OpenAIEngine([url for _, url in replicas], model="chat", backoff=0.2, max_backoff=1.0,
+                          model_path=ensure_default_models(["text"])["text"])
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine)
+    return engine, arbiter, arbiter.app("a").agent("t")
 
 
 def running_on(url):
@@ -44,10 +48,7 @@ def running_on(url):
 
 
 async def test_requests_stream_through_the_arbiter_with_the_servers_usage(replicas):
-    engine = make_engine(replicas)
-    arbiter = fa.Arbiter()
-    arbiter.add_model("chat", engine)
-    who = arbiter.app("a").agent("t")
+    engine, arbiter, who = pool(replicas)
     async with arbiter:
         assert engine.token_capacity and arbiter.token_budget_of("chat") == engine.token_capacity
         reply = await who.chat("chat", MSG, max_tokens=12, ignore_eos=True)
@@ -62,10 +63,7 @@ async def test_requests_stream_through_the_arbiter_with_the_servers_usage(replic
 
 
 async def test_cancelling_a_stream_stops_the_replica_generating(replicas):
-    engine = make_engine(replicas)
-    arbiter = fa.Arbiter()
-    arbiter.add_model("chat", engine)
-    who = arbiter.app("a").agent("t")
+    engine, arbiter, who = pool(replicas)
     async with arbiter:
         got = 0
         async for delta in who.stream_chat("chat", MSG, max_tokens=400, ignore_eos=True):
@@ -81,10 +79,7 @@ async def test_cancelling_a_stream_stops_the_replica_generating(replicas):
 
 
 async def test_a_replica_killed_mid_run_fails_its_requests_typed_and_the_other_keeps_serving(replicas):
-    engine = make_engine(replicas)
-    arbiter = fa.Arbiter()
-    arbiter.add_model("chat", engine)
-    who = arbiter.app("a").agent("t")
+    engine, arbiter, who = pool(replicas)
     async with arbiter:
         calls = [asyncio.create_task(who.chat("chat", MSG, max_tokens=300, ignore_eos=True)) for _ in range(6)]
         await asyncio.sleep(1.0)  # both replicas are generating

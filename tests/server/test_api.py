@@ -259,6 +259,11 @@ async def test_models_fairness_metrics_health_and_dashboard():
         async with client(url, agent="planner") as c, client(url, KEYS["studio"], agent="writer") as s:
             listed = await c.models.list()
             assert [m.id for m in listed.data] == ["chat"] and listed.data[0].model_extra["max_model_len"] == 4096
+            one = await c.models.retrieve("chat")
+            assert one.id == "chat" and one.model_extra == listed.data[0].model_extra
+            with pytest.raises(openai.NotFoundError) as missing:
+                await c.models.retrieve("nope")
+            assert missing.value.body["code"] == "model_not_found"
             await asyncio.gather(*(c.chat.completions.create(model="chat", messages=MSG) for _ in range(3)),
                                  s.completions.create(model="chat", prompt="once upon a time", max_tokens=2))
         gateway.view.sample()

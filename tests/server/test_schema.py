@@ -45,7 +45,8 @@ AUTH = {"Authorization": f"Bearer {KEYS['driving']}"}
 POSTS = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
          "/v1/images/generations": "ImageGenerationRequest"}
 OPERATIONS = [("POST", path) for path in POSTS] + [
-    ("GET", path) for path in ("/v1/models", "/v1/fairness", "/metrics", "/health", "/health/live", "/dashboard")]
+    ("GET", path) for path in ("/v1/models", "/v1/models/{model}", "/v1/fairness", "/metrics", "/health",
+                               "/health/live", "/dashboard")]
 # Examples per operation, valid and invalid: a few hundred requests in all; the `fast` profile scales it down.
 EXAMPLES = min(60, settings.default.max_examples)
 
@@ -159,7 +160,8 @@ def test_every_post_route_takes_a_required_json_body_of_its_request_model():
 
 def test_every_v1_route_declares_its_errors_and_the_bearer_key():
     paths = document()["paths"]
-    assert set(paths) == {*POSTS, "/v1/models", "/v1/fairness", "/metrics", "/health", "/health/live", "/dashboard"}
+    assert set(paths) == {*POSTS, "/v1/models", "/v1/models/{model}", "/v1/fairness", "/metrics", "/health",
+                          "/health/live", "/dashboard"}
     for path in POSTS:
         post = paths[path]["post"]
         assert set(post["responses"]) == {"200", "400", "401", "404", "413", "429", "503"}
@@ -167,6 +169,8 @@ def test_every_v1_route_declares_its_errors_and_the_bearer_key():
         assert [p["name"] for p in post["parameters"]] == ["X-Fairagents-Agent"]
     models = paths["/v1/models"]["get"]  # with keys on, nothing of a listing request can be a 400 or a 429
     assert set(models["responses"]) == {"200", "401", "503"} and models["security"] == [{"bearer": []}]
+    one = paths["/v1/models/{model}"]["get"]
+    assert set(one["responses"]) == {"200", "401", "404", "503"} and one["security"] == [{"bearer": []}]
     for path, operations in paths.items():
         for operation in operations.values():
             assert "422" not in operation["responses"]  # a bad parameter is a 400 here
