@@ -424,3 +424,20 @@ async def test_on_the_real_engine_usage_streaming_and_node_identity(text_engine)
 def test_a_misspelt_argument_is_an_error_not_ignored():
     with pytest.raises(ValueError, match="max_token"):
         ChatFairAgents(base_url="http://127.0.0.1:1", max_token=5)
+
+
+def test_token_counting_uses_the_models_own_tokenizer_and_never_downloads_one():
+    from langchain_core.messages import AIMessage, trim_messages
+
+    arbiter, engine = pool()
+    llm = ChatFairAgents(arbiter=arbiter, model="chat", agent=arbiter.app("a").agent("t"))
+    assert llm.get_num_tokens("three little words") == engine.prepare_text("three little words").n_tokens
+    history = [HumanMessage("one two three"), AIMessage("four five"), HumanMessage("six")]
+    assert llm.get_num_tokens_from_messages(history) == engine.prepare_chat(
+        [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four five"},
+         {"role": "user", "content": "six"}]).n_tokens
+    kept = trim_messages(history, max_tokens=5, token_counter=llm, strategy="last")
+    assert kept and llm.get_num_tokens_from_messages(kept) <= 5
+    remote = ChatFairAgents(base_url="http://127.0.0.1:9/v1", api_key="sk-x", agent="t")
+    with pytest.raises(NotImplementedError, match="in process"):
+        remote.get_num_tokens("hello")

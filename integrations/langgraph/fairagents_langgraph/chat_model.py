@@ -171,6 +171,30 @@ class ChatFairAgents(BaseChatModel):
         for piece in pieces:
             yield _chunk(call.model, piece)
 
+    # -- token counting ------------------------------------------------------------------
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` under the model's own tokenizer (in process; no download).
+
+        LangChain's default would fetch a GPT-2 tokenizer from the network (and hang
+        offline). Over a server, the model's tokenizer is not at hand: this raises
+        :class:`NotImplementedError` rather than counting with the wrong one.
+        """
+        return list(self._engine_for_counting().prepare_text(text).token_ids)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Any = None) -> int:
+        """Prompt tokens of ``messages`` as the model reads them: its chat template, its tokenizer."""
+        if tools:
+            raise NotImplementedError("counting the tokens of tool definitions is not supported")
+        converted, _ = to_openai(messages)
+        return self._engine_for_counting().prepare_chat(converted).n_tokens
+
+    def _engine_for_counting(self) -> Any:
+        if self.arbiter is None:
+            raise NotImplementedError("token counting needs the model's tokenizer: use ChatFairAgents in process "
+                                      "(arbiter=...); a server does not expose its tokenizer")
+        return self.arbiter.engine(self.model)
+
     # -- internals -------------------------------------------------------------------
 
     def _call(self, messages: list[BaseMessage], stop: list[str] | None, overrides: dict[str, Any]) -> Call:
