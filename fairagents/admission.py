@@ -189,7 +189,10 @@ class StateraState:
     last: float | None = None
     """When occupancy was last integrated (seconds)."""
     tpot_ratio: float | None = None
-    """Moving average of measured time per output token over the request's TPOT objective."""
+    """Measured time per output token over the request's TPOT objective, averaged over the last cycle
+    (``None`` when no request with a TPOT objective decoded in it: a stale slowdown must not throttle)."""
+    tpot_sum: float = 0.0
+    tpot_samples: int = 0
     utilisation: float | None = None
     """``ū`` of the last cycle."""
     errors: list[float] = field(default_factory=list)
@@ -298,9 +301,9 @@ class Statera:
         self._last_token[r.id] = now
         slo = r.agent.effective_slo
         if last is not None and slo is not None and slo.tpot:
-            ratio = (now - last) / new_tokens / slo.tpot
             state = self.states[m.name]
-            state.tpot_ratio = ratio if state.tpot_ratio is None else 0.8 * state.tpot_ratio + 0.2 * ratio
+            state.tpot_sum += (now - last) / new_tokens / slo.tpot
+            state.tpot_samples += 1
         self.tick(m, now)
 
     def on_end(self, ticket: Ticket, finished: bool, cost: CostModel) -> None:
@@ -328,7 +331,8 @@ class Statera:
         if elapsed < self.period:
             return
         occupancy = None if state.budget_max is None else state.area / elapsed / state.budget_max
-        state.area, state.cycle_start = 0.0, now
+        state.tpot_ratio = state.tpot_sum / state.tpot_samples if state.tpot_samples else None
+        state.area, state.cycle_start, state.tpot_sum, state.tpot_samples = 0.0, now, 0.0, 0
         self._control(state, occupancy)
         self._apply(m, state)
 

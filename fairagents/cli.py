@@ -24,9 +24,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairagents``."""
-    from fairagents.policies import POLICIES
-
     from fairagents import __version__
+    from fairagents.policies import POLICIES
 
     parser = argparse.ArgumentParser(prog="fairagents", description="Fair model serving for multi-agent apps.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine and arbiter events to stderr")

@@ -165,9 +165,10 @@ class Ticket:
     held_back: bool = False
     """Waiting in the dispatcher, not yet shown to the policy: its app is at its share of the model."""
     predicted: int | None = None
-    """Output tokens predicted at arrival, under an admission controller (``l_pred``)."""
+    """Output tokens predicted, under an admission controller (``l_pred``; at arrival, and again
+    each time the request is considered for dispatch)."""
     bound: int | None = None
-    """Output tokens reserved for at arrival, under an admission controller (``l_upper``)."""
+    """Output tokens reserved for, under an admission controller (``l_upper``; when ``predicted`` is)."""
 
     def record(self) -> RequestRecord:
         """The request's record (valid once it ended)."""
@@ -447,6 +448,8 @@ class Dispatcher:
             ticket.first_token = now
         ticket.produced += new_tokens
         m = self._models[r.model]
+        if self.admission is not None:
+            self.admission.tick(m, now)  # occupancy up to now, before it changes
         m.used += new_tokens
         if r.prompt_tokens + ticket.produced > ticket.reserved:  # it outgrew its predicted bound
             self._grow(ticket, m, self.reservation(m.name, r.prompt_tokens, ticket.produced) - ticket.reserved)
@@ -526,6 +529,8 @@ class Dispatcher:
         if ticket.state is TicketState.RUNNING:
             m.running -= 1
             m.reserved -= ticket.reserved
+            if self.admission is not None:
+                self.admission.tick(m, now)
             m.used -= r.prompt_tokens + ticket.produced
             self.pool_running -= 1
             if self.admission is not None:
@@ -686,6 +691,8 @@ class Dispatcher:
         ticket.dispatched = now
         m.running += 1
         m.reserved += ticket.reserved
+        if self.admission is not None:
+            self.admission.tick(m, now)
         m.used += r.prompt_tokens
         self.pool_running += 1
         self._charge(ticket, self.cost.input_cost(m.name, r.prompt_tokens), now)

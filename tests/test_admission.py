@@ -413,3 +413,25 @@ def test_bench_admission_reports_both_modes():
                 "coverage"} <= set(row)
     assert rows["off"]["coverage"] is None and 0 < rows["statera"]["coverage"] <= 1
     assert len(admission.render(result).rows) == 2
+
+
+def test_a_slowdown_that_has_passed_does_not_keep_the_model_throttled():
+    statera = Statera(frag=0.0, period=0.5, window=1)
+    d = make(statera, slots=8, budget=100_000)
+    slow = fa.Agent("chat", fa.App("c"), slo=fa.SLO(tpot=0.05))
+    for i in range(4):
+        d.arrive(fa.Request(f"s{i}", slow, "m", 10, 500, 0.0), 0.0)
+    t = 0.0
+    for _ in range(20):  # twice the TPOT objective
+        t += 0.1
+        for i in range(4):
+            d.progress(f"s{i}", 1, t)
+    for i in range(4):
+        d.finish(f"s{i}", t)
+    assert d.model("m").slot_limit < 8
+    for k in range(40):  # plain requests without a TPOT objective, one after another
+        t += 0.1
+        d.arrive(req(f"p{k}", prompt=10, max_tokens=20, arrival=t), t)
+        d.progress(f"p{k}", 5, t)
+        d.finish(f"p{k}", t)
+    assert d.model("m").slot_limit == 8  # no TPOT samples: the stale ratio is gone, the limit recovers

@@ -60,6 +60,7 @@ import structlog
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.request import Request as VllmRequest
+from vllm.v1.request import RequestStatus
 
 from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT
 from fairagents.cost import ModelProfile, UnifiedTokenCost
@@ -99,7 +100,8 @@ class Weights:
         self._apps: dict[str, float] = {}
         self._agents: dict[tuple[str, str], float] = {}
         for name, spec in apps.items():
-            spec = spec if isinstance(spec, Mapping) else {}
+            if not isinstance(spec, Mapping) or set(spec) - {"weight", "agents"}:
+                raise InvalidParameterError(f'app {name!r} of a weights file takes "weight" and "agents", got {spec!r}')
             self._apps[name] = _weight(spec.get("weight", 1.0), f"app {name!r}")
             for agent, w in (spec.get("agents") or {}).items():
                 self._agents[(name, agent)] = _weight(w, f"agent {agent!r} of app {name!r}")
@@ -179,6 +181,12 @@ class FairCounters:
             if model not in self.cost.profiles:
                 self.cost.register(model, profile)
 
+    def forget(self, model: str) -> None:
+        """Withdraw, uncharged, every request still waiting for ``model`` (its engine stopped)."""
+        with self.lock:
+            for twin in [t for t in self.policy.waiting_requests() if t.model == model]:
+                self.policy.on_finish(twin, Outcome.CANCELLED, 0.0)
+
     def charge(self, agent: Agent, model: str, *, prompt: int = 0, output: int = 0) -> None:
         """Charge ``prompt`` input and ``output`` output tokens of ``model`` to ``agent``."""
         amount = (self.cost.input_cost(model, prompt) if prompt else 0.0) + (
@@ -202,9 +210,9 @@ class FairQueue(RequestQueue):
             with other engines' schedulers of the same pool).
         model: this engine's name among the counters' models.
         agent_of: the agent of a vLLM request.
-        on_pop: called with each request popped for the batch, under the counters'
-            lock (the scheduler charges its prompt there, so the next pick of the same
-            step sees it).
+        on_pop: called with each request popped, under the counters' lock (the
+            scheduler charges its prompt once it is in the batch, before the next pick).
+        settle: called before every pick (the scheduler charges what was popped into the batch).
 
     Examples:
         >>> from fairagents.engines.fair_scheduler import FairCounters, FairQueue
@@ -213,13 +221,16 @@ class FairQueue(RequestQueue):
     """
 
     def __init__(self, counters: FairCounters, model: str, agent_of: Any,
-                 on_pop: Any = None) -> None:
+                 on_pop: Any = None, settle: Any = None) -> None:
         self.counters = counters
         self.policy = counters.policy
         self.model = model
         self._agent_of = agent_of
         self._on_pop = on_pop
+        self._settle = settle
         self._held: dict[str, tuple[VllmRequest, FairRequest]] = {}
+        self._peeked: str | None = None
+        counters.forget(model)  # an engine started again: its last queue's requests are gone with it
 
     def add_request(self, request: VllmRequest) -> None:
         # No prompt on the policy's copy: the scheduler charges input as prefill runs.
@@ -230,16 +241,24 @@ class FairQueue(RequestQueue):
         self._held[request.request_id] = (request, twin)
 
     def peek_request(self) -> VllmRequest:
+        if self._settle is not None:
+            self._settle()
         with self.counters.lock:
-            twin = self.policy.select(self.model, 0.0)
-        if twin is None:
-            raise IndexError("peek from an empty queue")
+            while (twin := self.policy.select(self.model, 0.0)) is not None and twin.id not in self._held:
+                self.policy.on_finish(twin, Outcome.CANCELLED, 0.0)  # not ours (cannot happen): never serve it
+            if twin is None:
+                self._peeked = None
+                raise IndexError("peek from an empty queue")
+            self._peeked = twin.id
         return self._held[twin.id][0]
 
     def pop_request(self) -> VllmRequest:
+        """Take the request :meth:`peek_request` showed (vLLM allocates for it between the two)."""
         with self.counters.lock:
-            request = self.peek_request()
-            twin = self._held.pop(request.request_id)[1]
+            if self._peeked is None or self._peeked not in self._held:
+                self.peek_request()
+            request, twin = self._held.pop(self._peeked)  # type: ignore[arg-type]
+            self._peeked = None
             self.policy.on_dispatch(twin, 0.0)  # charges nothing: the twin has no prompt
             self.policy.on_finish(twin, Outcome.FINISHED, 0.0)  # the scheduler tracks it while it runs
             if self._on_pop is not None:
@@ -254,6 +273,8 @@ class FairQueue(RequestQueue):
             self.add_request(request)
 
     def remove_request(self, request: VllmRequest) -> None:
+        if self._peeked == request.request_id:
+            self._peeked = None
         held = self._held.pop(request.request_id, None)
         if held is not None:
             with self.counters.lock:
@@ -305,7 +326,11 @@ class FairScheduler(AsyncScheduler):
         self._agents: dict[str, Agent] = {}  # request id -> its agent, while the engine holds it
         self._prefilled: dict[str, int] = {}  # request id -> prompt tokens charged so far
         self.policy = SchedulingPolicy.FCFS  # preemption takes the last of `running`, which we order
-        self.waiting = FairQueue(self.counters, self.model, self._agent_of, self._charge_prompt)
+        self._popped: list[VllmRequest] = []  # popped since the last settle: in the batch, or only skipped
+        self.waiting = FairQueue(self.counters, self.model, self._agent_of, self._popped.append, self._settle_pops)
+        if self.scheduler_config.policy != "fcfs":
+            log.warning("fairagents.vllm.policy_ignored", policy=self.scheduler_config.policy,
+                        reason="FairScheduler orders by fair counters")
 
     @classmethod
     def sharing(cls, counters: FairCounters, model: str) -> type[FairScheduler]:
@@ -329,6 +354,13 @@ class FairScheduler(AsyncScheduler):
             self._agents[request.request_id] = agent
         return agent
 
+    def _settle_pops(self) -> None:
+        """Charge the prompts of the popped requests that joined the batch (vLLM pops skipped ones too)."""
+        popped, self._popped[:] = list(self._popped), []
+        for request in popped:
+            if request.status == RequestStatus.RUNNING:
+                self._charge_prompt(request)
+
     def _charge_prompt(self, request: VllmRequest, upto: int | None = None) -> None:
         """Charge ``request``'s prompt up to token ``upto`` (all of it by default), never a token twice."""
         rid = request.request_id
@@ -341,14 +373,21 @@ class FairScheduler(AsyncScheduler):
     def _key(self, request: VllmRequest) -> tuple[float, float, float]:
         return (*self.counters.policy.counters_of(self._agent_of(request)), request.arrival_time)
 
+    def _running_key(self, request: VllmRequest) -> tuple[bool, float, float, float]:
+        # Decodes first, so a chunked prefill cannot take a step's whole token budget from them
+        # (vLLM serves `running` in order); within each, by counters, so the last — the one
+        # vLLM preempts — is the highest counter (a prefill, when there is one: the cheapest to redo).
+        return (request.num_computed_tokens < request.num_prompt_tokens, *self._key(request))
+
     # -- the engine loop -----------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """Order the running requests (the victim of a preemption is the last), schedule, charge prefill."""
         if len(self.running) > 1:
             with self.counters.lock:
-                self.running.sort(key=self._key)
+                self.running.sort(key=self._running_key)
         output = super().schedule(*args, **kwargs)
+        self._settle_pops()
         # Requests that reached the batch without this queue (vLLM's queue of requests
         # holding KV blocks): their prompt as computed so far (num_computed_tokens already
         # counts this step's tokens).

@@ -61,6 +61,9 @@ __all__ = ["OpenAIEngine", "Replica"]
 
 log = structlog.get_logger("fairagents.engines.remote")
 
+#: Server errors (5xx) in a row after which a replica is taken out (one bad request must not empty the pool).
+STRIKES = 3
+
 _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
 
 
@@ -83,6 +86,8 @@ class Replica:
     """Requests it has been sent."""
     failures: int = 0
     """Times it was taken out."""
+    strikes: int = 0
+    """Server errors (5xx) in a row; at :data:`STRIKES` it is taken out."""
     client: Any = field(default=None, repr=False)
     recheck: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -113,7 +118,8 @@ class OpenAIEngine:
         timeout: seconds a request may take in all.
         backoff: seconds before the first health check of a failed replica (it doubles).
         max_backoff: longest wait between two health checks.
-        transport: an ``httpx`` transport for every call to the servers (tests, custom TLS or proxies).
+        transport: a scripted ``httpx.MockTransport`` that answers every call to the servers, sync and
+            async (tests).
 
     Examples:
         >>> import fairagents as fa
@@ -140,7 +146,7 @@ class OpenAIEngine:
         timeout: float = 600.0,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
-        transport: httpx.MockTransport | httpx.HTTPTransport | None = None,
+        transport: httpx.MockTransport | None = None,
     ) -> None:
         if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                                         for u in urls):
@@ -162,10 +168,12 @@ class OpenAIEngine:
             self.max_num_seqs = max_num_seqs * len(self.replicas)
         self.timeout, self.backoff, self.max_backoff = timeout, backoff, max_backoff
         self._transport = transport
+        self._closed = False
         self.vocab_size: int | None = None
         self._tokenizer: Any = None
         self._streams: dict[str, Any] = {}  # request id -> its open stream (to abort it)
         self._aborted: set[str] = set()
+        self._inflight: set[str] = set()
         self._started = False
 
     @property
@@ -181,6 +189,7 @@ class OpenAIEngine:
             return
         import openai
 
+        self._closed = False
         for r in self.replicas:
             if r.client is None:
                 r.client = openai.AsyncOpenAI(base_url=r.url, api_key=self.api_key or "unused", max_retries=0,
@@ -210,6 +219,7 @@ class OpenAIEngine:
 
     async def stop(self) -> None:
         """Stop checking replicas and close the connections."""
+        self._closed = True
         for r in self.replicas:
             if r.recheck is not None:
                 r.recheck.cancel()
@@ -223,7 +233,8 @@ class OpenAIEngine:
 
     async def _probe(self, r: Replica) -> dict[str, Any]:
         """The replica's card for this model (raises if it is down or does not serve it)."""
-        assert r.client is not None
+        if r.client is None:
+            raise EngineError("the engine is stopped")
         page = await r.client.models.list()
         for card in page.data:
             if card.id == self.model:
@@ -252,7 +263,7 @@ class OpenAIEngine:
     # -- replicas in and out --------------------------------------------------------
 
     def _take_out(self, r: Replica, err: BaseException) -> None:
-        if r.recheck is not None and not r.recheck.done():
+        if self._closed or (r.recheck is not None and not r.recheck.done()):
             return
         r.healthy = False
         r.failures += 1
@@ -267,10 +278,13 @@ class OpenAIEngine:
         )
         async for attempt in retrying:
             with attempt:
+                if self._closed:
+                    return  # the engine stopped: nothing to put back
                 async with self._http(5) as http:
                     (await http.get(f"{r.root}/health")).raise_for_status()
                 await self._probe(r)
         r.healthy = True
+        r.strikes = 0
         log.info("fairagents.remote.replica_back", url=r.url, model=self.model)
 
     def _pick(self, tried: set[int]) -> Replica | None:
@@ -322,6 +336,17 @@ class OpenAIEngine:
     async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
         """Stream one request from the least-loaded replica (see the module docs for failures)."""
         tried: set[int] = set()
+        self._inflight.add(request_id)
+        try:
+            async with contextlib.aclosing(self._generate(request_id, prompt, params, tried)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            self._inflight.discard(request_id)
+            self._aborted.discard(request_id)
+
+    async def _generate(self, request_id: str, prompt: Prompt, params: GenerationParams,
+                        tried: set[int]) -> AsyncIterator[Delta]:
         while True:
             r = self._pick(tried)
             if r is None:
@@ -359,14 +384,26 @@ class OpenAIEngine:
                     stop=list(params.stop) or None, stream=True,
                     stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body=extra,
                 )
-            except (openai.APIConnectionError, openai.InternalServerError) as err:
+            except openai.APITimeoutError as err:  # a slow request, not a dead replica
+                raise EngineError(f"replica {r.url} of {self.model!r} did not answer in {self.timeout:g} s") from err
+            except openai.APIConnectionError as err:  # refused, reset: the replica is gone
                 raise _ReplicaFailed(str(err)) from err
+            except openai.InternalServerError as err:  # may be this request's fault: strikes, not out at once
+                r.strikes += 1
+                if r.strikes >= STRIKES:
+                    raise _ReplicaFailed(str(err)) from err
+                raise EngineError(f"replica {r.url} of {self.model!r} answered {err.status_code}: {err.message}") \
+                    from err
             except openai.BadRequestError as err:
                 raise InvalidParameterError(f"the model's server rejected the request: {err.message}") from err
             except openai.APIStatusError as err:
                 raise EngineError(f"the model's server answered {err.status_code}: {err.message}") from err
+            r.strikes = 0
             self._streams[request_id] = stream
-            produced, finish = 0, None
+            if request_id in self._aborted:  # aborted while the request was being sent
+                yield Delta(0, "", "abort")
+                return
+            produced, finish, counted = 0, None, True
             try:
                 async for chunk in stream:
                     if request_id in self._aborted:
@@ -376,8 +413,11 @@ class OpenAIEngine:
                         text = chunk.choices[0].text or ""
                         finish = chunk.choices[0].finish_reason or finish
                     if chunk.usage is not None:
-                        new = chunk.usage.completion_tokens - produced
+                        new = max(chunk.usage.completion_tokens - produced, 0)
                         produced = chunk.usage.completion_tokens
+                    elif text:  # a server without per-chunk usage: a chunk per token, set right by the last usage
+                        new, counted = 1, False
+                        produced += 1
                     if new or text:
                         yield Delta(new, text)
             except (openai.APIConnectionError, httpx.TransportError, httpx.StreamError) as err:
@@ -387,20 +427,25 @@ class OpenAIEngine:
                     raise _ReplicaFailed(str(err)) from err
             if request_id in self._aborted:
                 finish = "abort"
-            yield Delta(0, "", finish or "stop")
+            elif finish is None:  # the stream ended without saying why: cut off, not finished
+                raise _ReplicaFailed("the stream ended without a finish reason")
+            if not counted:
+                log.warning("fairagents.remote.no_usage_per_chunk", url=r.url, model=self.model)
+            yield Delta(0, "", finish)
         finally:
             r.running -= 1
             self._streams.pop(request_id, None)
-            self._aborted.discard(request_id)
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.close()  # an early close is how vLLM learns to abort
 
     async def abort(self, request_id: str) -> None:
         """End a running request: its stream closes, and the replica aborts it."""
+        if request_id not in self._inflight:
+            return
+        self._aborted.add(request_id)  # also heard by a request still being sent
         stream = self._streams.get(request_id)
         if stream is not None:
-            self._aborted.add(request_id)
             await stream.close()
 
 

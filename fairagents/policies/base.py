@@ -154,6 +154,10 @@ class BasePolicy(abc.ABC):
             return len(self._waiting)
         return self._waiting_per_model.get(model, 0)
 
+    def waiting_requests(self) -> list[Request]:
+        """The requests waiting, in no particular order."""
+        return list(self._waiting.values())
+
     def running(self) -> int:
         """Number of dispatched requests that have not finished."""
         return len(self._running)

@@ -119,7 +119,8 @@ class LengthPredictor:
         return max(1, min(max_tokens, round(guess)))
 
     def informed(self, agent: Agent, modality: Modality) -> bool:
-        """Whether :meth:`predict` has learned anything for this agent and modality (else it guesses ``default``)."""
+        """Whether :meth:`predict` has learned a line to use here: the agent's and modality's own, the
+        modality's, or every request's (else it guesses ``default × max_tokens``)."""
         return any((line := self._lines.get(key)) is not None and line.n >= self.min_samples
                    for key in ((agent.key, modality), modality, None))
 

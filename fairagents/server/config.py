@@ -237,6 +237,10 @@ class ModelConfig(_Section):
     def _remote_needs_urls(self) -> ModelConfig:
         if (self.engine == "openai") != (self.urls is not None):
             raise ValueError("urls are for engine = \"openai\", which needs them")
+        local = {"scheduler", "kv_cache_bytes", "gpu_memory_utilization"} & self.model_fields_set
+        if self.engine == "openai" and local:
+            raise ValueError(f"{', '.join(sorted(local))}: settings of an engine in this process, not of remote "
+                             "replicas (set them on the replicas' own servers)")
         if self.engine == "openai" and self.path is None and (self.d_model is None or self.n_layers is None):
             raise ValueError("engine = \"openai\" needs the model's files here (path) or its d_model and n_layers, "
                              "to price its tokens")
@@ -322,6 +326,8 @@ class StateraConfig(_Section):
     """Cycles the outer loop averages."""
     period: float = Field(default=0.05, gt=0)
     """Seconds per control cycle."""
+    history: int = Field(default=1000, ge=1)
+    """Prediction errors kept per prompt-length bucket."""
 
     @field_validator("band")
     @classmethod

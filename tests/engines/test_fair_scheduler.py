@@ -173,3 +173,43 @@ def test_fair_counters_stay_exact_under_concurrent_engine_threads():
     assert counters.charged["x"] == 2 * 2000 * 2.0  # not one charge lost to a race
     assert counters.policy.counters_of(who)[0] == 8000.0
     assert len(queues["a"]) == len(queues["b"]) == 0
+
+
+def test_an_engine_started_again_forgets_its_last_queue():
+    counters = FairCounters()
+    counters.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
+    old = FairQueue(counters, "engine", lambda r: identity(r.sampling_params.extra_args))
+    old.add_request(vreq("left-behind", "A"))
+    new = FairQueue(counters, "engine", lambda r: identity(r.sampling_params.extra_args))  # the engine restarted
+    new.add_request(vreq("fresh", "B"))
+    assert new.peek_request().request_id == new.pop_request().request_id == "fresh"
+    assert counters.policy.queued("engine") == 0
+
+
+def test_only_requests_that_joined_the_batch_are_charged_their_prompt():
+    from vllm.v1.request import RequestStatus
+
+    sched = object.__new__(FairScheduler)
+    sched.weights = None
+    sched.model = "engine"
+    sched.counters = FairCounters()
+    sched.counters.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
+    sched._agents, sched._prefilled, sched._popped = {}, {}, []
+    q = FairQueue(sched.counters, "engine", sched._agent_of, sched._popped.append, sched._settle_pops)
+    joined, skipped = vreq("joined", "A", prompt=30), vreq("skipped", "B", prompt=50)
+    for r in (joined, skipped):
+        q.add_request(r)
+    for _ in range(2):  # vLLM's loop: peek, pop, and (for the one it schedules) status RUNNING
+        request = q.peek_request()
+        assert q.pop_request() is request
+        if request is joined:
+            joined.status = RequestStatus.RUNNING  # in the batch; the other was only skipped
+    with pytest.raises(IndexError):
+        q.peek_request()  # the next pick settles what was popped
+    assert sched.counters.charged == {"A": 30.0}
+
+
+def test_a_malformed_weights_file_is_refused():
+    for bad in ({"apps": {"search": 2}}, {"apps": {"search": {"wieght": 2}}}):
+        with pytest.raises(fa.InvalidParameterError, match="takes"):
+            Weights(bad)

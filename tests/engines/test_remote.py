@@ -219,3 +219,54 @@ def test_bad_settings_are_refused():
     with pytest.raises(fa.InvalidParameterError, match="urls"):
         OpenAIEngine(["ftp://a"], model="chat", profile=PROFILE)
     assert OpenAIEngine(["http://a/v1", "http://b/v1"], model="chat", profile=PROFILE, max_num_seqs=8).max_num_seqs == 16
+
+
+async def test_one_bad_request_does_not_empty_the_pool_but_a_failing_replica_goes():
+    servers = Servers()
+    servers.status = {"a": 500, "b": 500}
+    e = engine(servers)
+    await e.start()
+    with pytest.raises(fa.EngineError, match="answered 500"):
+        await collect(e, "r1")
+    assert all(r.healthy for r in e.replicas)  # a 500 may be the request's fault: no replica is taken out
+    for i in range(6):
+        with pytest.raises(fa.EngineError):
+            await collect(e, f"r{i + 2}")
+    assert not any(r.healthy for r in e.replicas)  # 500s in a row: both are out
+    await e.stop()
+
+
+async def test_a_stream_cut_off_without_a_finish_reason_is_a_failure_not_a_short_reply():
+    servers = Servers()
+    e = engine(servers)
+    await e.start()
+    original = servers.handler
+
+    def cut(request):
+        response = original(request)
+        if request.url.path == "/v1/completions":
+            chunks = sse(json.loads(request.content)["max_tokens"])
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Stream(chunks[:2]))
+        return response
+
+    servers.handler = cut
+    e._transport.handler = cut
+    with pytest.raises(fa.EngineError, match="failed mid-request"):
+        await collect(e, "r1", 8)
+    await e.stop()
+
+
+async def test_stop_ends_the_health_checks():
+    servers = Servers()
+    e = engine(servers)
+    await e.start()
+    servers.down.add("a")
+    servers.health["a"] = 503
+    await collect(e, "r1")
+    a = e.replicas[0]
+    assert not a.healthy and a.recheck is not None
+    task = a.recheck
+    await e.stop()
+    assert task.done() and a.recheck is None
+    e._take_out(a, RuntimeError("after stop"))
+    assert a.recheck is None  # nothing is started once stopped
