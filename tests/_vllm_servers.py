@@ -1,6 +1,8 @@
 """Real vLLM OpenAI servers on loopback for the tests (the embedded tiny model, through the module entry point)."""
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +28,8 @@ def start_server(log: Path, *extra: str, port: int | None = None) -> tuple[subpr
            "--port", str(port), "--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
            "--kv-cache-memory-bytes", str(64 * 2**20), *extra]
     with log.open("w") as sink:  # a file, not a pipe: nobody drains a pipe, and a full one would block the server
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+        # Its own process group: vLLM runs its engine in child processes, which must go with it.
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}/v1"
 
 
@@ -44,10 +47,18 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 2
     raise AssertionError(f"the vLLM server did not become healthy in {timeout:g} s")
 
 
+def kill_server(proc: subprocess.Popen) -> None:
+    """Kill the server and its engine processes at once, as a crash would."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        pass
+    kill_server(proc)  # whatever of the group is left

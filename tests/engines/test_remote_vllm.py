@@ -8,7 +8,7 @@ import pytest
 
 import fairagents as fa
 
-from .._vllm_servers import start_server, stop_server, wait_healthy
+from .._vllm_servers import kill_server, start_server, stop_server, wait_healthy
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
@@ -81,10 +81,13 @@ async def test_cancelling_a_stream_stops_the_replica_generating(replicas):
 async def test_a_replica_killed_mid_run_fails_its_requests_typed_and_the_other_keeps_serving(replicas):
     engine, arbiter, who = pool(replicas)
     async with arbiter:
-        calls = [asyncio.create_task(who.chat("chat", MSG, max_tokens=300, ignore_eos=True)) for _ in range(6)]
-        await asyncio.sleep(1.0)  # both replicas are generating
+        calls = [asyncio.create_task(who.chat("chat", MSG, max_tokens=440, ignore_eos=True)) for _ in range(6)]
         victim_proc, victim_url = replicas[0]
-        victim_proc.kill()
+        for _ in range(200):  # until both replicas are generating
+            if all(r.running for r in engine.replicas) and running_on(victim_url) > 0:
+                break
+            await asyncio.sleep(0.02)
+        kill_server(victim_proc)  # the server and its engine processes, as a crash
         results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=120)
         failed = [r for r in results if isinstance(r, BaseException)]
         assert all(isinstance(r, fa.EngineError) for r in failed)  # typed, nothing hangs
