@@ -27,13 +27,16 @@ so async scheduling keeps its overlap) for ``EngineArgs(scheduler_cls=...)`` or
   them. Work a preemption makes the engine redo is never charged again. (A request
   that reaches the batch through vLLM's separate queue of requests holding KV blocks
   is charged chunk by chunk as its prefill runs.)
-- **Preemption**: before each step the running requests are ordered by the same key,
-  so when KV runs out vLLM's victim (the last of the running list) is a request of the
-  app, then agent, with the highest counter — not simply the newest.
+- **Preemption**: before a step that could run out of KV blocks (fewer free than the
+  running requests could ask for: one each, plus a full step of prefill), the running
+  requests are ordered decodes first and then by the same key, so vLLM's victim (the
+  last of the running list) is a request of the app, then agent, with the highest
+  counter — not simply the newest. Otherwise vLLM's own order is kept, at no cost.
 
 Cost per step: a queue decision is O(log n) in the number of apps and agents (lazy
-heaps over counters that only grow); ordering the running list is O(r log r) for the
-``r ≤ max_num_seqs`` running requests.
+heaps over counters that only grow); ordering the running list, on steps that could
+preempt, is O(r log r) for the ``r ≤ max_num_seqs`` running requests; a step's output
+is charged under one hold of the counters' lock.
 
 Examples:
     >>> from fairagents.engines.fair_scheduler import identity, FairScheduler
@@ -197,6 +200,15 @@ class FairCounters:
             self.policy.charge_to(agent, amount)
             self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
 
+    def charge_outputs(self, model: str, outputs: Iterable[tuple[Agent, int]]) -> None:
+        """Charge a step's output tokens, ``(agent, tokens)`` each, under one hold of the lock."""
+        cost = self.cost
+        with self.lock:
+            for agent, tokens in outputs:
+                amount = cost.output_cost(model, tokens)
+                self.policy.charge_to(agent, amount)
+                self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
+
 
 class FairQueue(RequestQueue):
     """vLLM's waiting queue, ordered by HMFS counters (see the module docs).
@@ -325,6 +337,7 @@ class FairScheduler(AsyncScheduler):
         self.counters.register(self.model, _profile(self.vllm_config))
         self._agents: dict[str, Agent] = {}  # request id -> its agent, while the engine holds it
         self._prefilled: dict[str, int] = {}  # request id -> prompt tokens charged so far
+        self._outputs: dict[str, tuple[Agent, int]] = {}  # request id -> output tokens of this step, to charge
         self.policy = SchedulingPolicy.FCFS  # preemption takes the last of `running`, which we order
         self._popped: list[VllmRequest] = []  # popped since the last settle: in the batch, or only skipped
         self.waiting = FairQueue(self.counters, self.model, self._agent_of, self._popped.append, self._settle_pops)
@@ -373,6 +386,11 @@ class FairScheduler(AsyncScheduler):
     def _key(self, request: VllmRequest) -> tuple[float, float, float]:
         return (*self.counters.policy.counters_of(self._agent_of(request)), request.arrival_time)
 
+    def _may_preempt(self) -> bool:
+        """Whether this step could run out of KV blocks: one per running request, and a full step of prefill."""
+        need = len(self.running) + -(-self.max_num_scheduled_tokens // self.block_size)
+        return self.kv_cache_manager.block_pool.get_num_free_blocks() < need
+
     def _running_key(self, request: VllmRequest) -> tuple[bool, float, float, float]:
         # Decodes first, so a chunked prefill cannot take a step's whole token budget from them
         # (vLLM serves `running` in order); within each, by counters, so the last — the one
@@ -383,7 +401,7 @@ class FairScheduler(AsyncScheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """Order the running requests (the victim of a preemption is the last), schedule, charge prefill."""
-        if len(self.running) > 1:
+        if len(self.running) > 1 and self._may_preempt():
             with self.counters.lock:
                 self.running.sort(key=self._running_key)
         output = super().schedule(*args, **kwargs)
@@ -400,9 +418,19 @@ class FairScheduler(AsyncScheduler):
     def _update_request_with_output(self, request: VllmRequest, new_token_ids: list[int],
                                     is_stale: bool = False) -> tuple[list[int], bool]:
         new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
-        if new_token_ids:
-            self.counters.charge(self._agent_of(request), self.model, output=len(new_token_ids))
+        if new_token_ids:  # charged together at the end of the step's outputs (update_from_output)
+            rid = request.request_id
+            self._outputs[rid] = (self._agent_of(request), self._outputs.get(rid, (None, 0))[1] + len(new_token_ids))
         return new_token_ids, stopped
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's, then the step's output charged in one go."""
+        try:
+            return super().update_from_output(*args, **kwargs)
+        finally:
+            if self._outputs:
+                outputs, self._outputs = self._outputs, {}
+                self.counters.charge_outputs(self.model, outputs.values())
 
     def _free_request(self, request: VllmRequest, *args: Any, **kwargs: Any) -> Any:
         self._agents.pop(request.request_id, None)

@@ -112,14 +112,17 @@ class HMFS(BasePolicy):
             >>> policy.counters_of(fa.Agent("t", fa.App("a", weight=2.0)))
             (5.0, 10.0)
         """
-        app = agent.app.name
+        app, apps = agent.app.name, self._apps
         agents = self._agents.get(app)
         if agents is None:
             agents = self._agents[app] = CounterLevel()
-        self._apps.touch(app, agent.app.weight)
-        agents.touch(agent.name, agent.weight)
-        self._apps.charge(app, amount)
-        agents.charge(agent.name, amount)
+        if app not in apps.counter:
+            apps.touch(app, agent.app.weight)
+        if agent.name not in agents.counter:
+            agents.touch(agent.name, agent.weight)
+        # Inlined charges, at the weights the client last arrived with (or was first charged at).
+        apps.counter[app] += amount * apps.inverse_weight[app]
+        agents.counter[agent.name] += amount * agents.inverse_weight[agent.name]
 
     def select(self, model: str, now: float) -> Request | None:
         app = self._apps.lowest(model)
