@@ -234,18 +234,26 @@ def test_occupancy_above_the_band_tightens_budget_and_slots_and_below_it_they_re
     assert (m.slot_limit, m.budget_limit) == (10, 1000)  # an idle model goes back to B_max, N_max
 
 
-def test_slow_decoding_against_the_agents_tpot_throttles():
-    statera = Statera(frag=0.0, period=0.5, window=1)
+SLOW = fa.Agent("chat", fa.App("c"), slo=fa.SLO(tpot=0.05))
+
+
+def decode_slowly(statera):
+    """Four requests of an agent with a 50 ms TPOT objective, decoding one token per 100 ms for 2 s."""
     d = make(statera, slots=8, budget=100_000)
-    slow = fa.Agent("chat", fa.App("c"), slo=fa.SLO(tpot=0.05))
     for i in range(4):
-        d.arrive(fa.Request(f"s{i}", slow, "m", 10, 500, 0.0), 0.0)
+        d.arrive(fa.Request(f"s{i}", SLOW, "m", 10, 500, 0.0), 0.0)
     t = 0.0
-    for _ in range(20):  # one token per 0.1 s: twice the TPOT objective
+    for _ in range(20):  # twice the TPOT objective
         t += 0.1
         for i in range(4):
             d.progress(f"s{i}", 1, t)
-    d.arrive(fa.Request("late", slow, "m", 10, 10, t), t)
+    return d, t
+
+
+def test_slow_decoding_against_the_agents_tpot_throttles():
+    statera = Statera(frag=0.0, period=0.5, window=1)
+    d, t = decode_slowly(statera)
+    d.arrive(fa.Request("late", SLOW, "m", 10, 10, t), t)
     state = statera.states["m"]
     assert state.tpot_ratio == pytest.approx(2.0, rel=0.05)
     assert state.utilisation > statera.band[1]
@@ -416,16 +424,7 @@ def test_bench_admission_reports_both_modes():
 
 
 def test_a_slowdown_that_has_passed_does_not_keep_the_model_throttled():
-    statera = Statera(frag=0.0, period=0.5, window=1)
-    d = make(statera, slots=8, budget=100_000)
-    slow = fa.Agent("chat", fa.App("c"), slo=fa.SLO(tpot=0.05))
-    for i in range(4):
-        d.arrive(fa.Request(f"s{i}", slow, "m", 10, 500, 0.0), 0.0)
-    t = 0.0
-    for _ in range(20):  # twice the TPOT objective
-        t += 0.1
-        for i in range(4):
-            d.progress(f"s{i}", 1, t)
+    d, t = decode_slowly(Statera(frag=0.0, period=0.5, window=1))
     for i in range(4):
         d.finish(f"s{i}", t)
     assert d.model("m").slot_limit < 8
