@@ -27,7 +27,7 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from fairagents.constants import DEFAULT_D_BASE
 from fairagents.errors import InvalidParameterError, UnknownModelError
@@ -78,6 +78,18 @@ class ModelProfile:
     def scale(self, d_base: int = DEFAULT_D_BASE) -> float:
         """Unified tokens per raw token: ``d_model / d_base · n_layers``."""
         return self.d_model / d_base * self.n_layers
+
+    @classmethod
+    def of_text_config(cls, config: Any, modality: Modality | str = Modality.TEXT) -> ModelProfile:
+        """The profile of a model from its (text) Hugging Face config: ``hidden_size`` and ``num_hidden_layers``.
+
+        Examples:
+            >>> from types import SimpleNamespace
+            >>> from fairagents import ModelProfile
+            >>> ModelProfile.of_text_config(SimpleNamespace(hidden_size=896, num_hidden_layers=24)).d_model
+            896
+        """
+        return cls(d_model=int(config.hidden_size), n_layers=int(config.num_hidden_layers), modality=modality)
 
 
 @runtime_checkable

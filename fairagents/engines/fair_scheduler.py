@@ -194,20 +194,20 @@ class FairCounters:
         """Charge ``prompt`` input and ``output`` output tokens of ``model`` to ``agent``."""
         amount = (self.cost.input_cost(model, prompt) if prompt else 0.0) + (
             self.cost.output_cost(model, output) if output else 0.0)
-        if amount <= 0:
-            return
-        with self.lock:
-            self.policy.charge_to(agent, amount)
-            self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
+        if amount > 0:
+            with self.lock:
+                self._add(agent, amount)
 
     def charge_outputs(self, model: str, outputs: Iterable[tuple[Agent, int]]) -> None:
         """Charge a step's output tokens, ``(agent, tokens)`` each, under one hold of the lock."""
-        cost = self.cost
         with self.lock:
             for agent, tokens in outputs:
-                amount = cost.output_cost(model, tokens)
-                self.policy.charge_to(agent, amount)
-                self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
+                self._add(agent, self.cost.output_cost(model, tokens))
+
+    def _add(self, agent: Agent, amount: float) -> None:
+        """Charge ``amount`` unified tokens to ``agent`` (the lock held)."""
+        self.policy.charge_to(agent, amount)
+        self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
 
 
 class FairQueue(RequestQueue):
@@ -441,9 +441,5 @@ class FairScheduler(AsyncScheduler):
 def _profile(vllm_config: Any) -> ModelProfile:
     """This model's profile for unified tokens: hidden size and layers of its (text) config."""
     model_config = vllm_config.model_config
-    hf = model_config.hf_config
-    text = getattr(hf, "text_config", None) or hf
-    d_model = getattr(text, "hidden_size", None) or getattr(text, "d_model", None) or 4096
-    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "num_layers", None) or 1
     modality = Modality.VISION if getattr(model_config, "is_multimodal_model", False) else Modality.TEXT
-    return ModelProfile(d_model=int(d_model), n_layers=int(layers), modality=modality)
+    return ModelProfile.of_text_config(model_config.hf_text_config, modality)

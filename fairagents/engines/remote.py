@@ -468,5 +468,4 @@ def _load_tokenizer(path: str) -> tuple[Any, ModelProfile]:
     with LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(path)
         config = AutoConfig.from_pretrained(path)
-    text = getattr(config, "text_config", None) or config
-    return tokenizer, ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers))
+    return tokenizer, ModelProfile.of_text_config(config.get_text_config())

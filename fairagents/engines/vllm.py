@@ -235,8 +235,7 @@ class VLLMEngine:
         self._thread.start()
         engine = self._engine = await ready
         config = engine.model_config
-        text = config.hf_text_config
-        self.profile = ModelProfile(d_model=int(text.hidden_size), n_layers=int(text.num_hidden_layers), modality=self.modality)
+        self.profile = ModelProfile.of_text_config(config.hf_text_config, self.modality)
         self.max_model_len = int(config.max_model_len)
         self.token_capacity, self.kv_block_size = _kv_capacity(engine)
         self.vocab_size = int(config.get_vocab_size())
