@@ -2,8 +2,9 @@
 
 fairagents' arbiter schedules in front of an engine; this module schedules inside one.
 :class:`FairScheduler` is a vLLM v1 scheduler (a subclass of vLLM's ``AsyncScheduler``,
-so async scheduling keeps its overlap) for ``EngineArgs(scheduler_cls=...)`` or
-``vllm serve --scheduler-cls fairagents.vllm.FairScheduler``:
+so async scheduling keeps its overlap; with async scheduling off — vLLM then picks its
+plain ``Scheduler``, as on a CPU — it updates requests as that one does) for
+``EngineArgs(scheduler_cls=...)`` or ``vllm serve --scheduler-cls fairagents.vllm.FairScheduler``:
 
 - **Identity** comes from each request's ``SamplingParams.extra_args``:
   ``fairagents_app`` and ``fairagents_agent`` (over HTTP, vLLM's ``vllm_xargs`` request
@@ -36,7 +37,7 @@ so async scheduling keeps its overlap) for ``EngineArgs(scheduler_cls=...)`` or
 Cost per step: a queue decision is O(log n) in the number of apps and agents (lazy
 heaps over counters that only grow); ordering the running list, on steps that could
 preempt, is O(r log r) for the ``r ≤ max_num_seqs`` running requests; a step's output
-is charged under one hold of the counters' lock.
+is summed per agent and charged under one hold of the counters' lock.
 
 Examples:
     >>> from fairagents.engines.fair_scheduler import identity, FairScheduler
@@ -62,6 +63,7 @@ from typing import Any, ClassVar
 import structlog
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus
 
@@ -337,8 +339,12 @@ class FairScheduler(AsyncScheduler):
         self.counters.register(self.model, _profile(self.vllm_config))
         self._agents: dict[str, Agent] = {}  # request id -> its agent, while the engine holds it
         self._prefilled: dict[str, int] = {}  # request id -> prompt tokens charged so far
-        self._outputs: dict[str, tuple[Agent, int]] = {}  # request id -> output tokens of this step, to charge
+        self._outputs: dict[tuple[str, str], tuple[Agent, int]] = {}  # (app, agent) -> this step's output tokens
         self.policy = SchedulingPolicy.FCFS  # preemption takes the last of `running`, which we order
+        # Without async scheduling the engine steps synchronously and vLLM itself picks its plain
+        # Scheduler: AsyncScheduler's output placeholders and its extra prefix caching per decode
+        # step then only cost time (5 % of the tiny model's throughput, measured), so skip them.
+        self._overlap = bool(self.scheduler_config.async_scheduling)
         self._popped: list[VllmRequest] = []  # popped since the last settle: in the batch, or only skipped
         self.waiting = FairQueue(self.counters, self.model, self._agent_of, self._popped.append, self._settle_pops)
         if self.scheduler_config.policy != "fcfs":
@@ -415,12 +421,23 @@ class FairScheduler(AsyncScheduler):
                 self._charge_prompt(request, request.num_computed_tokens)
         return output
 
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        if self._overlap:
+            super()._update_after_schedule(scheduler_output)
+        else:
+            Scheduler._update_after_schedule(self, scheduler_output)
+
     def _update_request_with_output(self, request: VllmRequest, new_token_ids: list[int],
                                     is_stale: bool = False) -> tuple[list[int], bool]:
-        new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
-        if new_token_ids:  # charged together at the end of the step's outputs (update_from_output)
-            rid = request.request_id
-            self._outputs[rid] = (self._agent_of(request), self._outputs.get(rid, (None, 0))[1] + len(new_token_ids))
+        if self._overlap:
+            new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
+        else:
+            new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
+        if new_token_ids:  # charged per agent, together, at the end of the step's outputs (update_from_output)
+            agent = self._agent_of(request)
+            key = (agent.app.name, agent.name)
+            held = self._outputs.get(key)
+            self._outputs[key] = (agent, len(new_token_ids) + (held[1] if held is not None else 0))
         return new_token_ids, stopped
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:

@@ -164,3 +164,32 @@ def test_the_preemption_victim_is_the_app_with_the_highest_counter(fair):
         cost = counters.cost
         per_request = cost.input_cost("engine", len(PROMPT)) + cost.output_cost("engine", 300)
         assert counters.charged == pytest.approx({"served": 2 * per_request, "newer": 2 * per_request})
+
+
+def test_a_synchronous_engine_takes_the_plain_schedulers_path(monkeypatch):
+    """Async scheduling off (vLLM then picks its plain ``Scheduler``, as on a CPU): no output
+    placeholders and no second prefix caching per decode step, which only cost time there."""
+    calls = []
+    for name in ("_update_after_schedule", "_update_request_with_output"):
+        original = getattr(AsyncScheduler, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(AsyncScheduler, name, spy)
+    counters = FairCounters()
+    with engine(FairScheduler.sharing(counters, "engine")) as llm:
+        assert not llm.engine_core.engine_core.scheduler.scheduler_config.async_scheduling
+        for i in range(3):
+            add(llm, f"a{i}", "a", tokens=16)
+        produced = {}
+        while llm.has_unfinished_requests():
+            with _STEP_LOCK:
+                for out in llm.step():
+                    produced[out.request_id] = produced.get(out.request_id, 0) + len(out.outputs[0].token_ids)
+    assert produced == {"a0": 16, "a1": 16, "a2": 16}
+    assert calls == []
+    cost = counters.cost
+    assert counters.charged == pytest.approx({"a": 3 * (cost.input_cost("engine", len(PROMPT))
+                                                        + cost.output_cost("engine", 16))})
