@@ -241,6 +241,7 @@ class ModelState:
 
 
 _NOTHING = Changes()
+_RUNNING = TicketState.RUNNING
 
 
 class Dispatcher:
@@ -438,8 +439,9 @@ class Dispatcher:
 
     def progress(self, request_id: str, new_tokens: int, now: float) -> float:
         """A running request produced ``new_tokens`` more output tokens; returns their charge."""
+        # The hot path of every driver (one call per streamed chunk, per token in the simulator): lean on purpose.
         ticket = self._tickets.get(request_id)
-        if ticket is None or ticket.state is not TicketState.RUNNING:
+        if ticket is None or ticket.state is not _RUNNING:
             raise ProtocolError(f"request {request_id!r} is not running", request_id=request_id)
         if not new_tokens:
             return 0.0
@@ -448,16 +450,19 @@ class Dispatcher:
             ticket.first_token = now
         ticket.produced += new_tokens
         m = self._models[r.model]
-        if self.admission is not None:
-            self.admission.tick(m, now)  # occupancy up to now, before it changes
+        admission = self.admission
+        if admission is not None:
+            admission.tick(m, now)  # occupancy up to now, before it changes
         m.used += new_tokens
         if r.prompt_tokens + ticket.produced > ticket.reserved:  # it outgrew its predicted bound
             self._grow(ticket, m, self.reservation(m.name, r.prompt_tokens, ticket.produced) - ticket.reserved)
-        if self.admission is not None:
-            self.admission.on_progress(m, ticket, new_tokens, now)
+        if admission is not None:
+            admission.on_progress(m, ticket, new_tokens, now)
         self.policy.on_progress(r, new_tokens, now)
         amount = self.cost.output_cost(r.model, new_tokens)
-        self._charge(ticket, amount, now)
+        ticket.charged += amount  # _charge, inlined
+        if self._charge_cb is not None:
+            self._charge_cb(now, r, amount)
         return amount
 
     def finish(self, request_id: str, now: float) -> Changes:

@@ -18,6 +18,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from fairagents.identity import SLO
 from fairagents.request import Outcome
@@ -291,27 +292,23 @@ def max_service_gap(
     backlog = backlog_intervals(records, key, models)
     series: dict[str, tuple[list[float], list[float]]] = {}
     per_client: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for c in charges:
-        per_client[_client(c.app, c.agent, key)].append((c.time, c.amount))
+    if key == "app":  # _client, inlined: a run has a charge per token
+        for c in charges:
+            per_client[c.app].append((c.time, c.amount))
+    else:
+        for c in charges:
+            per_client[_client(c.app, c.agent, key)].append((c.time, c.amount))
     for client, events in per_client.items():
-        events.sort(key=lambda e: e[0])
-        times = [t for t, _ in events]
-        cumulative = list(itertools.accumulate(a for _, a in events))
-        series[client] = (times, cumulative)
+        events.sort(key=_first)  # by time only: charges of one instant keep their order
+        series[client] = (list(map(_first, events)), list(itertools.accumulate(map(_second, events))))
     names = sorted(backlog if clients is None else set(clients) & set(backlog))
     worst = 0.0
     for x, y in itertools.combinations(names, 2):
         if key == "agent" and x.split("/", 1)[0] != y.split("/", 1)[0]:
             continue
         for start, end in _intersect(backlog[x], backlog[y]):
-            points = sorted(
-                {start, end}
-                | _times_within(series.get(x), start, end)
-                | _times_within(series.get(y), start, end)
-            )
-            diffs = [_served(series.get(x), start, False) / weights[x] - _served(series.get(y), start, False) / weights[y]]
-            diffs += [_served(series.get(x), t, True) / weights[x] - _served(series.get(y), t, True) / weights[y] for t in points]
-            worst = max(worst, max(diffs) - min(diffs))
+            spread = _spread(series.get(x, _NO_SERVICE), weights[x], series.get(y, _NO_SERVICE), weights[y], start, end)
+            worst = max(worst, spread)
     return worst
 
 
@@ -409,17 +406,33 @@ def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> 
     return out
 
 
-def _times_within(series: tuple[list[float], list[float]] | None, start: float, end: float) -> set[float]:
-    if series is None:
-        return set()
-    times = series[0]
-    return set(times[bisect.bisect_left(times, start) : bisect.bisect_right(times, end)])
+_NO_SERVICE: tuple[list[float], list[float]] = ([], [])
+_first, _second = itemgetter(0), itemgetter(1)
 
 
-def _served(series: tuple[list[float], list[float]] | None, t: float, inclusive: bool) -> float:
-    """Cumulative service up to ``t`` (charges at ``t`` included if ``inclusive``)."""
-    if series is None:
-        return 0.0
-    times, cumulative = series
-    i = bisect.bisect_right(times, t) if inclusive else bisect.bisect_left(times, t)
-    return cumulative[i - 1] if i else 0.0
+def _spread(
+    x: tuple[list[float], list[float]], wx: float, y: tuple[list[float], list[float]], wy: float, start: float,
+    end: float,
+) -> float:
+    """Max minus min, over ``[start, end]``, of ``S_x(t)/w_x − S_y(t)/w_y`` (``S``: cumulative service).
+
+    Taken just before ``start`` and at ``start``, ``end`` and every charge between (where
+    the difference changes). ``x`` and ``y`` are ``(times, cumulative)``, times sorted.
+    """
+    (tx, cx), (ty, cy) = x, y
+    # The charges within [start, end] are tx[lx:hx]; every service count inside is found in that range.
+    lx, hx = bisect.bisect_left(tx, start), bisect.bisect_right(tx, end)
+    ly, hy = bisect.bisect_left(ty, start), bisect.bisect_right(ty, end)
+    points = {start, end}
+    points.update(tx[lx:hx])
+    points.update(ty[ly:hy])
+    lo = hi = (cx[lx - 1] if lx else 0.0) / wx - (cy[ly - 1] if ly else 0.0) / wy  # before start
+    right = bisect.bisect_right
+    for t in sorted(points):
+        i, j = right(tx, t, lx, hx), right(ty, t, ly, hy)  # charges at t included
+        diff = (cx[i - 1] if i else 0.0) / wx - (cy[j - 1] if j else 0.0) / wy
+        if diff < lo:
+            lo = diff
+        elif diff > hi:
+            hi = diff
+    return hi - lo

@@ -289,6 +289,7 @@ class _Run:
         self.cost = cost
         self.pool = pool
         self.charges: list[Charge] = []
+        self._add_charge = self.charges.append
         self.admission = admission
         self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge, admission=admission)
         for model, engine in engines.items():
@@ -353,9 +354,12 @@ class _Run:
         for model, engine in self.engines.items():
             if engine.busy:
                 continue
-            for req in self.joining[model]:
-                engine.admit(req, self.output[req.id])
-            self.joining[model].clear()
+            joining = self.joining[model]
+            if joining:
+                output = self.output
+                for req in joining:
+                    engine.admit(req, output[req.id])
+                joining.clear()
             end = engine.start_step(now)
             if end is not None:
                 self.push(end, self._STEP, model)
@@ -363,10 +367,13 @@ class _Run:
                 self.idle_with_backlog += 1
 
     def _step_done(self, model: str, now: float) -> None:
-        for p in self.engines[model].finish_step(now):
-            self.dispatcher.progress(p.request.id, p.new_tokens, now)
-            if p.finished:
-                self._apply(self.dispatcher.finish(p.request.id, now))
+        # One token for every request of the step, in batch order; a request's end (and the
+        # dispatches it frees room for) comes before the next request's token is charged.
+        progress, finish = self.dispatcher.progress, self.dispatcher.finish
+        for state in self.engines[model]._end_step():
+            progress(state.request.id, 1, now)
+            if state.generated >= state.output_tokens:
+                self._apply(finish(state.request.id, now))
 
     def _cancel(self, req: Request, now: float) -> None:
         if self.dispatcher.ticket(req.id) is None:
@@ -376,4 +383,5 @@ class _Run:
         self._apply(self.dispatcher.cancel(req.id, now))
 
     def _charge(self, now: float, req: Request, amount: float) -> None:
-        self.charges.append(Charge(now, req.app, req.agent.name, amount))
+        agent = req.agent
+        self._add_charge(Charge(now, agent.app.name, agent.name, amount))

@@ -3,15 +3,25 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server', 'vllm-scheduler']
+    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server', 'simulator', 'vllm-scheduler']
 """
 
 from __future__ import annotations
 
-from fairagents.bench import admission, isolation, modality, overhead, policies, scheduler, server, vllm_scheduler
+from fairagents.bench import (
+    admission,
+    isolation,
+    modality,
+    overhead,
+    policies,
+    scheduler,
+    server,
+    simulator,
+    vllm_scheduler,
+)
 
 __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
 BENCHMARKS = {"admission": admission, "isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
-              "scheduler": scheduler, "server": server, "vllm-scheduler": vllm_scheduler}
+              "scheduler": scheduler, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler}

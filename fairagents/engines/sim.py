@@ -80,7 +80,6 @@ class _Running:
     request: Request
     output_tokens: int
     generated: int = 0
-    prefilled: bool = False
 
 
 class SimEngine:
@@ -128,8 +127,8 @@ class SimEngine:
         ...     _ = engine.finish_step(now)
         >>> log[4:7]
         [(['old', 'new'], []), (['old'], ['new']), (['old'], ['new'])]
-        >>> engine.preemptions, engine.kv_used
-        (1, 0)
+        >>> engine.preemptions, engine.kv_used, engine.steps
+        (1, 0, 11)
     """
 
     def __init__(
@@ -173,9 +172,12 @@ class SimEngine:
         self.kv = kv
         self.preemptions = 0
         """Requests preempted so far (always 0 with ``kv="reserve"``)."""
+        self.steps = 0
+        """Steps started so far."""
         self._paged = kv == "paged"
         self._rng = random.Random(seed)
         self._running: dict[str, _Running] = {}  # in the order they joined the batch
+        self._joined: dict[str, _Running] = {}  # those of the batch not prefilled yet (the next step prefills them)
         self._waiting: OrderedDict[str, _Running] = OrderedDict()  # next to join first
         self._kv_used = 0
         self._step_end: float | None = None
@@ -256,7 +258,7 @@ class SimEngine:
             return
         if not self.fits(req):
             raise ProtocolError(f"request {req.id!r} does not fit the running batch now")
-        self._running[req.id] = _Running(req, output_tokens)
+        self._running[req.id] = self._joined[req.id] = _Running(req, output_tokens)
         self._kv_used += req.prompt_tokens + req.max_tokens
 
     def abort(self, request_id: str) -> bool:
@@ -266,6 +268,7 @@ class SimEngine:
         state = self._running.pop(request_id, None)
         if state is None:
             return False
+        self._joined.pop(request_id, None)
         self._kv_used -= self._held(state)
         return True
 
@@ -280,37 +283,46 @@ class SimEngine:
         if self._paged:
             self._fill()
             self._preempt()
-        if not self._running:
+        running = len(self._running)
+        if not running:
             return None
-        prefill = sum(s.request.prompt_tokens + s.generated for s in self._running.values() if not s.prefilled)
-        duration = (
-            self.decode_base
-            + self.decode_per_seq * len(self._running)
-            + self.prefill_per_token * prefill
-        )
+        prefill = sum(s.request.prompt_tokens + s.generated for s in self._joined.values()) if self._joined else 0
+        duration = self.decode_base + self.decode_per_seq * running + self.prefill_per_token * prefill
         if self.jitter:
             duration *= 1 + self.jitter * self._rng.uniform(-1.0, 1.0)
         self._step_end = now + duration
+        self.steps += 1
         return self._step_end
 
     def finish_step(self, now: float) -> list[SimProgress]:
         """End the step in progress: one new token for each request that was in it."""
+        return [SimProgress(s.request, 1, s.generated == 1, s.generated >= s.output_tokens) for s in self._end_step()]
+
+    def _end_step(self) -> list[_Running]:
+        """End the step in progress; the states of the requests that were in it, in batch order.
+
+        Each gained one token (``generated == 1``: its first; ``generated >= output_tokens``:
+        it finished and left the batch). :meth:`finish_step` reports the same as
+        :class:`SimProgress` records; the simulator's loop reads the states and builds none.
+        """
         if self._step_end is None:
             raise ProtocolError("no step is in progress")
         self._step_end = None
-        progress = []
-        for rid, state in list(self._running.items()):
-            first = state.generated == 0
-            state.prefilled = True
+        self._joined.clear()  # all prefilled by this step
+        batch = list(self._running.values())
+        finished = []
+        for state in batch:
             state.generated += 1
-            finished = state.generated >= state.output_tokens
-            progress.append(SimProgress(state.request, 1, first, finished))
-            if self._paged:
-                self._kv_used += 1
-            if finished:
-                del self._running[rid]
+            if state.generated >= state.output_tokens:
+                finished.append(state)
+        if self._paged:
+            self._kv_used += len(batch)  # one more token held by each
+        if finished:
+            running = self._running
+            for state in finished:
+                del running[state.request.id]
                 self._kv_used -= self._held(state)
-        return progress
+        return batch
 
     def _held(self, state: _Running) -> int:
         """KV tokens a running request holds."""
@@ -329,7 +341,7 @@ class SimEngine:
             if not self._room(tokens):
                 return
             self._waiting.popitem(last=False)
-            self._running[state.request.id] = state
+            self._running[state.request.id] = self._joined[state.request.id] = state
             self._kv_used += tokens
 
     def _preempt(self) -> None:
@@ -339,8 +351,8 @@ class SimEngine:
         """
         while len(self._running) > 1 and self._kv_used + len(self._running) > self.kv_capacity:
             rid, state = self._running.popitem()
+            self._joined.pop(rid, None)  # if it had not been prefilled yet; it will be again on rejoining
             self._kv_used -= self._held(state)
-            state.prefilled = False
             self._waiting[rid] = state
             self._waiting.move_to_end(rid, last=False)
             self.preemptions += 1

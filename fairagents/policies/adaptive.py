@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, ProtocolError
 from fairagents.metrics import jain_index, percentile
 from fairagents.policies.base import BasePolicy, Policy
 from fairagents.policies.selector import parse_decision
@@ -320,11 +320,20 @@ class Adaptive(BasePolicy):
         self._window.arrivals += 1
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
-        super().on_progress(req, new_output_tokens, now)
-        if new_output_tokens:
-            self._first.setdefault(req.id, now)
-            self._produced[req.id] = self._produced.get(req.id, 0) + new_output_tokens
-        self._owner[req.id].on_progress(req, new_output_tokens, now)
+        # BasePolicy.on_progress with _charge inlined: this runs for every streamed chunk.
+        rid = req.id
+        if rid not in self._running:
+            raise ProtocolError(f"request {rid!r} is not running")
+        if new_output_tokens:  # the cost model rejects a negative or non-integer count
+            amount = self._output_cost(req.model, new_output_tokens)
+            app = req.agent.app
+            self._window.service[app.name] += amount / app.weight
+            first = self._first
+            if rid not in first:
+                first[rid] = now
+            produced = self._produced
+            produced[rid] = produced.get(rid, 0) + new_output_tokens
+        self._owner[rid].on_progress(req, new_output_tokens, now)
 
     def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
         owner = self._owner.pop(req.id, None)

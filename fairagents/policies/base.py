@@ -109,6 +109,8 @@ class BasePolicy(abc.ABC):
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
         self._output_cost = cost.output_cost  # bound once: called for every streamed chunk
+        # A policy that keeps no counters (no _charge of its own) needs output validated, never priced.
+        self._counts_service = type(self)._charge is not BasePolicy._charge
         self._waiting: dict[str, Request] = {}
         self._running: dict[str, Request] = {}
         self._waiting_per_model: dict[str, int] = {}
@@ -138,7 +140,10 @@ class BasePolicy(abc.ABC):
         if req.id not in self._running:
             raise ProtocolError(f"request {req.id!r} is not running")
         if new_output_tokens:  # the cost model rejects a negative or non-integer count
-            self._charge(req, self._output_cost(req.model, new_output_tokens), now)
+            if self._counts_service:
+                self._charge(req, self._output_cost(req.model, new_output_tokens), now)
+            elif type(new_output_tokens) is not int or new_output_tokens < 0:
+                self._output_cost(req.model, new_output_tokens)  # raises for a bad count, as pricing it would
 
     def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
         """Forget ``req``; a waiting one leaves the queue uncharged."""

@@ -109,7 +109,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import ClassVar, Literal
 
 from fairagents.cost import CostModel, RawTokenCost
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, ProtocolError
 from fairagents.policies.base import BasePolicy
 from fairagents.request import Outcome, Request
 
@@ -427,9 +427,14 @@ class ExFairS(BasePolicy):
         end = self._period_end
         if end is not None and now >= end:
             self._tick(now)
-        super().on_progress(req, new_output_tokens, now)
-        if new_output_tokens:
+        # BasePolicy.on_progress with _charge inlined: this runs for every streamed chunk.
+        if req.id not in self._running:
+            raise ProtocolError(f"request {req.id!r} is not running")
+        if new_output_tokens:  # the cost model rejects a negative or non-integer count
+            amount = self._output_cost(req.model, new_output_tokens)
             live = self._live[req.id]
+            served = self._served
+            served[live.client] = served.get(live.client, 0.0) + amount
             if live.first_token is None:
                 live.first_token = now
             live.output += new_output_tokens
@@ -478,8 +483,8 @@ class ExFairS(BasePolicy):
         queue = self._queues[req.model]
         if queue[0] is req:
             queue.popleft()
-        else:
-            queue.remove(req)
+        else:  # by identity: deque.remove would compare every request before it field by field
+            del queue[next(i for i, queued in enumerate(queue) if queued is req)]
         cache = self._caches[req.model]
         priority = self._live[req.id].priority
         left = cache[priority] - 1
