@@ -21,6 +21,9 @@ from rich.console import Console
 
 __all__ = ["build_parser", "main"]
 
+#: ``bench`` subcommands of :mod:`fairagents.bench.suite` (the others are in ``fairagents.bench.BENCHMARKS``).
+SUITE_COMMANDS = ("run", "compare", "scenarios", "schema")
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairagents``."""
@@ -91,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     adm.add_argument("--seconds", type=float, default=60.0, help="virtual seconds of traffic")
     adm.add_argument("--seed", type=int, default=0)
     adm.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    simc = benches.add_parser("simulator", help="the simulator's cost by clients and load (ExFairS VI's workload shape)")
+    simc.add_argument("--clients", type=int, nargs="+", default=[5, 10, 20, 50, 100])
+    simc.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0], help="requests per client per minute")
+    simc.add_argument("--policy", default="hmfs", choices=sorted(POLICIES))
+    simc.add_argument("--minutes", type=int, default=10, help="simulated minutes")
+    simc.add_argument("--seed", type=int, default=0)
+    simc.add_argument("--repeats", type=int, default=3, help="runs per cell; the fastest is reported")
+    simc.add_argument("--json", action="store_true", help="print JSON instead of tables")
     vsch = benches.add_parser("vllm-scheduler", help="fair inside vLLM (FairScheduler) vs vLLM's own vs the arbiter, under KV pressure")
     vsch.add_argument("--seconds", type=float, default=15.0, help="seconds per mode and round")
     vsch.add_argument("--rounds", type=int, default=2)
@@ -117,7 +128,69 @@ def build_parser() -> argparse.ArgumentParser:
     moda.add_argument("--seconds", type=float, default=30.0, help="length of each cross-modal run")
     moda.add_argument("--pool", type=int, default=3, help="in-flight slots the three models share")
     moda.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _add_suite_commands(benches)
     return parser
+
+
+def _add_suite_commands(benches: argparse._SubParsersAction) -> None:
+    """``bench run``, ``compare``, ``scenarios`` and ``schema``: scenarios from files, not one fixed benchmark."""
+    run = benches.add_parser(
+        "run", help="run a scenario under several policies (simulator or real engines); JSON, markdown and plots",
+        description="Run a scenario under several policies and report SLO, latency and fairness metrics per policy. "
+                    "With --out, write per-run JSON timelines, summary.json, summary.md and PNG plots.")
+    run.add_argument("scenario", help="a built-in scenario (fairagents bench scenarios) or a YAML file")
+    run.add_argument("--policies", type=lambda text: [p for p in text.split(",") if p],
+                     help="comma-separated policies (default: the scenario's, else every built-in)")
+    run.add_argument("--engine", choices=["sim", "real"], default="sim",
+                     help="the simulator (default) or the embedded real engines, in real time")
+    run.add_argument("--seed", type=int, help="seed (default: the scenario's)")
+    run.add_argument("--scale", type=float, default=1.0, help="load multiplier (default 1)")
+    run.add_argument("--out", help="folder to write results to (in <out>/<scenario>/)")
+    run.add_argument("--json", action="store_true", help='print {"<policy>": {metric: value}} instead of a table')
+    compare = benches.add_parser("compare", help="put bench run results (summary or per-run JSON) side by side")
+    compare.add_argument("files", nargs="+", help="summary.json or <policy>.json files")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    benches.add_parser("scenarios", help="list the built-in scenarios")
+    benches.add_parser("schema", help="print the JSON schema of scenario files")
+
+
+def _suite(args: argparse.Namespace, console: Console) -> int:
+    """``bench run``, ``compare``, ``scenarios``, ``schema``; bad input is a message and exit code 2."""
+    from fairagents.bench import spec, suite
+    from fairagents.errors import BadInputError
+
+    try:
+        if args.benchmark == "run":
+            result = suite.run_scenario(args.scenario, args.policies, engine=args.engine, seed=args.seed,
+                                        scale=args.scale, out=args.out)
+            if args.json:
+                sys.stdout.write(json.dumps(result["policies"], indent=2) + "\n")
+            else:
+                for table in suite.render(result):
+                    console.print(table)
+                if args.out:
+                    console.print(f"results, summary and plots written under {args.out}")
+        elif args.benchmark == "compare":
+            compared = suite.compare(args.files)
+            if args.json:
+                sys.stdout.write(json.dumps(compared, indent=2) + "\n")
+            else:
+                console.print(suite.render_compare(compared))
+        elif args.benchmark == "scenarios":
+            from rich.table import Table
+
+            table = Table(title="Built-in scenarios (fairagents bench run NAME)")
+            table.add_column("name")
+            table.add_column("description")
+            for name, description in spec.builtin_scenarios().items():
+                table.add_row(name, description.splitlines()[0] if description else "")
+            console.print(table)
+        else:
+            sys.stdout.write(json.dumps(spec.scenario_json_schema(), indent=2) + "\n")
+    except BadInputError as err:
+        print(f"fairagents bench {args.benchmark}: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
@@ -183,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"{kind}: {path}")
         return 0
     if args.command == "bench":
-        return _bench(args, console)
+        return _suite(args, console) if args.benchmark in SUITE_COMMANDS else _bench(args, console)
     raise AssertionError(f"unhandled command {args}")
 
 
