@@ -387,7 +387,7 @@ def test_every_builtin_loads_and_builds_for_both_engines(name):
     real = build(scenario, engine="real")
     assert 30 <= real.duration <= 60 and set(real.real_models) == set(scenario.models)
     requests = real.workload.requests
-    assert 0.5 <= len(requests) / real.duration <= 8  # a few requests per second
+    assert 0.5 <= len(requests) / real.duration <= 100  # about what the tiny CPU models serve, not more
     assert all(r.prompt_tokens <= 256 and r.output_tokens <= 64 and r.at < real.duration for r in requests)
     short = scenario.model_copy(update={"duration": 3.0})
     small = build(short)
