@@ -12,9 +12,9 @@ Arrival processes:
   (``cv = 1`` is Poisson; ``cv = 0`` evenly spaced, at a random phase);
 - :class:`OnOff` — a base process that runs for ``on`` seconds, then is silent for
   ``off`` seconds, and so on (its clock pauses while off);
-- :class:`ExFairSRounds` — ExFairS' client: rounds of ``round`` seconds, gaps
-  ~ Normal(60/QPM, cv·60/QPM) truncated at 0, compressed into the first ``send_window``
-  seconds of the round;
+- :class:`ExFairSRounds` — ExFairS' client: rounds of ``round`` seconds, each sending its
+  QPM's requests at gaps ~ Normal(60/QPM, cv·60/QPM) truncated at 0, compressed into the
+  first ``send_window`` seconds of the round;
 - :class:`Piecewise`, :class:`Formula` and :class:`HMASStress` — inhomogeneous Poisson
   processes of a rate λ(t) given as segments, as a formula in ``t``, or as H-MAS eq. 13
   (:func:`hmas_stress_rate`), sampled by thinning (piecewise: exactly per segment).
@@ -228,20 +228,19 @@ class ExFairSRounds:
 
     Each round (the first at ``start``) plans ``round · qpm / 60`` requests (rounded at
     random to an integer, so exact for the paper's integer QPMs over 60 s rounds) with gaps
-    ~ Normal(60/qpm, cv · 60/qpm) truncated at 0, compresses the gaps by ``send_window /
-    round`` and sends those that fall within the first ``send_window`` seconds: while
-    sending, the rate is about ``round / send_window`` (1.25 for 48 of 60 s) times the QPM.
-    The plan is the authors' (their gaps sum to the window, so about half a request a round
-    falls past it). :meth:`scaled` below 1 keeps each request with that probability
-    (``keep``) rather than lowering the QPM, whose longer gaps would push requests out of
-    the window.
+    ~ Normal(60/qpm, cv · 60/qpm) truncated at 0, compressed by ``send_window / round``, and
+    sends them all within the first ``send_window`` seconds: gaps that would overrun it are
+    compressed further, by ``send_window`` over their sum. While sending, the rate is about
+    ``round / send_window`` (1.25 for 48 of 60 s) times the QPM. :meth:`scaled` below 1 keeps
+    each request with that probability (``keep``) rather than lowering the QPM, whose longer
+    gaps would crowd the window.
 
     Examples:
         >>> import numpy as np
         >>> from fairagents.bench.arrivals import ExFairSRounds
         >>> times = ExFairSRounds(qpm=30.0, rounds=2).times(np.random.default_rng(0), 0.0, 600.0)
-        >>> bool(np.all(times % 60.0 <= 48.0)), float(times.max()) < 120.0
-        (True, True)
+        >>> len(times), bool(np.all(times % 60.0 <= 48.0)), float(times.max()) < 120.0
+        (60, True, True)
     """
 
     qpm: float
@@ -282,10 +281,11 @@ class ExFairSRounds:
         while start + k * self.round < end and (self.rounds is None or k < self.rounds):
             n = math.floor(planned) + int(rng.random() < planned - math.floor(planned))
             offsets = np.cumsum(np.maximum(rng.normal(gap, self.cv * gap, n), 0.0) * compression)
-            sent = offsets <= self.send_window
+            if n and offsets[-1] > self.send_window:  # about every other round: squeeze it into the window
+                offsets = offsets / offsets[-1] * self.send_window  # the last exactly at the window's end
             if self.keep < 1:
-                sent &= rng.random(n) < self.keep
-            chunks.append(start + k * self.round + offsets[sent])
+                offsets = offsets[rng.random(n) < self.keep]
+            chunks.append(start + k * self.round + offsets)
             k += 1
         out = np.concatenate(chunks) if chunks else np.empty(0)
         return out[out < end]
@@ -382,6 +382,7 @@ _COMPARE = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE
 _CALLS = {"min": np.minimum, "max": np.maximum}
 _ALLOWED = "numbers, t, + - * / % **, comparisons, min(…), max(…) and 'a if condition else b'"
 _MAX_FORMULA = 2000
+_MAX_DEPTH = 100  # nesting of the parsed formula: compiling and evaluating it recurse this deep
 
 
 def parse_rate_formula(expr: str) -> RateFunction:
@@ -393,7 +394,9 @@ def parse_rate_formula(expr: str) -> RateFunction:
     :mod:`ast` and only those nodes are compiled, to numpy operations.
 
     Raises:
-        InvalidParameterError: a syntax error, or a name, call or operation outside the list.
+        InvalidParameterError: a syntax error; a name, call or operation outside the list; a
+            number too large for a float; a formula longer than 2,000 characters or nested
+            more than 100 operations deep.
 
     Examples:
         >>> import numpy as np
@@ -414,7 +417,14 @@ def parse_rate_formula(expr: str) -> RateFunction:
         tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError as err:
         raise InvalidParameterError(f"rate formula {expr!r} is not an expression: {err.msg}") from None
-    compiled = _compile(tree.body)
+    except (RecursionError, MemoryError):
+        raise _too_deep() from None
+    if _depth(tree.body) > _MAX_DEPTH:
+        raise _too_deep()
+    try:
+        compiled = _compile(tree.body)
+    except (RecursionError, MemoryError):  # the depth cap should prevent it; never a traceback all the same
+        raise _too_deep() from None
 
     def rate(t: np.ndarray) -> np.ndarray:
         t = np.asarray(t, dtype=float)
@@ -422,6 +432,23 @@ def parse_rate_formula(expr: str) -> RateFunction:
             return np.broadcast_to(np.asarray(compiled(t), dtype=float), t.shape)
 
     return rate
+
+
+def _too_deep() -> InvalidParameterError:
+    return InvalidParameterError(f"a rate formula may nest at most {_MAX_DEPTH} operations deep; "
+                                 "split a long sum with parentheses or use a piecewise rate")
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deep ``tree`` nests, counted without recursion (a long chain of ``+`` is as deep as it is long)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > _MAX_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _refuse(what: str) -> InvalidParameterError:
@@ -433,7 +460,11 @@ def _compile(node: ast.expr) -> Callable[[np.ndarray], np.ndarray]:
         value = node.value
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _refuse(f"the constant {value!r}")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise InvalidParameterError(f"rate formula has a number too large for a float: {str(value)[:12]}…"
+                                        ) from None
         return lambda t: np.full_like(t, number)
     if isinstance(node, ast.Name):
         if node.id != "t":

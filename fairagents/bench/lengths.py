@@ -1,6 +1,6 @@
 """Length distributions of benchmark scenarios: token counts of prompts and outputs, seeded and vectorised.
 
-A length distribution gives ``n`` token counts (integers ≥ 1), drawing only from a
+A length distribution gives ``n`` token counts (integers in ``[1, MAX_LENGTH]``), drawing only from a
 :class:`numpy.random.Generator`, so the same seed gives the same draws:
 :class:`Constant`, :class:`Uniform`, :class:`Normal`, :class:`LogNormal`,
 :class:`Empirical` (observed values, or a file of them) and :class:`Mixture`. Their
@@ -27,6 +27,7 @@ import numpy as np
 from fairagents.errors import InvalidParameterError
 
 __all__ = [
+    "MAX_LENGTH",
     "Constant",
     "Empirical",
     "LengthDistribution",
@@ -35,6 +36,10 @@ __all__ = [
     "Normal",
     "Uniform",
 ]
+
+
+MAX_LENGTH = 2**31 - 1
+"""The longest length a distribution gives or takes (tokens): larger counts mean nothing to a model."""
 
 
 @runtime_checkable
@@ -61,14 +66,14 @@ def _positive(value: float, what: str, *, zero: bool = False) -> None:
 
 
 def _length(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise InvalidParameterError(f"{what} must be an integer ≥ 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= MAX_LENGTH:
+        raise InvalidParameterError(f"{what} must be an integer in [1, {MAX_LENGTH}], got {value!r}")
     return int(value)
 
 
 def _clip(values: np.ndarray, low: int, high: int | None) -> np.ndarray:
-    out = np.rint(values)
-    out = np.clip(out, max(1, low), high if high is not None else None)
+    # Clipped while still floats: a draw past int64 (or an infinite one) must not wrap around when cast.
+    out = np.clip(np.rint(values), max(1, low), MAX_LENGTH if high is None else min(high, MAX_LENGTH))
     return out.astype(np.int64)
 
 
@@ -238,33 +243,15 @@ class Empirical:
         """
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise InvalidParameterError(f"cannot read lengths from {path}: {err.strerror or err}") from None
-        values = []
-        if column is None:
-            for number, line in enumerate(text.splitlines(), 1):
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    values.append(_parse_int(line, f"{path}:{number}"))
-        else:
-            rows = list(csv.reader(text.splitlines()))
-            if not rows:
-                raise InvalidParameterError(f"{path} is empty")
-            header = [h.strip() for h in rows[0]]
-            if isinstance(column, int):
-                index = column
-                if not 0 <= index < len(header):
-                    raise InvalidParameterError(f"{path} has {len(header)} columns, no column {column}")
-            elif column in header:
-                index = header.index(column)
-            else:
-                raise InvalidParameterError(f"{path} has no column {column!r}; its columns: {', '.join(header)}")
-            for number, row in enumerate(rows[1:], 2):
-                if row and any(cell.strip() for cell in row):
-                    if index >= len(row):
-                        raise InvalidParameterError(f"{path}:{number}: no value in column {column!r}")
-                    values.append(_parse_int(row[index].strip(), f"{path}:{number}"))
+        except UnicodeDecodeError as err:
+            raise InvalidParameterError(f"cannot read lengths from {path}: not UTF-8 text (byte {err.start})") from None
+        try:
+            values = _parse(path, text, column)
+        except csv.Error as err:
+            raise InvalidParameterError(f"cannot read lengths from {path}: {err}") from None
         if not values:
             raise InvalidParameterError(f"{path} holds no lengths")
         return cls(tuple(values))
@@ -274,13 +261,43 @@ class Empirical:
         return rng.choice(np.asarray(self.values, dtype=np.int64), n)
 
 
+def _parse(path: Path, text: str, column: str | int | None) -> list[int]:
+    """The lengths in a file's text: one a line, or a CSV column."""
+    values = []
+    if column is None:
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                values.append(_parse_int(line, f"{path}:{number}"))
+    else:
+        rows = list(csv.reader(text.splitlines()))
+        if not rows:
+            raise InvalidParameterError(f"{path} is empty")
+        header = [h.strip() for h in rows[0]]
+        if isinstance(column, int):
+            index = column
+            if not 0 <= index < len(header):
+                raise InvalidParameterError(f"{path} has {len(header)} columns, no column {column}")
+        elif column in header:
+            index = header.index(column)
+        else:
+            raise InvalidParameterError(f"{path} has no column {column!r}; its columns: {', '.join(header)}")
+        for number, row in enumerate(rows[1:], 2):
+            if row and any(cell.strip() for cell in row):
+                if index >= len(row):
+                    raise InvalidParameterError(f"{path}:{number}: no value in column {column!r}")
+                values.append(_parse_int(row[index].strip(), f"{path}:{number}"))
+    return values
+
+
 def _parse_int(text: str, where: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise InvalidParameterError(f"{where}: a length must be an integer ≥ 1, got {text!r}") from None
-    if value < 1:
-        raise InvalidParameterError(f"{where}: a length must be an integer ≥ 1, got {value}")
+    except ValueError:  # not an integer, or one of more than 4,300 digits
+        raise InvalidParameterError(f"{where}: a length must be an integer in [1, {MAX_LENGTH}], got {text[:40]!r}"
+                                    ) from None
+    if not 1 <= value <= MAX_LENGTH:
+        raise InvalidParameterError(f"{where}: a length must be an integer in [1, {MAX_LENGTH}], got {text[:40]}")
     return value
 
 

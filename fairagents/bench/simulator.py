@@ -48,6 +48,7 @@ from rich.table import Table
 
 from fairagents.cost import ModelProfile
 from fairagents.engines.sim import SimEngine
+from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO, Agent, App
 from fairagents.request import Outcome
 from fairagents.simulation import SimRequest, Workload, simulate
@@ -80,10 +81,12 @@ def exfairs_vi_workload(
 ) -> tuple[Workload, dict[str, SimEngine]]:
     """ExFairS scenario VI's shape: ``clients`` apps sending ``rate`` requests a minute for ``minutes`` rounds.
 
-    As in the ExFairS evaluation: each client (an app of one agent, weight 1) starts
-    each 60 s round within its first second and sends requests at gaps drawn from
-    ``Normal(60/rate, 0.3 · 60/rate)`` seconds while within the round's first 48 s
-    (so about ``rate`` a round, at ~1.25 × ``rate`` per minute while it sends); each
+    In the ExFairS evaluation's shape: each client (an app of one agent, weight 1) sends
+    its first request of each 60 s round within the round's first second, then one after
+    each gap drawn from ``Normal(60/rate, 0.3 · 60/rate)`` seconds (truncated at 0) while
+    still within the round's first 48 s. The gaps are not compressed, so while it sends a
+    client sends at ``rate`` a minute, about ``0.8 · rate + 0.5`` requests a round (3.7 at
+    ``rate`` 4), fewer than the paper's ``rate`` a round at 1.25 × ``rate`` a minute; each
     request gives up after 20 s (``cancel_at``). Its end-to-end SLO is the client's,
     8, 10, 12, 15 or 20 s (cycled over clients). A prompt is long (uniform in
     2,000–6,000 tokens) with probability 0.2, else short (lognormal, median 50 tokens,
@@ -103,6 +106,9 @@ def exfairs_vi_workload(
         >>> all(r.cancel_at == r.at + 20.0 and r.max_tokens == 256 for r in work.requests)
         True
     """
+    _count(clients, "clients")
+    _count(minutes, "minutes")
+    _rate(rate)
     if max_running is None:
         max_running = max(2, math.ceil(BATCH_AT_PAPER_LOAD * clients * rate / (50 * 4.0)))
     rng = random.Random(seed)
@@ -127,16 +133,34 @@ def exfairs_vi_workload(
     return Workload(requests, seed=seed), {MODEL: engine}
 
 
+def _count(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(f"{what} must be an integer ≥ 1, got {value!r}")
+
+
+def _rate(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError(f"rate must be a finite number of requests a minute > 0, got {value!r}")
+
+
 def measure(clients: int, rate: float, *, policy: str = "hmfs", minutes: int = 10, seed: int = 0,
             repeats: int = 3) -> dict[str, Any]:
     """One cell of the grid: the simulator's cost on :func:`exfairs_vi_workload` (best of ``repeats``).
+
+    Raises:
+        InvalidParameterError: ``clients``, ``minutes`` or ``repeats`` below 1, or a ``rate`` ≤ 0.
 
     Examples:
         >>> from fairagents.bench.simulator import measure
         >>> cell = measure(3, 4.0, policy="fcfs", minutes=1, repeats=1)
         >>> cell["clients"], cell["steps"] > 0, cell["tokens_per_s"] > 0
         (3, True, True)
+        >>> measure(3, 4.0, repeats=0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: repeats must be an integer ≥ 1, got 0
     """
+    _count(repeats, "repeats")
     best = math.inf
     for _ in range(repeats):
         work, engines = exfairs_vi_workload(clients, minutes, seed, rate=rate)
@@ -170,7 +194,16 @@ def run(
     seed: int = 0,
     repeats: int = 3,
 ) -> dict[str, Any]:
-    """``{"policy", "minutes", "seed", "repeats", "cells": [one dict per clients × rate]}``, measured now."""
+    """``{"policy", "minutes", "seed", "repeats", "cells": [one dict per clients × rate]}``, measured now.
+
+    Every argument is checked before the first cell runs (:func:`measure` says what it raises).
+    """
+    for n in clients:
+        _count(n, "clients")
+    for rate in rates:
+        _rate(rate)
+    _count(minutes, "minutes")
+    _count(repeats, "repeats")
     cells = [measure(n, rate, policy=policy, minutes=minutes, seed=seed, repeats=repeats)
              for n in clients for rate in rates]
     return {"policy": policy, "minutes": minutes, "seed": seed, "repeats": repeats, "cells": cells}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import json
 import math
@@ -29,8 +30,9 @@ import os
 import platform
 import random
 import re
+import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,12 +41,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fairagents.arbiter import Arbiter
 from fairagents.bench.plots import write_plots
 from fairagents.bench.policies import _met, esg, goodput, safi
 from fairagents.errors import BadInputError, EngineError, InvalidParameterError, OverloadedError
 from fairagents.metrics import RequestRecord, exfairs_jain_index, jain_index, percentile
 from fairagents.request import Outcome
 from fairagents.simulation import SimResult, simulate
+from fairagents.stats import Ledger
 
 if TYPE_CHECKING:
     from fairagents.bench.spec import Built, Scenario
@@ -263,7 +267,7 @@ async def _run_real(first: Built, build: Callable[[], Built], names: list[str], 
     engines = {kind: pool[kind] for kind in kinds}
     tasks = {name: bar.add_task(f"{name} (real engines)", total=len(first.workload)) for name in names} if bar else {}
     try:
-        await asyncio.gather(*(e.start() for e in engines.values()))
+        await _together(e.start() for e in engines.values())
         runs = {}
         for i, name in enumerate(names):
             built = first if i == 0 else build()
@@ -276,17 +280,52 @@ async def _run_real(first: Built, build: Callable[[], Built], names: list[str], 
         await asyncio.gather(*(e.stop() for e in engines.values()), return_exceptions=True)
 
 
+async def _together(coroutines: Iterable[Coroutine[Any, Any, Any]]) -> None:
+    """Run the coroutines as tasks of one group: the first to fail cancels the others, and its error is raised."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coroutine in coroutines:
+                group.create_task(coroutine)
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+
+
+_QUEUED: contextvars.ContextVar[list[str]] = contextvars.ContextVar("fairagents_bench_queued")
+"""In a sender's task: the id of the request the arbiter queued for it (empty until then)."""
+
+
+class _BenchArbiter(Arbiter):
+    """An arbiter that keeps every record and charge, and tells each sender whether its request was queued.
+
+    A queued request reaches the ledger however it ends; a sender whose request was not
+    queued (refused, or given up before it was) records it itself.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ledger = Ledger(keep=sys.maxsize)  # the metrics read every record and charge of the run
+
+    def _submit(self, *args: Any, **kwargs: Any) -> Any:
+        call = super()._submit(*args, **kwargs)
+        queued = _QUEUED.get(None)
+        if queued is not None:
+            queued.append(call.request.id)
+        return call
+
+
 async def _play(built: Built, policy: str, engines: Mapping[str, Engine], run: int, advance: Callable[[], None]
                 ) -> SimResult:
-    """One policy on started real engines: every request from its own task at its arrival time."""
-    from fairagents.arbiter import Arbiter
+    """One policy on started real engines: every request from its own task at its arrival time.
 
+    Every request of the workload has one record: the ledger's, or the one its sender made
+    for a request that was never queued.
+    """
     origin = time.monotonic()
 
     def clock() -> float:  # seconds since the run started, as the simulator counts
         return time.monotonic() - origin
 
-    arbiter = Arbiter(policy, pool_in_flight=built.pool_running, clock=clock)
+    arbiter = _BenchArbiter(policy, pool_in_flight=built.pool_running, clock=clock)
     for model, kind in built.real_models.items():
         arbiter.add_model(model, engines[kind])
     apps, agents = {}, {}
@@ -295,17 +334,19 @@ async def _play(built: Built, policy: str, engines: Mapping[str, Engine], run: i
         if who.key not in agents:
             arbiter.app(who.app.name, who.app.weight, who.app.slo).agent(who.name, who.weight, who.slo)
             apps[who.app.name], agents[who.key] = who.app, who
-    refused: list[RequestRecord] = []
+    unqueued: list[RequestRecord] = []
     await arbiter.start()
     origin = time.monotonic()  # the run's clock starts once the arbiter is up
     try:
-        await asyncio.gather(*(_send(arbiter, i, item, built.real_models[item.model], _images(built, item), engines,
-                                     run, clock, refused, advance) for i, item in enumerate(built.workload.requests)))
+        await _together(_send(arbiter, i, item, built.real_models[item.model], _images(built, item), engines, run,
+                              clock, unqueued, advance) for i, item in enumerate(built.workload.requests))
     finally:
         await arbiter.close(stop_engines=False)
-    if refused:
-        log.warning("fairagents.bench.refused", policy=policy, requests=len(refused))
-    records = list(arbiter.ledger.records) + refused
+    if unqueued:
+        log.warning("fairagents.bench.unqueued", policy=policy, requests=len(unqueued),
+                    failed=sum(r.outcome is Outcome.FAILED for r in unqueued))
+    records = list(arbiter.ledger.records) + unqueued
+    assert len(records) == len(built.workload), f"{len(records)} records of {len(built.workload)} requests"
     return SimResult(
         policy=arbiter.policy.name, records=records, charges=list(arbiter.ledger.charges), apps=apps, agents=agents,
         cost=arbiter.cost, bound=arbiter.dispatcher.bound(), end=max((r.finished for r in records), default=0.0),
@@ -319,13 +360,19 @@ def _images(built: Built, item: Any) -> int:
 
 
 async def _send(arbiter: Any, i: int, item: Any, kind: str, images: int, engines: Mapping[str, Any], run: int,
-                clock: Callable[[], float], refused: list[RequestRecord], advance: Callable[[], None]) -> None:
-    """Send one request at its arrival time as its agent; give up at its ``cancel_at``; count a refusal.
+                clock: Callable[[], float], unqueued: list[RequestRecord], advance: Callable[[], None]) -> None:
+    """Send one request at its arrival time as its agent; give up at its ``cancel_at``.
 
     On a vision model its message holds ``images`` image parts before the text (0: text only).
+    A request the arbiter never queued — refused (bad input, a full queue, its model down),
+    or given up while its images were being prepared — has no ledger record: it is added
+    to ``unqueued``, cancelled if its ``cancel_at`` has passed, else failed.
     """
     from fairagents.engines.base import Prompt
 
+    queued: list[str] = []
+    _QUEUED.set(queued)  # this task's own context: the arbiter notes the request it queues for it
+    gave_up = False
     await asyncio.sleep(max(0.0, item.at - clock()))
     engine = engines[kind]
     try:
@@ -351,16 +398,21 @@ async def _send(arbiter: Any, i: int, item: Any, kind: str, images: int, engines
         if item.cancel_at is None:
             await call
         else:
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(max(0.0, item.cancel_at - clock())):
                     await call
-    except EngineError:
-        pass  # the arbiter recorded it as failed
-    except (BadInputError, OverloadedError):  # refused before it was queued: the ledger never saw it
-        refused.append(RequestRecord(f"refused-{i}", item.agent.app.name, item.agent.name, item.model, item.at, None,
-                                     None, clock(), item.prompt_tokens, 0, Outcome.FAILED, item.agent.effective_slo))
+            except TimeoutError:
+                gave_up = True
+    except (EngineError, BadInputError, OverloadedError):
+        pass  # queued, the ledger has it as failed; else it is recorded below
     finally:
         advance()
+    if not queued:
+        now = clock()
+        gave_up = gave_up or (item.cancel_at is not None and now >= item.cancel_at)
+        outcome = Outcome.CANCELLED if gave_up else Outcome.FAILED
+        unqueued.append(RequestRecord(f"unqueued-{i}", item.agent.app.name, item.agent.name, item.model, item.at,
+                                      None, None, now, item.prompt_tokens, 0, outcome, item.agent.effective_slo))
 
 
 @functools.cache

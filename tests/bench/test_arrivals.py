@@ -83,6 +83,23 @@ def test_exfairs_sends_in_the_window_at_one_and_a_quarter_times_its_qpm():
     assert per_round.max() <= qpm  # never more than the round's plan
 
 
+@pytest.mark.parametrize("qpm", [4.0, 5.0, 60.0])
+def test_exfairs_sends_every_planned_request_of_every_round_within_its_window(qpm):
+    rounds = 500
+    times = ExFairSRounds(qpm=qpm, rounds=rounds).times(rng(), 0.0, 1e6)
+    assert np.all(times % 60.0 <= 48.0)
+    assert np.bincount((times // 60).astype(int), minlength=rounds).tolist() == [int(qpm)] * rounds
+
+
+@pytest.mark.parametrize("qpm", [4.0, 5.0, 60.0])
+def test_exfairs_scaled_below_one_sends_the_kept_share_of_every_round(qpm):
+    rounds = 2000
+    times = ExFairSRounds(qpm=qpm, rounds=rounds).scaled(0.4).times(rng(), 0.0, 1e6)
+    assert np.all(times % 60.0 <= 48.0)
+    per_round = np.bincount((times // 60).astype(int), minlength=rounds)
+    assert per_round.max() <= qpm and per_round.mean() == pytest.approx(0.4 * qpm, rel=0.05)
+
+
 def test_exfairs_gaps_follow_the_compressed_normal():
     times = ExFairSRounds(qpm=30.0, rounds=200).times(rng(), 0.0, 20_000.0)
     gaps = np.diff(times)
@@ -156,6 +173,19 @@ def test_the_formula_parser_implements_its_whitelist():
 def test_the_formula_parser_refuses_everything_else(expr):
     with pytest.raises(InvalidParameterError):
         parse_rate_formula(expr)
+
+
+@pytest.mark.parametrize(("expr", "match"), [
+    ("1" + "+1" * 999, "nest at most 100"), ("-" * 1999 + "1", "nest at most 100"),
+    ("9" * 400, "too large for a float"), ("t * " + "9" * 400, "too large for a float"),
+])
+def test_the_formula_parser_refuses_what_would_exhaust_python_with_a_parameter_error(expr, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        parse_rate_formula(expr)
+
+
+def test_a_long_but_shallow_formula_is_fine():
+    assert parse_rate_formula("+".join(["(1 + 1)"] * 40))(np.array([3.0])).tolist() == [80.0]
 
 
 @pytest.mark.parametrize(("t", "rate"), [

@@ -5,6 +5,7 @@ import pytest
 from fairagents.admission import Statera
 from fairagents.bench import simulator
 from fairagents.engines import SimEngine
+from fairagents.errors import InvalidParameterError
 from fairagents.simulation import simulate
 
 CELL_KEYS = {"clients", "rate", "requests", "cancelled", "steps", "tokens", "simulated_s", "wall_s", "ratio",
@@ -66,3 +67,22 @@ def test_a_seeded_run_with_admission_on_paged_engines_is_reproducible_bit_for_bi
     first, second = run(), run()
     assert [dataclasses.astuple(r) for r in first.records] == [dataclasses.astuple(r) for r in second.records]
     assert first.charges == second.charges and first.preemptions == second.preemptions
+
+
+def test_a_client_sends_about_four_fifths_of_its_rate_a_round_plus_one_half():
+    work, _ = simulator.exfairs_vi_workload(clients=50, minutes=10, rate=4.0)
+    per_round = len(work) / (50 * 10)
+    assert per_round == pytest.approx(0.8 * 4.0 + 0.5, abs=0.15)  # as the docstring says, not 4 a round
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: simulator.measure(3, 4.0, minutes=1, repeats=0), "repeats must be an integer ≥ 1, got 0"),
+    (lambda: simulator.measure(3, 0.0, minutes=1, repeats=1), "rate must be a finite number"),
+    (lambda: simulator.measure(3, -4.0, minutes=1, repeats=1), "rate must be a finite number"),
+    (lambda: simulator.exfairs_vi_workload(clients=3, rate=float("nan")), "rate must be a finite number"),
+    (lambda: simulator.exfairs_vi_workload(clients=0), "clients must be an integer ≥ 1"),
+    (lambda: simulator.run(clients=(3,), rates=(4.0, 0.0), minutes=1, repeats=1), "rate must be a finite number"),
+])
+def test_bad_arguments_are_parameter_errors(call, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        call()

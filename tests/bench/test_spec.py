@@ -280,6 +280,75 @@ def test_other_mistakes_are_refused_with_their_line(tmp_path, text, line, match)
     assert match in str(err)
 
 
+@pytest.mark.parametrize(("old", "new", "path", "line", "match"), [
+    ("rate: 2}", "rate: .inf}", "apps.shop.agents.bot.arrival.rate", 16, "finite number"),
+    ("timeout: 30", "timeout: .nan", "apps.shop.agents.bot.timeout", 19, "finite number"),
+    ("sigma: 0.5", "sigma: .inf", "apps.news.agents.reader.output.sigma", 26, "finite number"),
+    ("seed: 3", "seed: -1", "seed", 4, "greater than or equal to 0"),
+    ("high: 20}", "high: 1e23}", "apps.shop.agents.bot.prompt.high", 17, "valid integer"),
+    ("output: 8\n", "output: 100000000000000000000000\n", "apps.shop.agents.bot.output", 18,
+     "less than or equal to 2147483647"),
+    ("{process: poisson, rate: 2}", '{process: formula, expr: "1' + '+1' * 999 + '"}',
+     "apps.shop.agents.bot.arrival.expr", 16, "nest at most 100"),
+    ("{process: poisson, rate: 2}", '{process: formula, expr: "' + '9' * 400 + '"}',
+     "apps.shop.agents.bot.arrival.expr", 16, "too large for a float"),
+])
+def test_values_that_would_break_the_build_are_refused_at_their_field_and_line(tmp_path, old, new, path, line, match):
+    assert old in GOOD
+    err = error_of(tmp_path, GOOD.replace(old, new, 1))
+    assert err.problems[0][:2] == (path, line) and match in err.problems[0].message
+
+
+def test_a_negative_seed_given_to_build_is_a_parameter_error(tmp_path):
+    with pytest.raises(InvalidParameterError, match="seed must be an integer ≥ 0, got -1"):
+        build(load_scenario(write(tmp_path, GOOD)), seed=-1)
+
+
+def test_yaml_1_2_floats_load_as_numbers(tmp_path):
+    scenario = load_scenario(write(tmp_path, GOOD.replace(
+        "kv_capacity: 4096}", "kv_capacity: 4096, prefill_per_token: 2e-5, decode_base: 4E-3}"
+    ).replace("rate: 2}", "rate: 1e0}")))
+    assert scenario.models["chat"].prefill_per_token == 2e-5 and scenario.models["chat"].decode_base == 0.004
+    assert scenario.apps["shop"].agents["bot"].arrival.rate == 1.0
+    assert scenario.seed == 3 and isinstance(scenario.seed, int)  # integers stay integers
+
+
+def test_a_scenario_file_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(GOOD.replace("Two apps on one model.", "Deux apps, \xe9t\xe9.").encode("latin-1"))
+    with pytest.raises(ScenarioError, match=r"latin1\.yaml:2: not UTF-8"):
+        load_scenario(path)
+
+
+def test_yaml_aliases_work_but_one_inside_itself_or_a_bomb_is_refused_with_its_line(tmp_path):
+    shared = GOOD.replace("slo: {ttft: 2}", "slo: &fast {ttft: 2}").replace("  news:\n", "  news:\n    slo: *fast\n")
+    scenario = load_scenario(write(tmp_path, shared))
+    assert scenario.apps["news"].slo == scenario.apps["shop"].slo is not None
+    err = error_of(tmp_path, GOOD + "policies: &a [*a]\n")
+    assert err.problems[0].line == 28 and "alias refers to a value that contains it" in str(err)
+    err = error_of(tmp_path, GOOD + "extra: &d {a: {b: *d}}\n")
+    assert err.problems[0].line == 28 and "contains it" in str(err)
+    bomb = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 12))
+    err = error_of(tmp_path, GOOD + "l0: &l0 [fcfs]\n" + bomb)
+    assert "expand this value past 100,000 values" in str(err)
+
+
+def test_a_bad_lengths_file_is_refused_at_load_naming_the_field_and_the_file_s_line(tmp_path):
+    text = GOOD.replace("prompt: {dist: uniform, low: 10, high: 20}", "prompt: {dist: empirical, path: lens.txt}")
+    (tmp_path / "lens.txt").write_text("12\nmany\n")
+    err = error_of(tmp_path, text)
+    assert err.problems[0][:2] == ("apps.shop.agents.bot.prompt.path", 17)
+    assert f"{tmp_path / 'lens.txt'}:2: a length must be an integer" in str(err)
+    (tmp_path / "lens.txt").write_bytes(b"12\n\xff\n")
+    err = error_of(tmp_path, text)
+    assert err.problems[0][:2] == ("apps.shop.agents.bot.prompt.path", 17) and "not UTF-8" in str(err)
+    (tmp_path / "lens.txt").write_text("12\n")
+    scenario = load_scenario(write(tmp_path, text))
+    (tmp_path / "lens.txt").write_text("0\n")  # edited after loading: the build says so
+    with pytest.raises(ScenarioError, match=r"tiny: apps\.shop\.agents\.bot: .*lens\.txt:1"):
+        build(scenario)
+
+
 def test_a_missing_file_or_unknown_name_is_refused(tmp_path):
     with pytest.raises(ScenarioError, match="scenario file not found"):
         load_scenario(tmp_path / "absent.yaml")
@@ -361,6 +430,30 @@ def test_a_bad_trace_names_its_line(tmp_path):
     (tmp_path / "trace.csv").write_text("time,app\n0,a\n")
     with pytest.raises(ScenarioError, match="lacks column"):
         build(load_scenario(write(tmp_path, TRACE_SCENARIO)))
+
+
+def test_every_trace_row_is_checked_at_load_even_past_the_duration(tmp_path):
+    (tmp_path / "trace.csv").write_text("timestamp,app,agent,model,input_tokens,output_tokens\n0,a,b,chat,5,5\n"
+                                        "5000,a,b,llm,5,5\n")
+    with pytest.raises(ScenarioError, match=r"trace\.csv:3: unknown model 'llm'"):
+        load_scenario(write(tmp_path, TRACE_SCENARIO))
+    scenario = Scenario.model_validate({"name": "replay", "duration": 100, "models": {"chat": {}},
+                                        "trace": {"path": str(tmp_path / "trace.csv")}})
+    with pytest.raises(ScenarioError, match=r"trace\.csv:3: unknown model 'llm'"):
+        build(scenario, scale=0.001)  # the row is neither kept nor within the duration: still an error
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    (b"timestamp,app,agent,model,input_tokens,output_tokens\n0,\xe9,b,chat,5,5\n", "not UTF-8"),
+    (b"timestamp,app,agent,model,input_tokens,output_tokens\n0,a,b,chat,5," + b"9" * 30 + b"\n",
+     r"trace\.csv:2: .*token counts in \[1, 2147483647\]"),
+    (b'timestamp,app,agent,model,input_tokens,output_tokens\n0,a,"' + b"b" * 200_000 + b'",chat,5,5\n',
+     "field larger than field limit"),
+])
+def test_an_unreadable_trace_is_a_scenario_error(tmp_path, content, match):
+    (tmp_path / "trace.csv").write_bytes(content)
+    with pytest.raises(ScenarioError, match=match):
+        load_scenario(write(tmp_path, TRACE_SCENARIO))
 
 
 # ----------------------------------------------------------------------------- built-ins and schema

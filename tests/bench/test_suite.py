@@ -1,12 +1,14 @@
+import asyncio
 import json
 import math
+import time
 
 import pytest
 
 from fairagents.bench import plots, spec, suite
 from fairagents.cli import main
 from fairagents.cost import ModelProfile
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Modality
 from fairagents.simulation import simulate
 from fairagents.testing import FakeEngine
@@ -195,6 +197,7 @@ def test_cli_run_table_and_compare(tiny, tmp_path, capsys):
     (["bench", "run", "TINY", "--policies", "fcfs,nope"], "unknown policy 'nope'"),
     (["bench", "run", "no-such-scenario"], "unknown scenario 'no-such-scenario'"),
     (["bench", "compare", "no-such-file.json"], "no such file"),
+    (["bench", "run", "TINY", "--seed", "-1"], "seed must be an integer ≥ 0, got -1"),
 ])
 def test_cli_bad_input_is_a_message_and_exit_code_2(argv, message, tiny, capsys):
     argv = [str(tiny) if a == "TINY" else a for a in argv]
@@ -316,3 +319,108 @@ def test_a_small_run_on_the_real_engine_has_the_simulator_s_shape(tiny, tmp_path
         assert {r["outcome"] for r in run["requests"]} <= {"finished", "cancelled"}
         assert all(r["output_tokens"] <= 16 and not math.isnan(r["arrival"]) for r in run["requests"])
     assert (tmp_path / "tiny" / "gap.png").read_bytes().startswith(PNG_MAGIC)
+
+
+class FlakyEngine(SeeingEngine):
+    """A vision model whose preprocessing fails for every third request, before the request is queued."""
+
+    def prepare_chat(self, messages):
+        if len(self.messages) % 3 == 2:
+            self.messages.append(messages)
+            raise EngineError("the image processor crashed")
+        return super().prepare_chat(messages)
+
+
+class SlowImagesEngine(SeeingEngine):
+    """A vision model whose image preparation takes longer than its callers wait."""
+
+    def prepare_chat(self, messages):
+        time.sleep(0.05)
+        return super().prepare_chat(messages)
+
+
+def test_requests_never_queued_are_recorded_so_every_request_is_counted(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(MIXED)
+    engine = FlakyEngine(tokens_per_reply=4)
+    result = suite.run_scenario(path, ["fcfs"], engine="real", out=tmp_path, progress=False,
+                                real_engines={"vision": engine})
+    built = spec.build(spec.load_scenario(path), engine="real")
+    row = result["policies"]["fcfs"]
+    failed = len(engine.messages) // 3
+    assert row["requests"] == len(built.workload) and failed > 0
+    assert row["finished"] == len(built.workload) - failed and row["cancelled"] == 0
+    outcomes = [r["outcome"] for r in json.loads((tmp_path / "mixed" / "fcfs.json").read_text())["requests"]]
+    assert outcomes.count("failed") == failed and len(outcomes) == len(built.workload)
+
+
+def test_a_request_given_up_while_its_images_are_prepared_is_recorded_as_cancelled(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(MIXED.replace("images: 2,", "images: 2, timeout: 0.02,"))
+    engine = SlowImagesEngine(tokens_per_reply=4)
+    result = suite.run_scenario(path, ["fcfs"], engine="real", progress=False, real_engines={"vision": engine})
+    built = spec.build(spec.load_scenario(path), engine="real")
+    row = result["policies"]["fcfs"]
+    captions = sum(q.agent.name == "caption" for q in built.workload.requests)
+    assert row["requests"] == len(built.workload) and row["cancelled"] == captions > 0
+
+
+class BuggyImagesEngine(SeeingEngine):
+    """A vision model whose preprocessing has a bug (not an engine error): the run must stop, all of it."""
+
+    def prepare_chat(self, messages):
+        if self.messages:
+            raise RuntimeError("a bug in the image processor")
+        return super().prepare_chat(messages)
+
+    async def stop(self):
+        self.sending_when_stopped = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_send"]
+        await super().stop()
+
+
+def test_an_unexpected_error_cancels_every_other_send_before_the_engines_stop(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(MIXED)
+    engine = BuggyImagesEngine(tokens_per_reply=4)
+    with pytest.raises(RuntimeError, match="a bug in the image processor"):
+        suite.run_scenario(path, ["fcfs"], engine="real", progress=False, real_engines={"vision": engine})
+    assert engine.sending_when_stopped == []
+
+
+class SlowStartEngine(FakeEngine):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.events = []
+
+    async def start(self):
+        self.events.append("start")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.events.append("start cancelled")
+            raise
+
+    async def stop(self):
+        self.events.append("stop")
+
+
+class BrokenStartEngine(SeeingEngine):
+    async def start(self):
+        raise EngineError("no such device")
+
+
+def test_an_engine_that_fails_to_start_cancels_the_other_starts_before_any_stops(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(MIXED.replace("models:\n  vlm: {modality: vision}", "models:\n  vlm: {modality: vision}\n  llm: {}")
+                    .replace("{vlm: vision}", "{vlm: vision, llm: text}")
+                    .replace("chat: {model: vlm, images: 0,", "chat: {model: llm,"))
+    slow = SlowStartEngine()
+    with pytest.raises(EngineError, match="no such device"):
+        suite.run_scenario(path, ["fcfs"], engine="real", progress=False,
+                           real_engines={"text": slow, "vision": BrokenStartEngine()})
+    assert slow.events == ["start", "start cancelled", "stop"]
+
+
+def test_a_real_run_keeps_every_record_and_charge_however_long():
+    ledger = suite._BenchArbiter("fcfs").ledger  # the default ledger keeps the last 100,000: a long run has more
+    assert ledger.records.maxlen > 10**9 and ledger.charges.maxlen > 10**9

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from fairagents.bench.spec.base import (
     Cycled,
+    FiniteFloat,
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
@@ -84,6 +85,7 @@ __all__ = [
     "Cycled",
     "EmpiricalLength",
     "ExFairSArrival",
+    "FiniteFloat",
     "FormulaArrival",
     "GammaArrival",
     "HMASStressArrival",

@@ -24,9 +24,13 @@ from fairagents.errors import InvalidParameterError
 
 __all__ = ["ScenarioError", "ScenarioProblem"]
 
-PositiveInt = Annotated[int, Strict(), Field(gt=0)]
-PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
-NonNegativeFloat = Annotated[float, Strict(), Field(ge=0)]
+MAX_INT = 2**31 - 1
+"""The largest integer a scenario's counts and lengths take: larger ones overflow the arrays they fill."""
+PositiveInt = Annotated[int, Strict(), Field(gt=0, le=MAX_INT)]
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+"""A finite number (an integer is one too)."""
+PositiveFloat = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 Cycled = PositiveFloat | Annotated[list[PositiveFloat], Field(min_length=1)]
 """A number, or a list of numbers cycled over the replicas of a ``count``-ed entry."""
 

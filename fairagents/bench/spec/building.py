@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from fairagents.bench.spec.base import ScenarioError
+from fairagents.bench.spec.base import MAX_INT, ScenarioError
 from fairagents.bench.spec.distributions import _distribution, _mtime, _resolve
 from fairagents.bench.spec.models import AgentSpec, AppSpec, RealSpec, Scenario, _clients
 from fairagents.engines.sim import SimEngine
@@ -80,7 +80,8 @@ def build(scenario: Scenario, *, engine: Literal["sim", "real"] = "sim", seed: i
     and ``real.max_output``, and scales SLOs and timeouts by ``real.slo_scale``.
 
     Raises:
-        ScenarioError: ``engine="real"`` for a scenario without a ``real`` block, or a bad trace or length file.
+        ScenarioError: ``engine="real"`` for a scenario without a ``real`` block, or a bad trace or lengths file.
+        InvalidParameterError: an unknown ``engine``, a ``scale`` ≤ 0 or a negative ``seed``.
 
     Examples:
         >>> from fairagents.bench.spec import build, load_scenario
@@ -95,6 +96,8 @@ def build(scenario: Scenario, *, engine: Literal["sim", "real"] = "sim", seed: i
         raise InvalidParameterError(f"engine must be 'sim' or 'real', got {engine!r}")
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale <= 0:
         raise InvalidParameterError(f"scale must be a finite number > 0, got {scale!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise InvalidParameterError(f"seed must be an integer ≥ 0, got {seed!r}")
     seed = scenario.seed if seed is None else seed
     real = scenario.real
     if engine == "real" and real is None:
@@ -128,8 +131,13 @@ def build(scenario: Scenario, *, engine: Literal["sim", "real"] = "sim", seed: i
         times = spec.arrival.arrival(client.k).scaled(rate_factor).times(rng, spec.start, end)
         n = len(times)
         assert spec.prompt is not None and spec.output is not None and spec.model is not None  # AgentSpec checks
-        prompts = _distribution(spec.prompt, scenario._base).sample(rng, n)
-        outputs = _distribution(spec.output, scenario._base).sample(rng, n)
+        try:
+            prompts = _distribution(spec.prompt, scenario._base).sample(rng, n)
+            outputs = _distribution(spec.output, scenario._base).sample(rng, n)
+        except ScenarioError:
+            raise
+        except InvalidParameterError as err:  # a lengths file that cannot be read (changed since it was loaded)
+            raise ScenarioError(f"{scenario.name}: {'.'.join(client.loc)}: {err}", source=scenario.name) from None
         requests.extend(_requests(scenario, agent, spec.model, times * squeeze, prompts, outputs, spec, real,
                                   slo_scale))
     if scenario.trace is not None:
@@ -181,24 +189,20 @@ def _trace(scenario: Scenario, apps: dict[str, App], agents: dict[tuple[str, str
            rate: float, squeeze: float, duration: float, real: RealSpec | None, slo_scale: float,
            seed: int) -> list[SimRequest]:
     """The trace's rows as requests, at ``rate`` times their rate once the timeline is compressed by ``squeeze``."""
-    assert scenario.trace is not None
-    path = _resolve(scenario.trace.path, scenario._base)
-    rows = _read_trace(str(path), _mtime(path))
+    rows = _trace_rows(scenario)
     if not rows:
         return []
+    assert scenario.trace is not None
     t0 = min(r[0] for r in rows) if scenario.trace.rebase else 0.0
     keep = rate * squeeze  # beyond the compression: > 1 plays faster, ≤ 1 keeps each row with this probability
     rng = np.random.default_rng([seed, zlib.crc32(b"trace")])
     kept = rng.random(len(rows)) < min(keep, 1.0)
     speed = max(keep, 1.0)
     out = []
-    for (t, app_name, agent_name, model, prompt, output, line), take in zip(rows, kept.tolist(), strict=True):
+    for (t, app_name, agent_name, model, prompt, output, _), take in zip(rows, kept.tolist(), strict=True):
         at = (t - t0) / speed * squeeze
         if not take or at >= duration or at < 0:
             continue
-        if model not in scenario.models:
-            known = ", ".join(sorted(scenario.models))
-            raise ScenarioError(f"{path}:{line}: unknown model {model!r}; known models: {known}", source=str(path))
         if app_name not in apps:
             apps[app_name] = _app(app_name, scenario.apps.get(app_name), slo_scale)
         if (app_name, agent_name) not in agents:
@@ -209,8 +213,30 @@ def _trace(scenario: Scenario, apps: dict[str, App], agents: dict[tuple[str, str
     return out
 
 
+_TraceRow = tuple[float, str, str, str, int, int, int]
+"""timestamp, app, agent, model, input_tokens, output_tokens and the row's line in the file."""
+
+
+def _trace_rows(scenario: Scenario) -> list[_TraceRow]:
+    """The rows of the scenario's trace (none without one), every row's model checked, whatever its time.
+
+    Raises:
+        ScenarioError: the trace cannot be read, or a row is malformed or names an unknown
+            model; the message names the file and the row's line.
+    """
+    if scenario.trace is None:
+        return []
+    path = _resolve(scenario.trace.path, scenario._base)
+    rows = _read_trace(str(path), _mtime(path))
+    for _, _, _, model, _, _, line in rows:
+        if model not in scenario.models:
+            known = ", ".join(sorted(scenario.models))
+            raise ScenarioError(f"{path}:{line}: unknown model {model!r}; known models: {known}", source=str(path))
+    return rows
+
+
 @functools.lru_cache(maxsize=8)
-def _read_trace(path: str, mtime: int) -> list[tuple[float, str, str, str, int, int, int]]:
+def _read_trace(path: str, mtime: int) -> list[_TraceRow]:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
@@ -228,10 +254,15 @@ def _read_trace(path: str, mtime: int) -> list[tuple[float, str, str, str, int, 
                 except ValueError:
                     raise ScenarioError(f"{path}:{line}: timestamp must be a number and token counts integers",
                                         source=path) from None
-                if not math.isfinite(t) or prompt < 1 or output < 1 or not row["app"] or not row["agent"]:
+                if (not math.isfinite(t) or not (1 <= prompt <= MAX_INT and 1 <= output <= MAX_INT)
+                        or not row["app"] or not row["agent"]):
                     raise ScenarioError(f"{path}:{line}: a row needs a finite timestamp, an app, an agent and token "
-                                        "counts ≥ 1", source=path)
+                                        f"counts in [1, {MAX_INT}]", source=path)
                 rows.append((t, row["app"], row["agent"], row["model"], prompt, output, line))
     except OSError as err:
         raise ScenarioError(f"cannot read trace {path}: {err.strerror or err}", source=path) from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"cannot read trace {path}: not UTF-8 text (byte {err.start})", source=path) from None
+    except csv.Error as err:
+        raise ScenarioError(f"cannot read trace {path}: {err}", source=path) from None
     return rows

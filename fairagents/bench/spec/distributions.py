@@ -25,7 +25,16 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict, model_validator
 
 from fairagents.bench import arrivals, lengths
-from fairagents.bench.spec.base import Cycled, NonNegativeFloat, PositiveFloat, PositiveInt, _pick, _runtime, _Spec
+from fairagents.bench.spec.base import (
+    Cycled,
+    FiniteFloat,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    _pick,
+    _runtime,
+    _Spec,
+)
 
 __all__ = [
     "ConstantLength",
@@ -134,7 +143,7 @@ class LogNormalLength(_Spec):
     """Standard deviation of the log."""
     median: PositiveFloat | None = None
     """Median tokens before clipping (give this or ``mu``)."""
-    mu: Annotated[float, Strict()] | None = None
+    mu: FiniteFloat | None = None
     """Mean of the log (give this or ``median``)."""
     min: PositiveInt = 1
     """Fewest tokens."""

@@ -166,7 +166,7 @@ class ModelSpec(_Spec):
     """Seconds of a decode step with an empty batch."""
     decode_per_seq: NonNegativeFloat = 0.0004
     """Extra seconds of a step per sequence in the batch."""
-    jitter: Annotated[float, Strict(), Field(ge=0, lt=1)] = 0.0
+    jitter: Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     """Relative step-time noise in [0, 1)."""
     kv: Literal["reserve", "paged"] = "reserve"
     """reserve: prompt + max_tokens per request; paged: vLLM-style paging with preemption."""
@@ -268,8 +268,8 @@ class Scenario(_Spec):
     """What it reproduces and what was chosen where the source is ambiguous."""
     duration: PositiveFloat
     """Seconds of arrivals (the run goes on until the backlog is served)."""
-    seed: Annotated[int, Strict()] = 0
-    """Seed of every draw; the same seed gives the same requests."""
+    seed: Annotated[int, Strict(), Field(ge=0)] = 0
+    """Seed of every draw (≥ 0); the same seed gives the same requests."""
     models: Annotated[dict[str, ModelSpec], Field(min_length=1)]
     """Simulated models by name."""
     pool: PoolSpec | None = None
