@@ -46,7 +46,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
-from fairagents.errors import ProtocolError
 from fairagents.identity import Agent
 from fairagents.policies._structures import CounterLevel, Fifo
 from fairagents.policies.base import BasePolicy
@@ -159,22 +158,8 @@ class HMFS(BasePolicy):
         self._apps.dequeue(app, req.model)
         self._agents[app].dequeue(who.name, req.model)
 
-    def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
-        """Charge ``new_output_tokens`` of output to ``req``'s app and agent (as :class:`BasePolicy` does)."""
-        # BasePolicy.on_progress with _charge inlined: this runs for every streamed chunk.
-        if req.id not in self._running:
-            raise ProtocolError(f"request {req.id!r} is not running")
-        if new_output_tokens:  # the cost model rejects a negative or non-integer count
-            amount = self._output_cost(req.model, new_output_tokens)
-            who = req.agent
-            app = who.app.name
-            apps = self._apps
-            apps.counter[app] += amount * apps.inverse_weight[app]
-            agents = self._agents[app]
-            agents.counter[who.name] += amount * agents.inverse_weight[who.name]
-
     def _charge(self, req: Request, amount: float, now: float) -> None:
-        # CounterLevel.charge at both levels, inlined (as in on_progress).
+        # CounterLevel.charge at both levels, inlined: this runs for every streamed chunk.
         who = req.agent
         app = who.app.name
         apps = self._apps
