@@ -1,8 +1,8 @@
 """``fairagents bench run`` and ``bench compare``: a scenario under several policies, and what each delivered.
 
 :func:`run_scenario` loads a scenario (a built-in name or a YAML file, see
-:mod:`fairagents.bench.spec`), builds it once per policy with the same seed, and plays
-it on the simulator (:func:`~fairagents.simulation.simulate`, fresh engines per policy)
+:mod:`fairagents.bench.spec`), builds its workload once, and plays
+it under every policy on the simulator (:func:`~fairagents.simulation.simulate`, fresh engines per policy)
 or on the embedded real engines behind a live :class:`~fairagents.Arbiter` (open loop,
 in real time: each request sent at its arrival time from its own task, cancelled at its
 ``cancel_at``). Both give the same records, so one set of metrics reads both
@@ -200,17 +200,15 @@ def run_scenario(
     if len(set(names)) != len(names):
         raise InvalidParameterError(f"a policy is named twice in {names}")
 
-    def build() -> Built:
-        return spec.build(scenario, engine=engine, seed=seed, scale=scale)
-
-    first = build()
+    first = spec.build(scenario, engine=engine, seed=seed, scale=scale)  # one workload, played by every policy
+    seed = scenario.seed if seed is None else seed
     with _progress(progress) as bar:
         if engine == "sim":
-            runs = _run_sim(first, build, names, bar)
+            runs = _run_sim(first, seed, names, bar)
         else:
-            runs = _in_own_loop(_run_real(first, build, names, bar, real_engines))
+            runs = _in_own_loop(_run_real(first, names, bar, real_engines))
     summary = {
-        "scenario": scenario.name, "engine": engine, "seed": scenario.seed if seed is None else seed, "scale": scale,
+        "scenario": scenario.name, "engine": engine, "seed": seed, "scale": scale,
         "machine": _machine(),
         "policies": {name: policy_metrics(result, duration=first.duration, wall_seconds=wall)
                      for name, (result, wall) in runs.items()},
@@ -231,14 +229,14 @@ def _progress(show: bool) -> Iterator[Progress | None]:
         yield bar
 
 
-def _run_sim(first: Built, build: Callable[[], Built], names: list[str], bar: Progress | None
-             ) -> dict[str, tuple[SimResult, float]]:
+def _run_sim(built: Built, seed: int, names: list[str], bar: Progress | None) -> dict[str, tuple[SimResult, float]]:
     tasks = {name: bar.add_task(f"{name} (simulator)", total=1) for name in names} if bar else {}
     runs = {}
     for i, name in enumerate(names):
-        built = first if i == 0 else build()  # fresh engines for every policy
+        # fresh engines for every policy, seeded as build() seeds them
+        engines = built.engines if i == 0 else {m: model.engine(seed) for m, model in built.scenario.models.items()}
         started = time.perf_counter()
-        result = simulate(built.workload, name, built.engines, apps=built.apps or None, pool_running=built.pool_running)
+        result = simulate(built.workload, name, engines, apps=built.apps or None, pool_running=built.pool_running)
         runs[name] = (result, time.perf_counter() - started)
         if bar:
             bar.advance(tasks[name])
@@ -255,22 +253,21 @@ def _in_own_loop(coroutine: Any) -> Any:
         return thread.submit(asyncio.run, coroutine).result()
 
 
-async def _run_real(first: Built, build: Callable[[], Built], names: list[str], bar: Progress | None,
+async def _run_real(built: Built, names: list[str], bar: Progress | None,
                     given: Mapping[str, Engine] | None) -> dict[str, tuple[SimResult, float]]:
     from fairagents.engines import embedded_pool
 
-    kinds = sorted(set(first.real_models.values()))
+    kinds = sorted(set(built.real_models.values()))
     missing = [kind for kind in kinds if given is not None and kind not in given]
     if missing:
         raise InvalidParameterError(f"no engine given for the scenario's {', '.join(missing)} model(s)")
     pool = given if given is not None else embedded_pool()
     engines = {kind: pool[kind] for kind in kinds}
-    tasks = {name: bar.add_task(f"{name} (real engines)", total=len(first.workload)) for name in names} if bar else {}
+    tasks = {name: bar.add_task(f"{name} (real engines)", total=len(built.workload)) for name in names} if bar else {}
     try:
         await _together(e.start() for e in engines.values())
         runs = {}
         for i, name in enumerate(names):
-            built = first if i == 0 else build()
             advance = (lambda task=tasks[name]: bar.advance(task)) if bar else (lambda: None)
             started = time.perf_counter()
             result = await _play(built, name, engines, i, advance)
