@@ -48,6 +48,7 @@ from fairagents.policies import Policy, priced_policy
 from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, Restart, TokenBudget, check_limit, schedules_fairly
 from fairagents.preprocessing import Preprocessor
 from fairagents.request import Outcome, Request
+from fairagents.shared import SharedCounters, SharedView
 from fairagents.stats import Ledger, Stats
 from fairagents.tenants import Tenants, check_share
 
@@ -94,6 +95,10 @@ class Arbiter(ModelCalls):
             occupancy and TPOT (H-MAS Alg. 2); ``None`` (the default): worst-case
             reservations under fixed limits. Works with any policy; see
             :mod:`fairagents.admission` for what it buys and risks.
+        counters: share the fairness counters with other arbiters (several front doors,
+            one fair share): a ``redis://`` URL or a :class:`~fairagents.shared.SharedCounters`;
+            ``None`` (the default) keeps them in this arbiter. Needs the ``hmfs`` policy; see
+            :mod:`fairagents.shared` for the protocol, failure handling and the bound.
         restart: how a model whose engine died is brought back (:class:`Restart`);
             ``None`` leaves it down until :meth:`restart_model` is called.
         drain_timeout: seconds ``async with`` exit waits for accepted work before
@@ -129,6 +134,7 @@ class Arbiter(ModelCalls):
         pool_in_flight: int | None = None,
         max_in_flight_share: float | None = None,
         admission: str | Statera | None = None,
+        counters: str | SharedCounters | None = None,
         restart: Restart | None = Restart(),  # noqa: B008 (frozen)
         d_base: int | None = None,
         w_input: float | None = None,
@@ -162,6 +168,12 @@ class Arbiter(ModelCalls):
         self.clock = clock
         self.ledger = Ledger()
         self.tenants = Tenants()
+        self.counters: SharedCounters | None = None
+        """The counters shared with other arbiters, if any (``counters=``)."""
+        self._shared: SharedView | None = None
+        if counters is not None:
+            self.counters = counters if isinstance(counters, SharedCounters) else SharedCounters(counters)
+            self._shared = SharedView(self.counters.door, policy)
         self.dispatcher = self._new_dispatcher(policy)
         self._calls: dict[str, Call] = {}
         self._waiting: Counter[tuple[str, str]] = Counter()  # (app, model) -> requests queued
@@ -194,6 +206,8 @@ class Arbiter(ModelCalls):
         """Add a model to a running arbiter: start its engine, then open it for requests."""
         self._share_fair_counters(name, engine)
         self._register(await self.pool.add_started(name, engine, in_flight=in_flight, token_budget=token_budget))
+        if self._shared is not None:
+            self._shared.bind(self.dispatcher, self._shared_models())
 
     def app(
         self, name: str, weight: float = 1.0, slo: SLO | None = None, *, max_queued: int | None = None,
@@ -246,6 +260,10 @@ class Arbiter(ModelCalls):
         for m in self.pool.models.values():
             if m.name not in self.dispatcher.models:
                 self._register(m)
+        if self.counters is not None and self._shared is not None:
+            self._shared.bind(self.dispatcher, self._shared_models())
+            self.counters.attach(self._shared, self._after_sync)
+            await self.counters.start()
         self._started = True
         self._closing = False
         log.info("fairagents.arbiter.started", models=self.models, policy=self.policy.name)
@@ -277,6 +295,8 @@ class Arbiter(ModelCalls):
                 await self._engine_of(call).abort(call.request.id)
             await self._wait_idle(abort_timeout)
         self.dispatcher.close(self.clock())
+        if self.counters is not None:
+            await self.counters.close()
         self.preprocessor.close()
         self.text_preprocessor.close()
         if stop_engines:
@@ -507,7 +527,17 @@ class Arbiter(ModelCalls):
 
     def _new_dispatcher(self, policy: Policy) -> Dispatcher:
         return Dispatcher(policy, self.cost, pool_slots=self.pool_in_flight, charge=self._charge,
-                          is_live=self._is_live, app_share=self._share_of, admission=self.admission)
+                          is_live=self._is_live, app_share=self._share_of, admission=self.admission,
+                          gate=None if self._shared is None else self._shared.gate)
+
+    def _shared_models(self) -> set[str]:
+        """Models whose capacity other arbiters may draw on too (remote replicas)."""
+        return {m.name for m in self.pool.models.values() if getattr(m.engine, "shared_capacity", False)}
+
+    def _after_sync(self) -> None:
+        """The pool's view changed (a sync, or the store lost): a held-back dispatch may go now."""
+        if self._started and not self._closing:
+            self._apply(self.dispatcher.refill(self.clock()))
 
     def _share_of(self, app: str) -> float | None:
         return self.tenants.share.get(app, self.max_in_flight_share)
@@ -523,6 +553,8 @@ class Arbiter(ModelCalls):
 
     def _charge(self, now: float, request: Request, amount: float) -> None:
         self.ledger.charge(now, request.app, request.agent.name, amount)
+        if self._shared is not None:
+            self._shared.charge(request, amount)
 
     def _engine_of(self, call: Call) -> Engine:
         return self.pool.models[call.request.model].engine

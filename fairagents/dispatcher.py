@@ -261,6 +261,11 @@ class Dispatcher:
             worst cases and steers each model's in-flight limit and token budget
             (:class:`~fairagents.admission.Statera`); ``None``: worst-case reservations
             under the fixed limits.
+        gate: called with ``(ticket, model)`` for the policy's choice once it has a slot
+            and fits the budget; ``False`` holds it (and the model) back until the next
+            event or :meth:`refill`, as a request that does not fit is held. Arbiters that
+            share counters and a model's capacity gate on the pool-wide view
+            (:meth:`fairagents.shared.SharedView.gate`).
 
     Examples:
         >>> import fairagents as fa
@@ -281,6 +286,7 @@ class Dispatcher:
         is_live: Callable[[str], bool] | None = None,
         app_share: Callable[[str], float | None] | None = None,
         admission: Statera | None = None,
+        gate: Callable[[Ticket, ModelState], bool] | None = None,
     ) -> None:
         if pool_slots is not None:
             _check_count(pool_slots, "pool slots", optional=True)
@@ -296,6 +302,7 @@ class Dispatcher:
         self._closed = False
         self._app_share = app_share
         self.admission = admission
+        self.gate = gate
         self._held: dict[tuple[str, str], list[int]] = {}  # (app, model) -> [requests, tokens] running or shown
         self._held_back: dict[tuple[str, str], deque[Ticket]] = {}  # (app, model) -> waiting, not yet shown
 
@@ -520,6 +527,17 @@ class Dispatcher:
             ended.append(ticket)
         return Changes([], ended)
 
+    def refill(self, now: float) -> Changes:
+        """Dispatch into every model with room: what changed outside is worth a new look (a gate opened)."""
+        if self._closed:
+            return _NOTHING
+        if self.pool_slots is not None:
+            started = self._fill_pool(now)
+        else:
+            started = [t for m in self._models.values() for t in self._fill_model(m, now)]
+        ended, self._withdrawn = self._withdrawn, []
+        return Changes(started, ended) if started or ended else _NOTHING
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
@@ -662,6 +680,8 @@ class Dispatcher:
             self._bound(ticket)
             if not m.fits(ticket):
                 break  # the head waits for KV; nothing jumps ahead of it
+            if self.gate is not None and not self.gate(ticket, m):
+                break  # held back from outside (the pool's shared view), like the head that does not fit
             if self._dispatch(ticket, m, now):
                 started.append(ticket)
         return started
@@ -676,8 +696,8 @@ class Dispatcher:
             m = self._models[req.model]
             ticket = self._tickets[req.id]
             self._bound(ticket)
-            if not m.fits(ticket):
-                room.remove(m.name)  # its head waits for KV; other models may still go
+            if not m.fits(ticket) or (self.gate is not None and not self.gate(ticket, m)):
+                room.remove(m.name)  # its head waits for KV (or the gate); other models may still go
                 continue
             if self._dispatch(ticket, m, now):
                 started.append(ticket)

@@ -176,8 +176,10 @@ class FakeEngine:
         max_token_bytes: int | None = None,
         prepare_time: float = 0.0,
         manual: bool = False,
+        shared_capacity: bool = False,
     ) -> None:
         self.profile = profile or ModelProfile(d_model=4096, n_layers=1)
+        self.shared_capacity = shared_capacity
         self.max_model_len = max_model_len
         self.tokens_per_reply = tokens_per_reply
         self.token_time = token_time

@@ -151,7 +151,9 @@ class Engine(Protocol):
 
     # Optional, read after start() when present: ``max_num_seqs`` (batch capacity: the
     # default in-flight limit), ``token_capacity`` (KV tokens requests can hold at once:
-    # the default token budget) and ``kv_block_size`` (tokens per KV block).
+    # the default token budget) and ``kv_block_size`` (tokens per KV block). ``shared_capacity``
+    # (true for remote replicas): other arbiters may send to the same capacity, so arbiters
+    # that share counters draw on it as one (fairagents.shared).
 
     async def start(self) -> None:
         """Load the model; idempotent."""

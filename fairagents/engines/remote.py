@@ -131,6 +131,8 @@ class OpenAIEngine:
     """
 
     modality: Modality = Modality.TEXT
+    #: Other arbiters may send to the same replicas: arbiters sharing counters draw on them as one pool.
+    shared_capacity: bool = True
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from fairagents.request import Request
@@ -117,10 +117,14 @@ class CounterLevel(Generic[K]):
     cannot bank credit. Counters grow by ``charge / weight``.
     """
 
-    __slots__ = ("_active", "_last_left", "_models", "_waiting", "counter", "inverse_weight")
+    __slots__ = ("_active", "_last_left", "_models", "_waiting", "counter", "floor", "inverse_weight")
 
     def __init__(self) -> None:
         self.counter: dict[K, float] = {}
+        #: Where the lift's floor comes from when clients are active elsewhere too (arbiters sharing
+        #: counters): called with ``(lowest active counter here, counter of the last to leave here)``,
+        #: either ``None`` when there is none; ``None``: from this level alone.
+        self.floor: Callable[[float | None, float | None], float] | None = None
         self.inverse_weight: dict[K, float] = {}  # 1 / weight: charges multiply on the hot path
         self._waiting: dict[K, int] = {}
         self._active: LazyMinHeap[K] = LazyMinHeap(self.counter)
@@ -173,8 +177,39 @@ class CounterLevel(Generic[K]):
 
     def _floor(self) -> float:
         lowest = self._active.min()
+        if self.floor is not None:
+            return self.floor(None if lowest is None else self.counter[lowest],
+                              None if self._last_left is None else self.counter[self._last_left])
         if lowest is not None:
             return self.counter[lowest]
         if self._last_left is not None:
             return self.counter[self._last_left]
         return 0.0
+
+    def set(self, client: K, value: float) -> None:
+        """Set a known client's counter; one that falls is re-keyed in every heap it is in.
+
+        Counters only grow in a policy's own run; an outside correction (shared counters
+        rebased after an outage) may lower one, and the heaps' lazy keys would then no
+        longer be lower bounds: re-adding the client gives it a fresh entry (its old one
+        is dropped when it surfaces).
+        """
+        old = self.counter.get(client)
+        if old is None or value == old:
+            return
+        self.counter[client] = value
+        if value < old:
+            if client in self._active:
+                self._active.add(client)
+            for for_model in self._models.values():
+                if client in for_model.heap:
+                    for_model.heap.add(client)
+
+    def waiting_for(self, model: str) -> dict[K, int]:
+        """The clients waiting for ``model``, with how many requests each has waiting (a view)."""
+        for_model = self._models.get(model)
+        return for_model.waiting if for_model is not None else {}
+
+    def waiting_models(self) -> list[str]:
+        """The models some client of this level waits for."""
+        return [m for m, f in self._models.items() if f.waiting]

@@ -43,6 +43,8 @@ Examples:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
@@ -75,6 +77,7 @@ class HMFS(BasePolicy):
         self._apps: CounterLevel[str] = CounterLevel()
         self._agents: dict[str, CounterLevel[str]] = {}
         self._queues: dict[str, dict[str, dict[str, Fifo]]] = {}  # app -> agent -> model -> requests
+        self._agent_floor: Callable[[str, float | None, float | None], float] | None = None
 
     def app_counters(self) -> dict[str, float]:
         """Current counter ``C_a`` of each app seen so far (unified tokens / weight)."""
@@ -115,7 +118,7 @@ class HMFS(BasePolicy):
         app, apps = agent.app.name, self._apps
         agents = self._agents.get(app)
         if agents is None:
-            agents = self._agents[app] = CounterLevel()
+            agents = self._agents[app] = self._new_level(app)
         if app not in apps.counter:
             apps.touch(app, agent.app.weight)
         if agent.name not in agents.counter:
@@ -123,6 +126,95 @@ class HMFS(BasePolicy):
         # Inlined charges, at the weights the client last arrived with (or was first charged at).
         apps.counter[app] += amount * apps.inverse_weight[app]
         agents.counter[agent.name] += amount * agents.inverse_weight[agent.name]
+
+    # -- shared counters (several arbiters, one fair share: fairagents.shared) ---------------
+
+    def share_floors(
+        self,
+        apps: Callable[[float | None, float | None], float],
+        agents: Callable[[str, float | None, float | None], float],
+    ) -> None:
+        """Take the lift's floor from outside, for counters shared with other arbiters.
+
+        ``apps(lowest active, last left)`` and ``agents(app, lowest active, last left)``
+        get this policy's own candidates (``None`` when there is none) and return the
+        floor to lift a newly active client to (:class:`~fairagents.shared.SharedView`).
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.HMFS(fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=4096, n_layers=1)}))
+            >>> policy.share_floors(lambda low, left: 7.0, lambda app, low, left: 3.0)
+            >>> policy.on_arrival(fa.Request("r", fa.Agent("t", fa.App("a")), "m", 1, 1, 0.0), now=0.0)
+            >>> policy.counters_of(fa.Agent("t", fa.App("a")))   # lifted to the floors from outside
+            (7.0, 3.0)
+        """
+        self._apps.floor = apps
+        self._agent_floor = agents
+        for app, level in self._agents.items():
+            level.floor = functools.partial(agents, app)
+
+    def growth(self, agent: Agent, amount: float) -> tuple[float, float]:
+        """What a charge of ``amount`` adds to ``(C_a, C_{a,t})`` of a client already charged or queued.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.HMFS()
+            >>> who = fa.Agent("t", fa.App("a", weight=4.0), weight=2.0)
+            >>> policy.charge_to(who, 8.0)
+            >>> policy.growth(who, 8.0)
+            (2.0, 4.0)
+        """
+        app = agent.app.name
+        return amount * self._apps.inverse_weight[app], amount * self._agents[app].inverse_weight[agent.name]
+
+    def set_counters(self, app: str, value: float, agents: dict[str, float], *, lower: bool = True) -> None:
+        """Set ``app``'s counter and its agents' (known clients only), as counters shared with other arbiters say.
+
+        With ``lower=False`` a counter is only raised, never lowered.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.HMFS()
+            >>> policy.charge_to(fa.Agent("t", fa.App("a")), 5.0)
+            >>> policy.set_counters("a", 9.0, {"t": 2.0, "unknown": 1.0})
+            >>> policy.counters_of(fa.Agent("t", fa.App("a")))
+            (9.0, 2.0)
+        """
+        counters = self._apps.counter
+        if app not in counters:
+            return
+        if lower or value > counters[app]:
+            self._apps.set(app, value)
+        level = self._agents.get(app)
+        if level is not None:
+            for agent, v in agents.items():
+                if lower or v > level.counter.get(agent, v):
+                    level.set(agent, v)
+
+    def clients(self) -> dict[str, list[str]]:
+        """Every app seen so far, with its agents seen so far.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.HMFS()
+            >>> policy.charge_to(fa.Agent("t", fa.App("a")), 1.0)
+            >>> policy.clients()
+            {'a': ['t']}
+        """
+        return {app: list(self._agents[app].counter) if app in self._agents else [] for app in self._apps.counter}
+
+    def waiting_by_client(self) -> dict[str, dict[str, dict[str, int]]]:
+        """What waits now: ``{model: {app: {agent: requests}}}``."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for model in self._apps.waiting_models():
+            out[model] = {app: dict(self._agents[app].waiting_for(model)) for app in self._apps.waiting_for(model)}
+        return out
+
+    def _new_level(self, app: str) -> CounterLevel[str]:
+        level: CounterLevel[str] = CounterLevel()
+        if self._agent_floor is not None:
+            level.floor = functools.partial(self._agent_floor, app)
+        return level
 
     def select(self, model: str, now: float) -> Request | None:
         app = self._apps.lowest(model)
@@ -148,7 +240,7 @@ class HMFS(BasePolicy):
         self._apps.enqueue(app, who.app.weight, req.model)
         agents = self._agents.get(app)
         if agents is None:
-            agents = self._agents[app] = CounterLevel()
+            agents = self._agents[app] = self._new_level(app)
         agents.enqueue(who.name, who.weight, req.model)
 
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:

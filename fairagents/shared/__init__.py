@@ -1,0 +1,85 @@
+"""Several arbiters, one fair share: fairness counters shared through a store (Redis).
+
+Users outgrow one front door: several ``fairagents serve`` processes sit in front of the
+same remote replicas for availability. With counters kept per process, each door is
+fair only among the requests it sees, and a door that sees one app serves it whenever
+it has room: weights 4:1 become the doors' traffic ratio. Here every door keeps the
+HMFS counters of the whole pool (:mod:`fairagents.policies.hmfs`) in one store and
+draws on one capacity per shared model.
+
+- **Counters**: charges are added as commuting increments (``HINCRBYFLOAT``), batched
+  per door and sent every ``interval`` (5 ms by default); the lift (min over active
+  clients, then raise) is one atomic step of the store (a Lua script in Redis).
+- **Capacity**: for models every door sends to (remote replicas), a door dispatches
+  the policy's choice only when the pool, all doors counted, has a slot and KV room,
+  and no client waiting at another door has a lower counter
+  (:meth:`SharedView.gate`).
+- **Failure**: a door that cannot reach the store serves on its own counters and the
+  capacity it sees itself, says so in its log, ``/health`` and ``/metrics``, retries
+  with backoff, and reconciles when the store is back. A door that stops syncing for
+  ``ttl`` stops counting for the others.
+
+**What becomes of the guarantee.** With one door, two backlogged apps' weight-normalised
+service differs by at most ``2U`` over any interval (:func:`fairagents.service_bound`).
+A door decides on counters that may miss what the other doors charged since it last
+heard: charges made in the ``≤ 2(Δ + ℓ)`` before a decision (``Δ`` the sync interval,
+``ℓ`` a sync's round trip: the charging door's next sync, then the deciding door's).
+Let ``S`` be the most counter growth any client receives at the other doors in that
+window. A door then picks a client whose true counter is at most ``S`` above the true
+minimum, so VTC's argument goes through with ``U + S`` in place of ``U``: the gap stays
+within ``2(U + S)``. ``S ≤ (A − 1) · r · 2(Δ + ℓ)`` for ``A`` doors each charging a client
+at most ``r`` counter units per second; :func:`staleness_bound` computes it. While the
+store is unreachable there is no pool-wide bound: each door is fair among its own
+requests only.
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.shared import SharedCounters, MemoryStore
+    >>> store = MemoryStore()
+    >>> door_a = fa.Arbiter(counters=SharedCounters(store, door="a"))
+    >>> door_b = fa.Arbiter(counters=SharedCounters(store, door="b"))
+    >>> door_a.counters.door, door_b.counters.store is store
+    ('a', True)
+"""
+
+from __future__ import annotations
+
+from fairagents.shared.counters import SharedCounters
+from fairagents.shared.redis import RedisStore
+from fairagents.shared.store import SYNC_LUA, CounterStore, MemoryStore, Payload, Reply, StoreUnavailable
+from fairagents.shared.view import SharedView
+
+__all__ = [
+    "SYNC_LUA",
+    "CounterStore",
+    "MemoryStore",
+    "Payload",
+    "RedisStore",
+    "Reply",
+    "SharedCounters",
+    "SharedView",
+    "StoreUnavailable",
+    "staleness_bound",
+]
+
+
+def staleness_bound(doors: int, rate: float, interval: float, round_trip: float) -> float:
+    """``S``: the most counter a client can gain at other doors unseen by one door's decision.
+
+    Args:
+        doors: ``A``, the arbiters sharing the counters.
+        rate: ``r``, the most counter units one door charges one client per second
+            (its engines' token throughput × ``w_output`` × the unified factor / weight).
+        interval: ``Δ``, seconds between syncs.
+        round_trip: ``ℓ``, seconds one sync takes.
+
+    The gap between two backlogged clients stays within ``2 · (U + S)``.
+
+    Examples:
+        >>> from fairagents.shared import staleness_bound
+        >>> staleness_bound(doors=2, rate=1000.0, interval=0.005, round_trip=0.001)
+        12.0
+        >>> staleness_bound(doors=1, rate=1000.0, interval=0.005, round_trip=0.001)
+        0.0
+    """
+    return (doors - 1) * rate * 2 * (interval + round_trip)
