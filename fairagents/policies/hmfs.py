@@ -167,10 +167,8 @@ class HMFS(BasePolicy):
         app = agent.app.name
         return amount * self._apps.inverse_weight[app], amount * self._agents[app].inverse_weight[agent.name]
 
-    def set_counters(self, app: str, value: float, agents: dict[str, float], *, lower: bool = True) -> None:
+    def set_counters(self, app: str, value: float, agents: dict[str, float]) -> None:
         """Set ``app``'s counter and its agents' (known clients only), as counters shared with other arbiters say.
-
-        With ``lower=False`` a counter is only raised, never lowered.
 
         Examples:
             >>> import fairagents as fa
@@ -180,16 +178,13 @@ class HMFS(BasePolicy):
             >>> policy.counters_of(fa.Agent("t", fa.App("a")))
             (9.0, 2.0)
         """
-        counters = self._apps.counter
-        if app not in counters:
+        if app not in self._apps.counter:
             return
-        if lower or value > counters[app]:
-            self._apps.set(app, value)
+        self._apps.set(app, value)
         level = self._agents.get(app)
         if level is not None:
             for agent, v in agents.items():
-                if lower or v > level.counter.get(agent, v):
-                    level.set(agent, v)
+                level.set(agent, v)
 
     def clients(self) -> dict[str, list[str]]:
         """Every app seen so far, with its agents seen so far.

@@ -578,7 +578,10 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             status = "draining"
         else:
             status = "ok" if models and healthy == len(models) else ("degraded" if healthy else "down")
-        return JSONResponse({"status": status, "models": models}, 200 if status == "ok" else 503)
+        body: dict[str, Any] = {"status": status, "models": models}
+        if gateway.arbiter.counters is not None:  # a lost Redis is reported, not a reason to stop serving
+            body["counters"] = gateway.arbiter.counters.status()
+        return JSONResponse(body, 200 if status == "ok" else 503)
 
     @app.get("/health/live")
     async def live() -> JSONResponse:

@@ -13,6 +13,7 @@ a weight ≤ 0, two apps with one key, keys on but an app without one) is an
     host = "127.0.0.1"
     port = 8000
     drain_timeout = 30.0
+    counters = "redis://127.0.0.1:6379/0"   # optional: several servers, one fair share
 
     [models.chat]                 # the OpenAI "model" name clients send
     path = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -56,7 +57,7 @@ from fairagents.identity import SLO
 from fairagents.policies import POLICIES
 
 __all__ = [
-    "AgentConfig", "AppConfig", "Config", "ImageFetchConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
+    "AgentConfig", "AppConfig", "Config", "CountersConfig", "ImageFetchConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
     "load_config",
 ]
 
@@ -362,6 +363,51 @@ class ImageFetchConfig(_Section):
     """Most image URLs fetched for one request."""
 
 
+class CountersConfig(_Section):
+    """Fairness counters shared with other ``fairagents serve`` processes through Redis.
+
+    Written ``counters = "redis://host:6379/0"`` under ``[server]``, or as a table.
+
+    Examples:
+        >>> from fairagents.server.config import CountersConfig
+        >>> CountersConfig(url="redis://127.0.0.1:6379/0", namespace="prod").build().describe()
+        'redis://127.0.0.1:6379/0'
+    """
+
+    url: str | None = None
+    """``redis://[:password@]host:port/db``."""
+    url_env: str | None = None
+    """Read the URL from this environment variable instead (keeps a password out of the file)."""
+    namespace: str = "default"
+    """Keeps several pools apart in one Redis: the doors of one pool name the same namespace."""
+    interval: float = Field(default=0.005, gt=0)
+    """Seconds between syncs with Redis."""
+    ttl: float = Field(default=2.0, gt=0)
+    """Seconds after its last sync a door stops counting for the others."""
+    timeout: float = Field(default=0.5, gt=0)
+    """Seconds before Redis counts as unreachable (the door then serves on its own counters)."""
+    door: str | None = None
+    """This server's name among the doors (default: host, process id and a number)."""
+
+    @model_validator(mode="after")
+    def _one_url(self) -> CountersConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give the Redis URL as url or url_env (one of them)")
+        return self
+
+    def build(self) -> Any:
+        """The :class:`~fairagents.shared.SharedCounters` this describes."""
+        from fairagents.shared import SharedCounters
+
+        url = self.url
+        if url is None:
+            url = os.environ.get(self.url_env or "")
+            if not url:
+                raise InvalidParameterError(f"server.counters.url_env: environment variable {self.url_env!r} is not set")
+        return SharedCounters(url, namespace=self.namespace, interval=self.interval, ttl=self.ttl,
+                              timeout=self.timeout, door=self.door)
+
+
 class ServerSettings(_Section):
     """How the server listens, authenticates and shuts down.
 
@@ -397,6 +443,15 @@ class ServerSettings(_Section):
     the app an equal share of them (see :mod:`fairagents.preprocessing`)."""
     history_seconds: int = Field(default=600, ge=10)
     """How far back ``/v1/fairness`` keeps service samples for the dashboard."""
+    counters: CountersConfig | None = None
+    """Share the fairness counters (and remote replicas' slots) with other ``fairagents serve``
+    processes through Redis: ``counters = "redis://host:6379/0"`` or a table; unset, this
+    server keeps its own (see :mod:`fairagents.shared`)."""
+
+    @field_validator("counters", mode="before")
+    @classmethod
+    def _counters_url(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value
 
 
 class Config(_Section):
@@ -541,6 +596,7 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         w_output=config.w_output,
         drain_timeout=config.server.drain_timeout,
         preprocess_queue_per_app=config.server.preprocess_queue_per_app,
+        counters=None if config.server.counters is None else config.server.counters.build(),
     )
     for name, model in config.models.items():
         budget = {None: False, "off": None}.get(model.token_budget, model.token_budget)  # type: ignore[arg-type]

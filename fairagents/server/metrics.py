@@ -198,6 +198,18 @@ class _Live(Collector):
         draining = GaugeMetricFamily("fairagents_draining", "1 while the server drains after SIGTERM.", value=float(self._draining()))
         yield from (service, queued, running, agent_share, agent_weight, app_share, app_weight)
         yield from (up, limit, model_queued, model_running, *pool, draining)
+        counters = self._arbiter.counters
+        if counters is not None:
+            status = counters.status()
+            yield GaugeMetricFamily("fairagents_shared_counters_connected",
+                                    "1 while the counters shared with other servers are reachable.",
+                                    value=1.0 if status["connected"] else 0.0)
+            yield GaugeMetricFamily("fairagents_shared_counters_doors", "Servers sharing the counters, as last seen.",
+                                    value=float(status["doors"]))
+            yield CounterMetricFamily("fairagents_shared_counters_syncs", "Syncs with the shared counters' store.",
+                                      value=float(status["syncs"]))
+            yield CounterMetricFamily("fairagents_shared_counters_sync_failures",
+                                      "Syncs that did not reach the shared counters' store.", value=float(status["failures"]))
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -172,6 +172,11 @@ _RESPONSES: dict[str, dict[str, Any]] = {
     "Health": _object(
         {"status": {"enum": ["ok", "degraded", "down", "draining"]},
          "models": {"type": "object", "additionalProperties": _object({"healthy": {"type": "boolean"}}, _RESTARTING)}},
+        {"counters": _object(
+            {"backend": {"type": "string"}, "door": {"type": "string"}, "connected": {"type": "boolean"},
+             "doors": _INT, "last_sync_age": _nullable(_NUMBER), "syncs": _INT, "failures": _INT},
+            description="Counters shared with other servers (`server.counters`): while `connected` is false this "
+                        "server serves on its own counters; it still answers `ok`.")},
         description="`ok`: every model serves; `degraded`: a model is down or restarting; `down`: every model; "
                     "`draining`: the server is shutting down.",
     ),

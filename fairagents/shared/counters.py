@@ -98,6 +98,7 @@ class SharedCounters:
         self.last_sync: float | None = None
         """When the last sync reached the store (``time.monotonic``)."""
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._after_sync: Callable[[], None] | None = None
 
     def describe(self) -> str:
@@ -122,16 +123,22 @@ class SharedCounters:
         """
         if self._task is not None:
             return
+        self._stopping = False
         reconcile = await self._first_sync()
         self._task = asyncio.get_running_loop().create_task(self._run(reconcile), name=f"fairagents-sync-{self.door}")
 
     async def close(self) -> None:
         """Stop syncing, send the last charges, and leave the pool (what waited here stops counting)."""
+        self._stopping = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # A client library may turn a cancellation that lands mid-command into an error of its own, which
+            # the loop would retry: so the loop also checks _stopping, and the cancel is repeated until it ends.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=0.1)
+            if not task.cancelled() and task.exception() is not None:
+                log.debug("fairagents.shared.sync_stopped", error=repr(task.exception()))
         with contextlib.suppress(StoreUnavailable):
             if self.view is not None and self.view.connected:
                 await self._sync_once(reconcile=False)
@@ -149,9 +156,11 @@ class SharedCounters:
             False
         """
         age = None if self.last_sync is None else round(time.monotonic() - self.last_sync, 3)
+        view = self.view
         return {"backend": self.describe(), "door": self.door, "connected": self.connected,
-                "doors": self.view.doors if self.view is not None else 1, "last_sync_age": age,
-                "syncs": self.syncs, "failures": self.failures}
+                "doors": view.doors if view is not None else 1, "last_sync_age": age,
+                "syncs": self.syncs, "failures": self.failures,
+                "leases": {} if view is None else view.leases()}
 
     async def _first_sync(self) -> bool:
         try:
@@ -162,11 +171,13 @@ class SharedCounters:
         return False
 
     async def _run(self, reconcile: bool) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.interval)
             # Until the store answers: exponential backoff from one interval up to 2 s, then a reconciling sync.
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(Exception),  # anything but cancellation: never die silently
+                stop=lambda _: self._stopping,
+                reraise=True,
                 wait=wait_exponential(multiplier=self.interval, min=self.interval, max=2.0),
                 before_sleep=lambda state: self._lost(state.outcome.exception() if state.outcome else None),
             ):
@@ -181,7 +192,7 @@ class SharedCounters:
         payload = view.payload(ttl=int(self.ttl * 1000), reconcile=reconcile)
         try:
             reply = await self.store.sync(payload)
-            view.apply(reply, rebase=reconcile)
+            view.apply(reply)
         except StoreUnavailable:
             self.failures += 1  # its charges stay in flight and go out again with the next sync
             raise

@@ -21,7 +21,10 @@ waits and runs at the other doors. One sync is one atomic step of the store:
    runs plus free slots (those no other door holds by its own lease) for what waits at
    it — as many as it has waiting when its lowest-counter app is the lowest anywhere,
    otherwise only those the other doors' waiting requests leave over — plus its part
-   of the slots no waiting request needs (one over the live doors). Leases are
+   of the slots no waiting request needs (one over the live doors). The door has the
+   **turn** when its lowest-counter app is the lowest waiting anywhere (or nothing
+   waits elsewhere): until its next sync it may reuse the slots its requests free;
+   without the turn it may only start as many requests as it was granted. Leases are
    computed against every other door's lease, so the doors together never hold more
    slots than the model has.
 
@@ -40,8 +43,8 @@ Examples:
     ({'x': 5.0}, 1)
     >>> other = store.apply({"door": "b", "seq": 1, "ttl": 1000, "apps": {}, "agents": {},
     ...                      "waiting": {"chat": {"y": {"bot": 2}}}, "running": {"chat": [3, 96]}, "want": {"y": ["bot"]}})
-    >>> other["apps"]["y"], other["others"]["chat"]["apps"]   # y was lifted to x's counter on arrival
-    (5.0, [['x', 5.0]])
+    >>> other["apps"]["y"], other["turn"]   # y was lifted to x's counter on arrival; x (a tie, first by name) goes first
+    (5.0, {})
 """
 
 from __future__ import annotations
@@ -71,12 +74,11 @@ Reply = dict[str, Any]
 """What a door gets back::
 
     {"apps": {app: counter}, "agents": {app: {agent: counter}},           # of the clients it wants
-     "others": {model: {"running": n, "reserved": tokens,                 # at the other live doors
-                        "apps": [[app, counter], ...],                    # the two lowest apps waiting there
-                        "agents": {app: [[agent, counter], ...]}}},       # the two lowest agents of each wanted app
+     "others": {model: [requests, reserved tokens]},                       # running at the other live doors
      "floor": {"apps": lowest counter of an app active elsewhere, "apps_left": counter of the app that left last,
                "agents": {app: ...}, "agents_left": {app: ...}},          # each key absent when there is none
      "lease": {model: slots},                                             # this door may hold until its next sync
+     "turn": {model: bool},   # its lowest-counter app is the lowest waiting anywhere (or none waits elsewhere)
      "doors": live doors}
 """
 
@@ -198,10 +200,11 @@ class MemoryStore:
             if gone:
                 counters = agents.get(app, {})
                 left[app] = max(gone, key=lambda a: (counters.get(a, 0.0), a))
-        doors[door]["lease"] = self._leases(door, payload)
-        return self._reply(door, payload)
+        lease, turn = self._leases(door, payload)
+        doors[door]["lease"] = lease
+        return self._reply(door, payload, lease, turn)
 
-    def _leases(self, door: str, payload: Payload) -> dict[str, int]:
+    def _leases(self, door: str, payload: Payload) -> tuple[dict[str, int], dict[str, bool]]:
         """The slots of each shared model this door may hold until its next sync.
 
         The door keeps what it runs, and takes free slots (those no other door holds
@@ -213,6 +216,7 @@ class MemoryStore:
         """
         apps = self.apps
         lease: dict[str, int] = {}
+        turn: dict[str, bool] = {}
         for model, slots in (payload.get("limits") or {}).items():
             mine = payload["running"].get(model, (0, 0))[0]
             held = their_wait = 0
@@ -228,47 +232,34 @@ class MemoryStore:
             of_model = payload["waiting"].get(model, {})
             my_wait = sum(sum(of_app.values()) for of_app in of_model.values())
             free = slots - held - mine
+            mine_first = not theirs or bool(my_wait) and min((apps.get(a, 0.0), a) for a in of_model) <= min(theirs)
             grant = 0
             if my_wait and free > 0:
-                turn = not theirs or min((apps.get(a, 0.0), a) for a in of_model) <= min(theirs)
-                grant = min(free if turn else max(0, free - their_wait), my_wait)
+                grant = min(free if mine_first else max(0, free - their_wait), my_wait)
             spare = free - grant - their_wait  # wanted by no request waiting anywhere: split among the doors
             if spare > 0:
                 grant += spare // len(self.doors)
             lease[model] = mine + grant
-        return lease
+            turn[model] = mine_first
+        return lease, turn
 
-    def _reply(self, door: str, payload: Payload) -> Reply:
+    def _reply(self, door: str, payload: Payload, lease: dict[str, int], turn: dict[str, bool]) -> Reply:
         apps, agents, left = self.apps, self.agents, self.left
         want: dict[str, list[str]] = payload["want"]
-        others: dict[str, dict[str, Any]] = {}
-        waiting_apps: dict[str, set[str]] = {}
-        waiting_agents: dict[str, dict[str, set[str]]] = {}
+        others: dict[str, list[int]] = {}
         active_apps: set[str] = set()
         active_agents: dict[str, set[str]] = {}
         for d, snap in self.doors.items():
             if d == door:
                 continue
             for model, (n, tokens) in snap["running"].items():
-                o = others.setdefault(model, {"running": 0, "reserved": 0})
-                o["running"] += n
-                o["reserved"] += tokens
-            for model, of_model in snap["waiting"].items():
-                others.setdefault(model, {"running": 0, "reserved": 0})
+                o = others.setdefault(model, [0, 0])
+                o[0] += n
+                o[1] += tokens
+            for of_model in snap["waiting"].values():
                 for app, of_app in of_model.items():
-                    waiting_apps.setdefault(model, set()).add(app)
                     active_apps.add(app)
-                    for agent in of_app:
-                        waiting_agents.setdefault(model, {}).setdefault(app, set()).add(agent)
-                        active_agents.setdefault(app, set()).add(agent)
-        for model, o in others.items():
-            lowest = _two_lowest(apps, waiting_apps.get(model, ()))
-            if lowest:
-                o["apps"] = lowest
-            of_agents = {app: _two_lowest(agents.get(app, {}), names)
-                         for app, names in waiting_agents.get(model, {}).items() if app in want}
-            if of_agents:
-                o["agents"] = of_agents
+                    active_agents.setdefault(app, set()).update(of_app)
         floor: dict[str, Any] = {}
         if active_apps:
             floor["apps"] = min(apps.get(a, 0.0) for a in active_apps)
@@ -286,7 +277,8 @@ class MemoryStore:
             "agents": {app: {a: agents.get(app, {}).get(a, 0.0) for a in names} for app, names in want.items()},
             "others": others,
             "floor": floor,
-            "lease": self.doors[door]["lease"],
+            "lease": lease,
+            "turn": turn,
             "doors": len(self.doors),
         }
 
@@ -308,10 +300,6 @@ def _floor(counters: dict[str, float], active: set[str], last_left: str | None) 
     if last_left is not None:
         return counters.get(last_left, 0.0)
     return 0.0
-
-
-def _two_lowest(counters: dict[str, float], names: Any) -> list[list[Any]]:
-    return [[n, c] for c, n in sorted((counters.get(n, 0.0), n) for n in names)[:2]]
 
 
 def encode(payload: Payload) -> str:
@@ -425,7 +413,7 @@ end
 
 -- leases of the shared models' slots
 local function less(c1, n1, c2, n2) if c1 ~= c2 then return c1 < c2 end return n1 <= n2 end
-local lease = {}
+local lease, turn = {}, {}
 for model, slots in pairs(p['limits'] or {}) do
   local r = p['running'][model]
   local mine = r and r[1] or 0
@@ -450,9 +438,10 @@ for model, slots in pairs(p['limits'] or {}) do
     for _, n in pairs(of_app) do my_wait = my_wait + n end
   end
   local free = slots - held - mine
+  local mine_first = best_c == nil or (my_wait > 0 and less(my_c, my_n, best_c, best_n))
   local grant = 0
   if my_wait > 0 and free > 0 then
-    if best_c == nil or less(my_c, my_n, best_c, best_n) then grant = math.min(free, my_wait)
+    if mine_first then grant = math.min(free, my_wait)
     else grant = math.min(math.max(0, free - their_wait), my_wait) end
   end
   local spare = free - grant - their_wait
@@ -462,58 +451,32 @@ for model, slots in pairs(p['limits'] or {}) do
     grant = grant + math.floor(spare / n)
   end
   lease[model] = mine + grant
+  turn[model] = mine_first
 end
 snap['lease'] = lease
 redis.call('HSET', K_DOORS, door, cjson.encode(snap))
 
 -- the reply
 local want = p['want']
-local others, waiting_apps, waiting_agents, active_apps, active_agents = {}, {}, {}, {}, {}
+local others, active_apps, active_agents = {}, {}, {}
 local n_doors = 0
 for d, s in pairs(doors) do
   n_doors = n_doors + 1
   if d ~= door then
     for model, r in pairs(s['running']) do
-      local o = others[model] or {running = 0, reserved = 0}
-      o['running'] = o['running'] + r[1]
-      o['reserved'] = o['reserved'] + r[2]
+      local o = others[model] or {0, 0}
+      o[1] = o[1] + r[1]
+      o[2] = o[2] + r[2]
       others[model] = o
     end
-    for model, of_model in pairs(s['waiting']) do
-      others[model] = others[model] or {running = 0, reserved = 0}
-      waiting_apps[model] = waiting_apps[model] or {}
-      waiting_agents[model] = waiting_agents[model] or {}
+    for _, of_model in pairs(s['waiting']) do
       for a, of_app in pairs(of_model) do
-        waiting_apps[model][a] = true
         active_apps[a] = true
-        waiting_agents[model][a] = waiting_agents[model][a] or {}
         active_agents[a] = active_agents[a] or {}
-        for g, _ in pairs(of_app) do
-          waiting_agents[model][a][g] = true
-          active_agents[a][g] = true
-        end
+        for g, _ in pairs(of_app) do active_agents[a][g] = true end
       end
     end
   end
-end
-local function two_lowest(names, get)
-  local list = {}
-  for n, _ in pairs(names) do list[#list + 1] = {n, get(n)} end
-  table.sort(list, function(x, y) if x[2] ~= y[2] then return x[2] < y[2] end return x[1] < y[1] end)
-  local out = {}
-  for i = 1, math.min(2, #list) do out[i] = list[i] end
-  return out
-end
-for model, o in pairs(others) do
-  if waiting_apps[model] and next(waiting_apps[model]) then o['apps'] = two_lowest(waiting_apps[model], app_c) end
-  local of_agents, any = {}, false
-  for a, names in pairs(waiting_agents[model] or {}) do
-    if want[a] then
-      of_agents[a] = two_lowest(names, function(g) return agent_c(a, g) end)
-      any = true
-    end
-  end
-  if any then o['agents'] = of_agents end
 end
 local floor = {}
 local low = nil
@@ -550,5 +513,6 @@ for a, names in pairs(want) do
   for _, g in ipairs(names) do of_app[g] = agent_c(a, g) end
   r_agents[a] = of_app
 end
-return cjson.encode({apps = r_apps, agents = r_agents, others = others, floor = floor, lease = lease, doors = n_doors})
+return cjson.encode({apps = r_apps, agents = r_agents, others = others, floor = floor, lease = lease, turn = turn,
+                     doors = n_doors})
 """

@@ -9,20 +9,23 @@ before each dispatch, and the policy takes its lift's floor from the view.
 replicas every door sends to), the policy's choice runs only when
 
 - the door holds a free slot of its **lease**: the slots the store granted it at the
-  last sync (what it runs, plus free slots for what waits at it; see
-  :mod:`fairagents.shared.store`). Leases never add up to more than the model's
-  slots, so the doors together never hand the replicas more than their limit;
+  last sync (see :mod:`fairagents.shared.store`). Leases never add up to more than
+  the model's slots, so the doors together never hand the replicas more than their
+  limit. While a sync is on its way, a door runs no more requests of the model than
+  it reported in it (the store may shrink its lease to that and hand the rest to
+  others);
 - the KV tokens reserved at every door, as of the last sync, leave room for it (this
   one is optimistic: two doors may both spend the same free tokens within a sync);
-- it is the pool's turn for its app: no app waiting at another door has a lower
-  counter (and no agent of the same app, at the agent level).
+- the door has the **turn** (its lowest-counter app is the lowest waiting anywhere, by
+  the store's counters at the last sync), or it still has some of the slots it was
+  granted without the turn (those no request waiting at a turn-holding door needs).
 
-While a sync is on its way, a door runs no more requests of such a model than it
-reported in it (the store may shrink its lease to that and hand the rest to others);
-it reuses slots freed meanwhile up to that count. A slot a door frees and may not reuse (not its turn) goes to the others at its next
-sync; a door that yields dispatches again at the next sync if the client it yielded
-to did not take the slot. So no slot stays idle longer than about two sync intervals
-while a request waits for it anywhere (work conservation up to that delay).
+The door with the turn reuses the slots its requests free until its next sync; the
+others do not, and the store hands their freed slots to whoever has the turn then. So
+the turn is decided once per sync on the same counters for every door, and no slot
+stays idle longer than about two sync intervals while a request waits for it. Within
+a door, the policy orders its own requests (apps, then agents); an app's agents at
+different doors are ordered by their shared counters only through the lift.
 
 Examples:
     >>> import fairagents as fa
@@ -34,7 +37,6 @@ Examples:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fairagents.errors import InvalidParameterError
@@ -46,19 +48,6 @@ if TYPE_CHECKING:
     from fairagents.shared.store import Payload, Reply
 
 __all__ = ["SharedView"]
-
-
-@dataclass(slots=True)
-class _Elsewhere:
-    """What the other doors hold of one model, as of the last sync."""
-
-    running: int = 0
-    reserved: int = 0
-    """KV tokens their running requests reserve (raw tokens)."""
-    apps: list[tuple[str, float]] = field(default_factory=list)
-    """The two lowest-counter apps waiting there (two, so an app can skip itself)."""
-    agents: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
-    """Per app of this door: its two lowest-counter agents waiting there."""
 
 
 class SharedView:
@@ -96,11 +85,14 @@ class SharedView:
         self._agents: dict[str, dict[str, float]] = {}
         self._alone_apps: dict[str, float] = {}  # charged while the store was unreachable: never sent
         self._alone_agents: dict[str, dict[str, float]] = {}
-        self._elsewhere: dict[str, _Elsewhere] = {}
+        self._elsewhere: dict[str, tuple[int, int]] = {}  # model -> (requests, KV tokens) running at other doors
         self._lease: dict[str, int] = {}
+        self._turn: dict[str, bool] = {}
+        self._granted: dict[str, int] = {}  # without the turn: requests it may still start until the next sync
         # While a payload is on its way, the door runs no more than it reported: the store may shrink
         # its lease to that, and the others may already be given the rest.
         self._frozen: dict[str, int] = {}
+        self._reported: dict[str, int] = {}  # requests running per shared model, as the last payload said
         self._app_floor: float | None = None
         self._app_left: float | None = None
         self._agent_floor: dict[str, float] = {}
@@ -132,33 +124,24 @@ class SharedView:
 
     def gate(self, ticket: Ticket, m: ModelState) -> bool:
         """Whether the policy's choice for ``m`` may run now, by the pool's view (module docstring)."""
-        if m.name not in self.shared_models:
+        name = m.name
+        if name not in self.shared_models:
             return True
-        lease = self._lease.get(m.name)
-        if lease is not None:
-            frozen = self._frozen.get(m.name)
-            if m.running >= (lease if frozen is None else min(lease, frozen)):
-                return False
-        there = self._elsewhere.get(m.name)
-        if there is None:
+        lease = self._lease.get(name)
+        if lease is None:  # no sync reached the store: this door's own limits only
             return True
-        running = there.running + m.running
-        budget = m.token_budget if m.budget_limit is None else m.budget_limit
-        if budget is not None and running and there.reserved + m.reserved + ticket.reserved > budget:
+        frozen = self._frozen.get(name)
+        if m.running >= (lease if frozen is None else min(lease, frozen)):
             return False
-        who = ticket.request.agent
-        mine_app, mine_agent = self.policy.counters_of(who)
-        app = who.app.name
-        for other, counter in there.apps:
-            if other != app:
-                if counter < mine_app:
-                    return False
-                break
-        for other, counter in there.agents.get(app, ()):
-            if other != who.name:
-                if counter < mine_agent:
-                    return False
-                break
+        running, reserved = self._elsewhere.get(name, (0, 0))
+        budget = m.token_budget if m.budget_limit is None else m.budget_limit
+        if budget is not None and running + m.running and reserved + m.reserved + ticket.reserved > budget:
+            return False
+        if not self._turn.get(name, True):  # not this door's turn: only the slots it was granted
+            granted = self._granted.get(name, 0)
+            if granted <= 0:
+                return False
+            self._granted[name] = granted - 1
         return True
 
     def _floor_of_apps(self, active: float | None, left: float | None) -> float:
@@ -185,13 +168,13 @@ class SharedView:
         seq, apps, agents = self._inflight
         running = {} if self.dispatcher is None else {
             m.name: [m.running, m.reserved] for m in self.dispatcher.models.values() if m.running}
-        self._frozen = {name: running.get(name, (0, 0))[0] for name in self.shared_models}
-        want = self.policy.clients()
+        self._frozen = self._reported = {name: running.get(name, (0, 0))[0] for name in self.shared_models}
+        waiting = self.policy.waiting_by_client()
+        want = self._wanted(waiting, apps, agents) if not reconcile else self.policy.clients()
         limits = {} if self.dispatcher is None else {
             name: m.slots for name, m in self.dispatcher.models.items() if name in self.shared_models}
         payload: Payload = {"door": self.door, "seq": seq, "ttl": int(ttl), "apps": apps, "agents": agents,
-                            "waiting": self.policy.waiting_by_client(), "running": running, "limits": limits,
-                            "want": want}
+                            "waiting": waiting, "running": running, "limits": limits, "want": want}
         if reconcile:  # this door's view, without what it charged alone
             alone_apps, alone_agents = self._alone_apps, self._alone_agents
             payload["raise"] = {
@@ -201,15 +184,41 @@ class SharedView:
             }
         return payload
 
-    def apply(self, reply: Reply, *, rebase: bool = False) -> None:
-        """Take the pool's state: this door's counters are raised to the pool's plus its charges not yet sent.
+    def _wanted(self, waiting: dict[str, dict[str, dict[str, int]]], apps: dict[str, float],
+                agents: dict[str, dict[str, float]]) -> dict[str, list[str]]:
+        """The clients whose counters this door needs back: those waiting or running here, or charged.
 
-        ``rebase`` (the first reply after the store was unreachable) sets them instead,
-        lower or higher, and drops the charges made meanwhile: while apart, each door was
-        fair among its own requests only, and counting that service would make an app
-        that got more than its share wait, after the store is back, until the others
-        caught up — for longer than the outage lasted. Otherwise counters only rise: a
-        client lifted here since the payload left keeps its lift.
+        A sync then costs what is active, not every client ever seen; a client that
+        becomes active again is lifted here and set to the pool's value at the next sync.
+        """
+        want: dict[str, set[str]] = {}
+        for of_model in waiting.values():
+            for app, of_app in of_model.items():
+                want.setdefault(app, set()).update(of_app)
+        for source in (agents, self._agents):
+            for app, of_app in source.items():
+                want.setdefault(app, set()).update(of_app)
+        for app in (*apps, *self._apps):
+            want.setdefault(app, set())
+        if self.dispatcher is not None:
+            for ticket in self.dispatcher.tickets():
+                want.setdefault(ticket.request.app, set()).add(ticket.request.agent.name)
+        return {app: sorted(names) for app, names in want.items()}
+
+    def apply(self, reply: Reply) -> None:
+        """Take the pool's state: this door's counters become the pool's, plus its charges not yet sent.
+
+        Set, not raised: a counter this door lifted on its own since the last sync (a
+        client that became active here) goes back to the pool's value, which the store
+        lifted itself if the client was new to the pool. So after every sync this door
+        orders its clients on exactly the counters the store grants leases by; a door
+        that kept a higher counter of its own could refuse a turn the store gives it,
+        while the store gives the slots to nobody else.
+
+        Charges made while the store was unreachable are dropped here too: while apart,
+        each door was fair among its own requests only, and counting that service would
+        make an app that got more than its share wait, after the store is back, until
+        the others caught up — for longer than the outage lasted.
         """
         self._inflight = None
         self._frozen = {}
@@ -218,16 +227,11 @@ class SharedView:
         for app, counter in reply["apps"].items():
             pending = pending_agents.get(app, {})
             agents = {a: c + pending.get(a, 0.0) for a, c in reply["agents"].get(app, {}).items()}
-            self.policy.set_counters(app, counter + pending_apps.get(app, 0.0), agents, lower=rebase)
-        elsewhere = {}
-        for model, there in reply["others"].items():
-            elsewhere[model] = _Elsewhere(
-                int(there["running"]), int(there["reserved"]),
-                [(a, float(c)) for a, c in there.get("apps") or ()],
-                {app: [(a, float(c)) for a, c in low] for app, low in (there.get("agents") or {}).items()},
-            )
-        self._elsewhere = elsewhere
+            self.policy.set_counters(app, counter + pending_apps.get(app, 0.0), agents)
+        self._elsewhere = {model: (int(n), int(tokens)) for model, (n, tokens) in reply["others"].items()}
         self._lease = {m: int(n) for m, n in (reply.get("lease") or {}).items()}
+        self._turn = {m: bool(t) for m, t in (reply.get("turn") or {}).items()}
+        self._granted = {m: n - self._reported.get(m, 0) for m, n in self._lease.items()}
         floor = reply["floor"]
         self._app_floor = floor.get("apps")
         self._app_left = floor.get("apps_left")
@@ -240,16 +244,22 @@ class SharedView:
         """The store is unreachable: decide on this door's own state until it is back."""
         self._elsewhere = {}
         self._lease = {}
+        self._turn = {}
+        self._granted = {}
         self._frozen = {}
         self._app_floor = self._app_left = None
         self._agent_floor, self._agent_left = {}, {}
         self.connected = False
         self.doors = 1
 
+    def leases(self) -> dict[str, dict[str, Any]]:
+        """Per shared model: the slots this door holds, whether it has the turn, what runs elsewhere (last sync)."""
+        return {m: {"slots": n, "turn": self._turn.get(m, True), "elsewhere": self._elsewhere.get(m, (0, 0))[0]}
+                for m, n in self._lease.items()}
+
     def elsewhere(self, model: str) -> tuple[int, int]:
         """``(requests, reserved KV tokens)`` running for ``model`` at the other doors, by the last sync."""
-        there = self._elsewhere.get(model)
-        return (0, 0) if there is None else (there.running, there.reserved)
+        return self._elsewhere.get(model, (0, 0))
 
 
 def _floor(active: float | None, outside: float | None, left: float | None, outside_left: float | None) -> float:

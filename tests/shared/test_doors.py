@@ -88,11 +88,26 @@ async def run(pairs, warmup=0.5, window=2.0):
         async with Load(pairs) as load:
             await asyncio.sleep(warmup)
             ratio = await load.ratio(window)
+            if load.done < 50:
+                raise AssertionError(f"stalled: {[state(a) for a, _ in pairs]}")
         assert not load.errors
         return ratio
     finally:
         for arbiter, _ in pairs:
             await arbiter.close(stop_engines=False)
+
+
+async def watched(coro, timeout=30):
+    """``coro``, or a failure listing where every task waits (a stall must not hang the suite)."""
+    try:
+        return await asyncio.wait_for(coro, timeout)
+    except TimeoutError:
+        import io
+
+        out = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=6, file=out)
+        raise AssertionError(out.getvalue()[-6000:]) from None
 
 
 def engine():
@@ -108,7 +123,7 @@ async def test_two_doors_each_seeing_one_app_serve_it_four_to_one(store, redis_s
         counters[1] = SharedCounters(RedisStore(redis_server.url, namespace=counters[0].store.namespace),
                                      door="door-1", interval=0.002)
     fake = engine()
-    ratio = await run(doors(fake, counters))
+    ratio = await watched(run(doors(fake, counters)))
     assert 3.6 <= ratio <= 4.4, ratio
     assert fake.max_running <= 4  # the doors together never hand the engine more than its slots
 

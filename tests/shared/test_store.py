@@ -27,7 +27,7 @@ def test_a_client_becoming_active_is_lifted_to_the_lowest_active_counter():
     store.apply(payload("a", 1, apps={"x": 10.0, "z": 4.0}, waiting={"m": {"x": {"t": 1}, "z": {"t": 1}}}))
     reply = store.apply(payload("b", 1, waiting={"m": {"y": {"t": 1}}}, want={"y": ["t"]}))
     assert reply["apps"]["y"] == 4.0  # min over x (10) and z (4), active before
-    assert reply["others"]["m"]["apps"] == [["z", 4.0], ["x", 10.0]]
+    assert reply["floor"]["apps"] == 4.0
 
 
 def test_with_none_active_a_client_is_lifted_to_the_last_to_leave():
@@ -65,7 +65,7 @@ def test_a_door_that_stops_syncing_stops_counting():
     store = MemoryStore(clock=lambda: now[0])
     store.apply(payload("a", 1, ttl=500, waiting={"m": {"x": {"t": 3}}}, running={"m": [4, 100]}))
     seen = store.apply(payload("b", 1, ttl=500))
-    assert seen["others"]["m"]["running"] == 4 and seen["doors"] == 2
+    assert seen["others"]["m"] == [4, 100] and seen["doors"] == 2
     now[0] = 0.6
     later = store.apply(payload("b", 2, ttl=500))
     assert later["others"] == {} and later["doors"] == 1
