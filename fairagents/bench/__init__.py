@@ -3,7 +3,7 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scheduler', 'server', 'simulator', 'vllm-scheduler']
+    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scale', 'scheduler', 'server', 'simulator', 'vllm-scheduler']
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from fairagents.bench import (
     modality,
     overhead,
     policies,
+    scale,
     scheduler,
     server,
     simulator,
@@ -24,4 +25,4 @@ __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
 BENCHMARKS = {"admission": admission, "isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
-              "scheduler": scheduler, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler}
+              "scale": scale, "scheduler": scheduler, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler}

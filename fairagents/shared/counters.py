@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import socket
@@ -97,6 +98,8 @@ class SharedCounters:
         """Syncs that did not."""
         self.last_sync: float | None = None
         """When the last sync reached the store (``time.monotonic``)."""
+        self.round_trips: collections.deque[float] = collections.deque(maxlen=4096)
+        """Seconds the recent syncs took, send to reply (the staleness a sync adds: ``ℓ``)."""
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._after_sync: Callable[[], None] | None = None
@@ -190,8 +193,10 @@ class SharedCounters:
         assert view is not None, "attach() before start()"
         was_connected = view.connected
         payload = view.payload(ttl=int(self.ttl * 1000), reconcile=reconcile)
+        sent = time.monotonic()
         try:
             reply = await self.store.sync(payload)
+            self.round_trips.append(time.monotonic() - sent)
             view.apply(reply)
         except StoreUnavailable:
             self.failures += 1  # its charges stay in flight and go out again with the next sync

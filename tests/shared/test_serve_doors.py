@@ -171,7 +171,10 @@ async def test_two_servers_on_redis_hold_four_to_one_through_an_outage(replica, 
             await asyncio.sleep(3)  # warm up
             shared = await window(urls, 20)
             redis_door_store.stop()
-            await asyncio.sleep(1)
+            deadline = time.monotonic() + 10
+            while any(httpx.get(f"{u}/health", timeout=5).json()["counters"]["connected"] for u in urls):
+                assert time.monotonic() < deadline  # each door notices within a sync or two
+                await asyncio.sleep(0.1)
             health = [httpx.get(f"{u}/health", timeout=5).json() for u in urls]
             before = len(callers.done)
             await asyncio.sleep(3)
