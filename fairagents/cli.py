@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     scl.add_argument("--no-simulated", dest="simulated", action="store_false", help="skip the simulated part")
     scl.add_argument("--seconds", type=float, default=10.0, help="seconds measured per real mode")
     scl.add_argument("--callers", type=int, default=16, help="requests each app keeps in flight (real part)")
+    scl.add_argument("--slots", type=int, default=8, help="requests the engine takes at once, over every door (real part)")
     scl.add_argument("--max-tokens", type=int, default=16)
     scl.add_argument("--doors", type=int, nargs="+", default=[1, 2, 4, 8], help="arbiters (simulated part)")
     scl.add_argument("--replicas", type=int, default=64)

@@ -2,9 +2,9 @@
 
 **Real** (this machine): the embedded model on one in-process vLLM engine that every
 arbiter sends to, and a real Redis (``--redis URL``; unset, a ``redis-server`` on
-loopback is started for the run when one is installed). Four modes, each for
-``seconds``, with ``heavy`` (weight 4) and ``light`` (weight 1) keeping ``callers``
-requests each in flight:
+loopback is started for the run when one is installed). The engine takes ``slots``
+requests at once, and ``heavy`` (weight 4) and ``light`` (weight 1) keep ``callers``
+requests each in flight, so both stay backlogged. Four modes, each for ``seconds``:
 
 - ``one door``: one arbiter, its own counters (the baseline);
 - ``one door, redis``: one arbiter on shared counters — what they cost a request;
@@ -59,6 +59,7 @@ def run(
     redis: str | None = None,
     seconds: float = 10.0,
     callers: int = 16,
+    slots: int = 8,
     max_tokens: int = 16,
     doors: Sequence[int] = (1, 2, 4, 8),
     replicas: int = 64,
@@ -71,12 +72,12 @@ def run(
     seed: int = 0,
 ) -> dict[str, Any]:
     """``{"real": [one dict per mode], "simulated": [one dict per row]}``, measured now."""
-    if seconds <= 0 or callers < 1 or max_tokens < 1:
-        raise InvalidParameterError("seconds must be > 0, callers and max_tokens ≥ 1")
+    if seconds <= 0 or callers < 1 or max_tokens < 1 or slots < 1:
+        raise InvalidParameterError("seconds must be > 0; callers, slots and max_tokens ≥ 1")
     out: dict[str, Any] = {"machine": _machine()}
     if real:
         with _redis(redis) as url:
-            out["real"] = asyncio.run(_real(url, seconds, callers, max_tokens, interval))
+            out["real"] = asyncio.run(_real(url, seconds, callers, slots, max_tokens, interval))
     if simulated:
         rows = run_simulated(doors, replicas=replicas, slots_per_replica=slots_per_replica, agents=agents, apps=apps,
                              seconds=sim_seconds, interval=interval, delay=delay, seed=seed)
@@ -152,7 +153,8 @@ def _redis(url: str | None) -> Iterator[str]:
             proc.wait()
 
 
-async def _real(url: str, seconds: float, callers: int, max_tokens: int, interval: float) -> list[dict[str, Any]]:
+async def _real(url: str, seconds: float, callers: int, slots: int, max_tokens: int,
+                interval: float) -> list[dict[str, Any]]:
     import fairagents as fa
     from fairagents.engines import VLLMEngine
     from fairagents.shared import RedisStore, SharedCounters
@@ -170,7 +172,7 @@ async def _real(url: str, seconds: float, callers: int, max_tokens: int, interva
                 counters = SharedCounters(RedisStore(url, namespace=namespace), door=f"door-{door}",
                                           interval=interval) if shared else None
                 arbiter = fa.Arbiter(counters=counters)
-                arbiter.add_model("chat", engine)
+                arbiter.add_model("chat", engine, in_flight=slots)  # fewer slots than callers: the apps queue
                 for app, weight in WEIGHTS.items():
                     arbiter.app(app, weight=weight)
                 arbiters.append(arbiter)
