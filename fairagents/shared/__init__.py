@@ -46,16 +46,14 @@ from __future__ import annotations
 
 from fairagents.shared.counters import SharedCounters
 from fairagents.shared.redis import RedisStore
-from fairagents.shared.store import SYNC_LUA, CounterStore, MemoryStore, Payload, Reply, StoreUnavailable
+from fairagents.shared.store import SYNC_LUA, CounterStore, MemoryStore, StoreUnavailable
 from fairagents.shared.view import SharedView
 
 __all__ = [
-    "SYNC_LUA",
     "CounterStore",
     "MemoryStore",
-    "Payload",
     "RedisStore",
-    "Reply",
+    "SYNC_LUA",
     "SharedCounters",
     "SharedView",
     "StoreUnavailable",
