@@ -257,10 +257,6 @@ class SharedView:
         return {m: {"slots": n, "turn": self._turn.get(m, True), "elsewhere": self._elsewhere.get(m, (0, 0))[0]}
                 for m, n in self._lease.items()}
 
-    def elsewhere(self, model: str) -> tuple[int, int]:
-        """``(requests, reserved KV tokens)`` running for ``model`` at the other doors, by the last sync."""
-        return self._elsewhere.get(model, (0, 0))
-
 
 def _floor(active: float | None, outside: float | None, left: float | None, outside_left: float | None) -> float:
     """The lift's floor: the lowest active counter anywhere, else the highest of those that left last."""

@@ -113,7 +113,7 @@ def doors(folder, replica, redis_url):
 
 
 class Callers:
-    """Closed-loop callers of each app at its own door; service = prompt + 2 x output, by completion time."""
+    """Closed-loop callers of each app at its own door; what completed, and the errors."""
 
     def __init__(self, urls, per_app=40):
         self.clients = {app: openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEYS[app], max_retries=0, timeout=60)
@@ -132,10 +132,6 @@ class Callers:
             except openai.APIError as err:
                 self.errors.append(err)
                 await asyncio.sleep(0.05)
-
-    def ratio(self, start, end):
-        service = {app: sum(s for t, a, s in self.done if a == app and start <= t < end) for app in KEYS}
-        return service["heavy"] / max(service["light"], 1)
 
     async def __aenter__(self):
         self.tasks = [asyncio.create_task(self._call(app)) for app in KEYS for _ in range(self.per_app)]

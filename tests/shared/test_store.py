@@ -47,7 +47,7 @@ def test_an_active_client_is_not_lifted_and_counters_never_fall():
     store.apply(payload("b", 1, apps={"y": 50.0}, waiting={"m": {"y": {"t": 1}}}))
     reply = store.apply(payload("a", 2, waiting={"m": {"x": {"t": 2}}}, want={"x": ["t"]}))
     assert reply["apps"]["x"] == 1.0  # it stayed active: no lift
-    raised = store.apply(payload("a", 3, raise_={}, want={"x": []}, **{"raise": {"apps": {"x": 0.5}}}))
+    raised = store.apply(payload("a", 3, want={"x": []}, **{"raise": {"apps": {"x": 0.5}}}))
     assert raised["apps"]["x"] == 1.0
 
 
