@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from fairagents.prompts import Messages, chat_input, text_input
 from fairagents.reply import ImageReply, Reply, Timing, Usage
 from fairagents.request import Outcome, Request
 from fairagents.tenants import Tenants
+from fairagents.tools import OutputSpec, ToolCall, ToolReader, output_reader
 
 __all__ = ["Call", "ModelCalls"]
 
@@ -57,6 +59,8 @@ class Call:
     """The dispatcher's accounting of it (kept after it ended, for the reply)."""
     shutdown: bool = False
     """Aborted by the arbiter's shutdown, not by its caller."""
+    reader: ToolReader | None = None
+    """Reads a chat call's output for tool calls (a call with tools or a response format)."""
 
 
 class ModelCalls(abc.ABC):
@@ -77,7 +81,7 @@ class ModelCalls(abc.ABC):
     async def chat(
         self,
         model: str,
-        messages: Messages,
+        messages: Messages | Prompt,
         *,
         agent: AgentHandle | Agent | None = None,
         max_tokens: int = 256,
@@ -86,6 +90,11 @@ class ModelCalls(abc.ABC):
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: dict[str, Any] | None = None,
+        arrival: float | None = None,
     ) -> Reply:
         """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
 
@@ -93,6 +102,19 @@ class ModelCalls(abc.ABC):
         (:mod:`fairagents.images` lists the shapes: OpenAI ``image_url`` parts with data
         URLs, file paths, PIL images). Such a request is prepared in the preprocessing
         pool and queued with the time it arrived; its image tokens count in its prompt.
+
+        ``tools`` (OpenAI function tools), ``tool_choice`` (``"auto"``, ``"none"``,
+        ``"required"`` or ``{"type": "function", "function": {"name": ...}}``),
+        ``parallel_tool_calls`` and ``response_format`` (``{"type": "json_object"}`` or
+        ``{"type": "json_schema", "json_schema": {"name", "schema"}}``) work as in
+        OpenAI's API (see :mod:`fairagents.tools`): the calls come back in
+        :attr:`Reply.tool_calls`, with ``finish_reason`` ``"tool_calls"``. A required
+        call, a named function and a JSON format are enforced in decoding. Messages may
+        carry an assistant's ``tool_calls`` and ``tool`` results.
+
+        ``messages`` may be a :class:`~fairagents.engines.Prompt` from
+        :meth:`prepare_chat` (given the same ``tools``), with the ``arrival`` time of the
+        call (default: now).
 
         Raises:
             BadInputError: bad input (an unknown model, app or agent; invalid messages or
@@ -103,13 +125,15 @@ class ModelCalls(abc.ABC):
             OverloadedError: the app's queue, or the preprocessing queue, is full.
             ShutdownError: the arbiter closed before the request finished.
         """
-        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        return await self._collect(await self._chat_call(model, agent, params, messages))
+        spec = OutputSpec.of(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                             response_format=response_format)
+        params = _chat_params(spec, max_tokens, temperature, top_p, seed, stop, ignore_eos)
+        return await self._collect(await self._chat_call(model, agent, params, messages, spec, arrival))
 
     async def stream_chat(
         self,
         model: str,
-        messages: Messages,
+        messages: Messages | Prompt,
         *,
         agent: AgentHandle | Agent | None = None,
         max_tokens: int = 256,
@@ -118,17 +142,37 @@ class ModelCalls(abc.ABC):
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: dict[str, Any] | None = None,
+        arrival: float | None = None,
     ) -> AsyncIterator[Delta]:
         """Like :meth:`chat`, yielding each :class:`~fairagents.engines.Delta` as it is generated.
 
-        Bad input raises at the first ``__anext__``; stopping iteration early cancels
-        the request (it is charged only for what it produced).
+        With tools, a delta's ``text`` is the model's content and its ``tool_calls`` the
+        pieces of its calls (:class:`~fairagents.tools.ToolCallDelta`); the last delta
+        has ``finish_reason`` ``"tool_calls"`` when the model called any. Bad input
+        raises at the first ``__anext__``; stopping iteration early cancels the request
+        (it is charged only for what it produced).
         """
-        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        call = await self._chat_call(model, agent, params, messages)
+        spec = OutputSpec.of(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                             response_format=response_format)
+        params = _chat_params(spec, max_tokens, temperature, top_p, seed, stop, ignore_eos)
+        call = await self._chat_call(model, agent, params, messages, spec, arrival)
+        reader = call.reader
         async with contextlib.aclosing(self._run(call)) as run:
             async for delta in run:
-                yield delta
+                if reader is None:
+                    yield delta
+                    continue
+                content, pieces = reader.feed(delta.text)
+                finish = delta.finish_reason
+                if finish in ("stop", "length"):
+                    pieces = [*pieces, *reader.flush()]
+                    if finish == "stop" and reader.finish()[1]:
+                        finish = "tool_calls"
+                yield dataclasses.replace(delta, text=content, finish_reason=finish, tool_calls=tuple(pieces))
 
     async def complete(
         self,
@@ -229,7 +273,8 @@ class ModelCalls(abc.ABC):
     # -- preparing chat input ----------------------------------------------------------
 
     async def prepare_chat(
-        self, model: str, messages: Messages, *, agent: AgentHandle | Agent | None = None
+        self, model: str, messages: Messages, *, agent: AgentHandle | Agent | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Prompt:
         """``messages`` made ready for ``model``: chat template applied, tokenized, images decoded.
 
@@ -251,8 +296,8 @@ class ModelCalls(abc.ABC):
                 raise ModalityError(
                     f"model {model!r} takes no images (it is a {engine.profile.modality.value} model)", model=model
                 )
-            return await self.preprocessor.run(chat_input(messages), engine, app=app, weight=weight)
-        return await self.text_preprocessor.run(chat_input(messages), engine, app=app, weight=weight)
+            return await self.preprocessor.run(chat_input(messages, tools), engine, app=app, weight=weight)
+        return await self.text_preprocessor.run(chat_input(messages, tools), engine, app=app, weight=weight)
 
     async def prepare_text(
         self, model: str, prompt: str | Prompt, *, agent: AgentHandle | Agent | None = None
@@ -278,15 +323,38 @@ class ModelCalls(abc.ABC):
         return app.name, app.weight
 
     async def _chat_call(
-        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages
+        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages,
+        spec: OutputSpec | None = None, arrival: float | None = None,
     ) -> Call:
         """Queue a chat call: text at once; with images, after preparing them in the pool."""
-        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
-            return self._submit(model, who, params, chat_input(messages))
-        arrival = self.clock()  # the call's arrival, before its preprocessing (DuetInfer)
-        self.check_admission(model, who)  # typed errors (and a full queue) before any image work
-        prompt = await self.prepare_chat(model, messages, agent=who)
-        return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
+        spec = spec or OutputSpec()
+        arrival = self.clock() if arrival is None else arrival  # before any preparation (DuetInfer)
+        readers: list[ToolReader | None] = []
+
+        def reading(prepare: Callable[[Engine], Prompt]) -> Callable[[Engine], Prompt]:
+            def prepared(engine: Engine) -> Prompt:
+                readers.append(output_reader(engine, spec, model))  # refuses what the model cannot do, first
+                return prepare(engine)
+            return prepared
+
+        if params.structured is not None:  # a constraint the engine cannot compile is bad input, refused first
+            self.check_admission(model, who)
+            engine = self.pool.get(model).engine
+            output_reader(engine, spec, model)
+            check = getattr(engine, "check_params", None)
+            if check is not None:
+                await asyncio.to_thread(check, params)  # compiles a grammar: off the event loop
+        if isinstance(messages, Prompt):  # prepared already (prepare_chat)
+            call = self._submit(model, who, params, reading(text_input(messages)), arrival=arrival)
+        elif not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
+            call = self._submit(model, who, params, reading(chat_input(messages, spec.template_tools)), arrival=arrival)
+        else:
+            self.check_admission(model, who)  # typed errors (and a full queue) before any image work
+            output_reader(self.pool.get(model).engine, spec, model)
+            prompt = await self.prepare_chat(model, messages, agent=who, tools=spec.template_tools)
+            call = self._submit(model, who, params, reading(lambda _: prompt), arrival=arrival)
+        call.reader = readers[0]
+        return call
 
     # -- what the arbiter provides -------------------------------------------------
 
@@ -373,9 +441,15 @@ class ModelCalls(abc.ABC):
             async for delta in run:
                 texts.append(delta.text)
                 finish = delta.finish_reason or finish
-        return self._reply(call, "".join(texts), finish)
+        text = "".join(texts)
+        if call.reader is None:
+            return self._reply(call, text, finish)
+        content, calls = call.reader.finish(text)
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        return self._reply(call, content or "", finish, tuple(calls))
 
-    def _reply(self, call: Call, text: str, finish: str) -> Reply:
+    def _reply(self, call: Call, text: str, finish: str, tool_calls: tuple[ToolCall, ...] = ()) -> Reply:
         r = call.request
         t = call.ticket
         assert t is not None  # set when it was queued
@@ -392,4 +466,14 @@ class ModelCalls(abc.ABC):
                 ttft=None if t.first_token is None else t.first_token - r.arrival,
                 e2e=end - r.arrival,
             ),
+            tool_calls=tool_calls,
         )
+
+
+def _chat_params(
+    spec: OutputSpec, max_tokens: int, temperature: float, top_p: float, seed: int | None, stop: Sequence[str],
+    ignore_eos: bool,
+) -> GenerationParams:
+    """A chat call's sampling parameters, with its output constraint."""
+    return GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos,
+                            structured=spec.constraint(), skip_special_tokens=not spec.calls_tools)

@@ -3,7 +3,8 @@
 With no configuration, fairagents serves three models of random weights, one per
 modality, each with a byte-level BPE tokenizer trained here on synthetic text:
 
-- ``text``: a Llama-shaped LLM (hidden 128, 2 heads of 64, 2 layers);
+- ``text``: a Llama-shaped LLM (hidden 128, 2 heads of 64, 2 layers) whose chat
+  template offers tools and writes calls in the Hermes syntax (``<tool_call>``);
 - ``vision``: an Idefics3 VLM (a 2-layer ViT of width 64 on 56-pixel tiles, a
   pixel-shuffle connector, the same tiny Llama): an image becomes up to 4 tiles
   and a global view of 4 image tokens each (vLLM runs Idefics3 without torchvision);
@@ -56,7 +57,7 @@ __all__ = [
 log = structlog.get_logger("fairagents.models")
 
 #: Name of the embedded text model; bump the suffix when the recipe changes.
-DEFAULT_TEXT_MODEL = "tiny-llama-v1"
+DEFAULT_TEXT_MODEL = "tiny-llama-v2"
 #: Name of the embedded vision-language model.
 DEFAULT_VISION_MODEL = "tiny-idefics3-v1"
 #: Name of the embedded image-generation (diffusion) model.
@@ -80,9 +81,21 @@ _VISION_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+# Tools are offered, called and answered in the Hermes syntax (vLLM's "hermes" tool parser reads it).
+_TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|tool|>"]
 _CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if tools %}<|system|>\nYou may call these functions:\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    'To call one, write <tool_call>{"name": <name>, "arguments": <arguments object>}</tool_call>'
+    "{{ eos_token }}\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|tool|>\n<tool_response>{{ m['content'] }}</tool_response>{{ eos_token }}\n"
+    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}"
+    '<tool_call>{"name": "{{ c[\'function\'][\'name\'] }}", "arguments": {{ c[\'function\'][\'arguments\'] | tojson }}}'
+    "</tool_call>{% endfor %}{{ eos_token }}\n{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
@@ -140,6 +153,7 @@ def build_text_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Pat
 
     with _staging(Path(out)) as staging:
         hf = _train_tokenizer(_SPECIALS, vocab_size, seed)
+        hf.add_tokens(_TOOL_TOKENS)  # one token each, kept in decoded text (not special)
         hf.chat_template = _CHAT_TEMPLATE
         hf.save_pretrained(staging)
         config = LlamaConfig(

@@ -21,24 +21,29 @@ Examples:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from fairagents.engines.base import Engine, Prompt
 from fairagents.errors import ContextLengthError, InvalidParameterError
 
-__all__ = ["Messages", "chat_input", "check_messages", "check_text_fits", "text_input"]
+__all__ = ["Messages", "chat_input", "check_messages", "check_text_fits", "render_chat", "template_messages", "text_input"]
 
 Messages = Sequence[dict[str, Any]]
 
 
-def chat_input(messages: Messages) -> Callable[[Engine], Prompt]:
-    """Validate ``messages``, then apply the engine's chat template."""
+def chat_input(messages: Messages, tools: Sequence[dict[str, Any]] | None = None) -> Callable[[Engine], Prompt]:
+    """Validate ``messages``, then apply the engine's chat template (rendering ``tools`` when given)."""
 
     def prepare(engine: Engine) -> Prompt:
         check_messages(messages)
-        check_text_fits(engine, sum(_text_length(m.get("content")) for m in messages))
-        return engine.prepare_chat(messages)
+        characters = sum(_text_length(m.get("content")) for m in messages)
+        if not tools:
+            check_text_fits(engine, characters)
+            return engine.prepare_chat(messages)
+        check_text_fits(engine, characters + len(json.dumps(list(tools))))
+        return engine.prepare_chat(messages, tools=tools)  # type: ignore[call-arg]
 
     return prepare
 
@@ -76,8 +81,90 @@ def check_messages(messages: Messages) -> None:
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
         raise InvalidParameterError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}")
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if message["role"] != "assistant":
+                raise InvalidParameterError(f"messages[{i}]: only an assistant message carries tool_calls")
+            _check_tool_calls(i, calls)
+        if "content" not in message and not calls:
+            raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}")
+        if message["role"] == "tool" and not isinstance(message.get("content"), str | list):
+            raise InvalidParameterError(f"messages[{i}]: a tool message's content must be the tool's result as text")
+
+
+def template_messages(messages: Messages) -> list[dict[str, Any]]:
+    """``messages`` as chat templates read them: assistant tool calls' JSON arguments decoded.
+
+    The OpenAI API carries a call's arguments as JSON text; templates (as vLLM renders
+    them) write them out as objects. A message without content gets ``""``.
+
+    Examples:
+        >>> from fairagents.prompts import template_messages
+        >>> call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+        >>> template_messages([{"role": "assistant", "content": None, "tool_calls": [call]}])[0]["tool_calls"][0]
+        {'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': {'x': 1}}}
+    """
+    out = []
+    for message in messages:
+        m = dict(message)
+        if m.get("content") is None:
+            m["content"] = ""
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": _arguments(c["function"].get("arguments"))}}
+                for c in m["tool_calls"]
+            ]
+        out.append(m)
+    return out
+
+
+def render_chat(tokenizer: Any, messages: Messages, tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """``messages`` through ``tokenizer``'s chat template, with ``tools``, as token ids ready to generate from.
+
+    Raises :class:`~fairagents.InvalidParameterError` when the template rejects the
+    conversation, renders it empty, or is given tools it never writes into the prompt.
+    """
+    if tools:
+        template = getattr(tokenizer, "chat_template", None)
+        text = " ".join(template.values()) if isinstance(template, dict) else str(template or "")
+        if "tools" not in text:
+            raise InvalidParameterError("the model's chat template does not render tools; it cannot be offered any")
+    try:
+        ids = tokenizer.apply_chat_template(
+            template_messages(messages), tools=list(tools) if tools else None, add_generation_prompt=True,
+            tokenize=True, return_dict=False,
+        )
+    except Exception as err:  # a template that rejects the conversation (roles, order)
+        raise InvalidParameterError(f"the model's chat template rejected the messages: {err}") from err
+    if not ids:
+        raise InvalidParameterError("the messages render to an empty prompt")
+    return list(ids)
+
+
+def _check_tool_calls(i: int, calls: Any) -> None:
+    if not isinstance(calls, list):
+        raise InvalidParameterError(f"messages[{i}].tool_calls must be a list")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidParameterError(
+                f"messages[{i}].tool_calls[{j}] must be {{'id': ..., 'type': 'function', "
+                f"'function': {{'name': ..., 'arguments': ...}}}}")
+        _arguments(fn.get("arguments"), where=f"messages[{i}].tool_calls[{j}].function.arguments")
+
+
+def _arguments(arguments: Any, where: str = "arguments") -> Any:
+    """A call's arguments as a JSON value (they may come as JSON text or already decoded)."""
+    if arguments is None or arguments == "":
+        return {}
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        raise InvalidParameterError(f"{where} must be JSON, got {arguments[:80]!r}") from None
 
 
 def check_text_fits(engine: Engine, characters: int) -> None:

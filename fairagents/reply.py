@@ -11,8 +11,11 @@ Examples:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+from fairagents.tools import ToolCall
 
 __all__ = ["ImageReply", "Reply", "Timing", "Usage"]
 
@@ -69,12 +72,24 @@ class Reply:
     """
 
     text: str
+    """What the model said (without its tool calls: with only calls, ``""``)."""
     finish_reason: str
-    """``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens``)."""
+    """``"stop"`` (end of sequence or a stop string), ``"length"`` (``max_tokens``) or
+    ``"tool_calls"`` (the model called tools)."""
     model: str
     request_id: str
     usage: Usage
     timing: Timing
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tools the model called (a chat call with ``tools``)."""
+
+    def json(self) -> Any:
+        """The text decoded as JSON (a call with a JSON ``response_format``).
+
+        Raises :class:`json.JSONDecodeError` when it is not JSON (the model was cut
+        short by ``max_tokens``, or no JSON format was asked for).
+        """
+        return json.loads(self.text)
 
 
 @dataclass(frozen=True, slots=True)

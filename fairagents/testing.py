@@ -23,8 +23,10 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
+import json
+import re
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -156,11 +158,21 @@ class FakeEngine:
     makes preparing a prompt burn that many seconds of CPU, like a tokenizer on a long
     prompt (tests of what runs off the event loop).
 
+    ``reply`` scripts what a timed request says: a text, or a function of the request's
+    :class:`~fairagents.engines.GenerationParams` returning one; it is emitted a word
+    (a token) at a time, up to ``max_tokens``. It plays a model that calls tools (in
+    the Hermes syntax, ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, which
+    vLLM's ``hermes`` tool parser reads back) or meets a response format; the engine
+    takes ``tools`` and constraints but enforces nothing (``params`` says what was asked).
+
     Examples:
         >>> from fairagents.testing import FakeEngine
         >>> FakeEngine().prepare_chat([{"role": "user", "content": "two words"}]).n_tokens
         3
     """
+
+    structured_outputs = True
+    """Takes ``GenerationParams.structured`` (a real engine enforces it; this one records it)."""
 
     def __init__(
         self,
@@ -177,6 +189,7 @@ class FakeEngine:
         prepare_time: float = 0.0,
         manual: bool = False,
         shared_capacity: bool = False,
+        reply: str | Callable[[GenerationParams], str] | None = None,
     ) -> None:
         self.profile = profile or ModelProfile(d_model=4096, n_layers=1)
         self.shared_capacity = shared_capacity
@@ -191,6 +204,11 @@ class FakeEngine:
         if max_num_seqs is not None:
             self.max_num_seqs = max_num_seqs
         self.manual = manual
+        self.reply = reply
+        self.params: dict[str, GenerationParams] = {}
+        """The parameters of every request started, by id."""
+        self.tools: list[list[dict[str, Any]] | None] = []
+        """The tools each chat prompt rendered (``None``: none), in order."""
         self.healthy = True
         self.started = False
         self.running: set[str] = set()
@@ -210,10 +228,17 @@ class FakeEngine:
     async def stop(self) -> None:
         self.started = False
 
-    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
+    def prepare_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
         self._burn()
-        words = sum(len(str(m["content"]).split()) + 1 for m in messages)
-        return Prompt(token_ids=tuple(range(words)))
+        words = sum(len(str(m.get("content") or "").split()) + 1 for m in messages)
+        self.tools.append(None if tools is None else [dict(t) for t in tools])
+        return Prompt(token_ids=tuple(range(words + len(json.dumps(tools).split() if tools else ()))))
+
+    def tool_parser(self, spec: Any) -> Any:
+        """vLLM's ``hermes`` tool parser for ``spec``'s tools (it reads text only)."""
+        from fairagents.tools import tool_parser_for
+
+        return tool_parser_for("hermes", self, spec)
 
     def prepare_text(self, text: str) -> Prompt:
         if not isinstance(text, str) or not text:
@@ -260,6 +285,11 @@ class FakeEngine:
                 async for delta in self._manual(request_id):
                     yield delta
                 return
+            self.params[request_id] = params
+            if self.reply is not None:
+                async for delta in self._scripted(request_id, params):
+                    yield delta
+                return
             n = min(params.max_tokens, self.tokens_per_reply)
             for i in range(n):
                 await asyncio.sleep(self.token_time)
@@ -275,6 +305,18 @@ class FakeEngine:
             self.running.discard(request_id)
             self._aborted.discard(request_id)
             self._inbox.pop(request_id, None)
+
+    async def _scripted(self, request_id: str, params: GenerationParams) -> AsyncGenerator[Delta, None]:
+        text = self.reply(params) if callable(self.reply) else self.reply
+        words = re.findall(r"\S*\s*", text or "")[:-1] or [""]
+        n = min(params.max_tokens, len(words))
+        for i in range(n):
+            await asyncio.sleep(self.token_time)
+            if request_id in self._aborted:
+                yield Delta(0, "", "abort")
+                return
+            last = i == n - 1
+            yield Delta(1, words[i], ("length" if n < len(words) else "stop") if last else None)
 
     async def _manual(self, request_id: str) -> AsyncGenerator[Delta, None]:
         inbox = self._inbox.setdefault(request_id, asyncio.Queue())

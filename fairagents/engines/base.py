@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from fairagents.cost import ModelProfile
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent
+from fairagents.tools import ToolCallDelta
 
 __all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt"]
 
@@ -76,6 +77,13 @@ class GenerationParams:
     """Strings that end generation."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks)."""
+    structured: dict[str, Any] | None = field(default=None, compare=False)
+    """A constraint the output must meet, enforced in decoding: the fields of vLLM's
+    ``StructuredOutputsParams`` (``{"json": schema}``, ``{"json_object": True}``); see
+    :meth:`fairagents.tools.OutputSpec.constraint`. Engines without ``structured_outputs``
+    refuse it."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the output's text (tool parsers of some models need them kept)."""
     agent: Agent | None = field(default=None, compare=False)
     """Who asks, set by the arbiter: an engine that schedules by identity passes it on
     (``VLLMEngine(scheduler="fair")`` as ``SamplingParams.extra_args``)."""
@@ -114,6 +122,8 @@ class Delta:
     """Set on the last event: ``"stop"``, ``"length"`` or ``"abort"``."""
     images: tuple[Any, ...] = ()
     """Images made (``PIL.Image.Image``), on the last event of an image-generation request."""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    """Pieces of tool calls, on a chat stream with tools (``finish_reason`` is then ``"tool_calls"``)."""
 
 
 @runtime_checkable
@@ -149,6 +159,11 @@ class Engine(Protocol):
     max_model_len: int
     healthy: bool
 
+    # Optional, for chat with tools and structured output (fairagents.tools): ``prepare_chat``
+    # takes ``tools=`` (rendered by the chat template); ``tool_parser(spec)`` returns the
+    # model's tool parser (vLLM's ToolParser), raising InvalidParameterError when it has
+    # none; ``structured_outputs`` (true) means ``generate`` enforces ``params.structured``.
+    #
     # Optional, read after start() when present: ``max_num_seqs`` (batch capacity: the
     # default in-flight limit), ``token_capacity`` (KV tokens requests can hold at once:
     # the default token budget) and ``kv_block_size`` (tokens per KV block). ``shared_capacity``

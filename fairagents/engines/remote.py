@@ -56,6 +56,8 @@ from fairagents.cost import ModelProfile
 from fairagents.engines.base import Delta, GenerationParams, Prompt
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Modality, identity_args
+from fairagents.prompts import render_chat
+from fairagents.tools import OutputSpec, infer_tool_parser, tool_parser_for
 
 __all__ = ["OpenAIEngine", "Replica"]
 
@@ -120,6 +122,8 @@ class OpenAIEngine:
         max_backoff: longest wait between two health checks.
         transport: a scripted ``httpx.MockTransport`` that answers every call to the servers, sync and
             async (tests).
+        tool_parser: the vLLM tool parser that reads the model's calls here (``tool_choice="auto"``);
+            unset, inferred from the chat template in ``model_path`` (see ``VLLMEngine``).
 
     Examples:
         >>> import fairagents as fa
@@ -149,6 +153,7 @@ class OpenAIEngine:
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         transport: httpx.MockTransport | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                                         for u in urls):
@@ -158,6 +163,8 @@ class OpenAIEngine:
                                         "(profile), to price its tokens")
         self.replicas = [Replica(u.rstrip("/")) for u in urls]
         self.model = model
+        self.tool_parser_name = tool_parser
+        """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.model_path = None if model_path is None else str(model_path)
         self.profile = profile or ModelProfile(d_model=1, n_layers=1)  # from the model's config on start()
         self._given_profile = profile is not None
@@ -217,6 +224,8 @@ class OpenAIEngine:
             if not self._given_profile:
                 self.profile = profile
             self.vocab_size = len(self._tokenizer)
+            if self.tool_parser_name is None:
+                self.tool_parser_name = infer_tool_parser(getattr(self._tokenizer, "chat_template", None))
         self._started = True
 
     async def stop(self) -> None:
@@ -295,22 +304,37 @@ class OpenAIEngine:
 
     # -- prompts -----------------------------------------------------------------
 
-    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
-        """Apply the chat template and tokenize (locally, or by a replica's ``/tokenize``)."""
+    structured_outputs = True
+    """``generate`` passes ``GenerationParams.structured`` to the replica (vLLM's ``structured_outputs``)."""
+
+    def prepare_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
+        """Apply the chat template (with ``tools``) and tokenize (locally, or by a replica's ``/tokenize``)."""
         for i, message in enumerate(messages):
-            if not isinstance(message.get("content"), str):
+            content = message.get("content")
+            if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
                 raise InvalidParameterError(f"messages[{i}].content must be text for a text model")
         if self._tokenizer is not None:
-            try:
-                ids = self._tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
-                                                          tokenize=True, return_dict=False)
-            except Exception as err:  # a template that rejects the conversation (roles, order)
-                raise InvalidParameterError(f"the model's chat template rejected the messages: {err}") from err
-        else:
-            ids = self._tokenize({"messages": [dict(m) for m in messages], "add_generation_prompt": True})
+            return Prompt(token_ids=tuple(render_chat(self._tokenizer, messages, tools)))
+        body: dict[str, Any] = {"messages": [dict(m) for m in messages], "add_generation_prompt": True}  # OpenAI's form
+        if tools:
+            body["tools"] = list(tools)
+        ids = self._tokenize(body)
         if not ids:
             raise InvalidParameterError("the messages render to an empty prompt")
         return Prompt(token_ids=tuple(ids))
+
+    def tool_parser(self, spec: OutputSpec) -> Any:
+        """vLLM's tool parser of this model (from its local files), for one call's tools.
+
+        Tool calls are read here, where the prompt was rendered; the replica only
+        generates (and enforces a required call's JSON).
+        """
+        if self._tokenizer is None:
+            raise InvalidParameterError(
+                f"tool_choice 'auto' on {self.model!r} needs the model's files here to read its calls: give path=")
+        if self.tool_parser_name is None:
+            raise InvalidParameterError(f"no tool parser is known for model {self.model!r}: give tool_parser=")
+        return tool_parser_for(self.tool_parser_name, self._tokenizer, spec)
 
     def prepare_text(self, text: str) -> Prompt:
         """Tokenize a plain prompt as the model reads it."""
@@ -373,6 +397,10 @@ class OpenAIEngine:
         import openai
 
         extra: dict[str, Any] = {"ignore_eos": params.ignore_eos}
+        if params.structured is not None:
+            extra["structured_outputs"] = params.structured
+        if not params.skip_special_tokens:
+            extra["skip_special_tokens"] = False
         if params.agent is not None:
             extra["vllm_xargs"] = identity_args(params.agent)
         r.running += 1

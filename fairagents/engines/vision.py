@@ -104,8 +104,11 @@ class VisionEngine(VLLMEngine):
         await super().stop()
         self._processor = None
 
-    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
+    def prepare_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
         """Decode, check and shrink the images, render the template, and count tokens with the processor.
+
+        ``tools`` are offered when the model's chat template renders them (the embedded
+        model's does not: tools are then refused; a response format still applies).
 
         Raises:
             InvalidImageError: an image that is corrupt, of an unsupported format, or too large.
@@ -119,8 +122,11 @@ class VisionEngine(VLLMEngine):
         if len(sources) > self.max_images:
             raise InvalidParameterError(f"{len(sources)} images in one request; this model takes at most {self.max_images}")
         images = tuple(self._shrink(load_image(source, self.limits)) for source in sources)
+        if tools and "tools" not in str(getattr(processor, "chat_template", None) or ""):
+            raise InvalidParameterError("the model's chat template does not render tools; it cannot be offered any")
         try:
-            text = processor.apply_chat_template(parts, add_generation_prompt=True, tokenize=False)
+            text = processor.apply_chat_template(parts, add_generation_prompt=True, tokenize=False,
+                                                 **({"tools": list(tools)} if tools else {}))
         except Exception as err:  # a template that rejects the conversation (roles, order)
             raise InvalidParameterError(f"the model's chat template rejected the messages: {err}") from err
         try:

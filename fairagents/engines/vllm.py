@@ -51,6 +51,8 @@ from fairagents.cost import ModelProfile  # noqa: E402
 from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality, identity_args  # noqa: E402
+from fairagents.prompts import render_chat  # noqa: E402
+from fairagents.tools import OutputSpec, infer_tool_parser, tool_parser_for  # noqa: E402
 
 __all__ = ["VLLMEngine", "max_token_bytes"]
 
@@ -108,6 +110,12 @@ class VLLMEngine:
             orders its queue and picks preemption victims by app and agent counters; the
             arbiter then hands it everything (see "Capacity and admission").
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
+        tool_parser: the vLLM tool parser that reads the model's tool calls under
+            ``tool_choice="auto"`` (``"hermes"``, ``"llama3_json"``, ``"mistral"`` …);
+            ``None`` infers it on :meth:`start` from the syntax the chat template writes,
+            else the model family (:func:`fairagents.tools.infer_tool_parser`). The
+            embedded model writes the Hermes syntax. Required calls, named functions and
+            response formats need no parser: vLLM's structured outputs enforce them.
 
     Attributes:
         vocab_size: the model's vocabulary size (``None`` until :meth:`start`); a ready
@@ -148,6 +156,7 @@ class VLLMEngine:
         dtype: str | None = None,
         scheduler: Literal["vllm", "fair"] = "vllm",
         engine_args: dict[str, Any] | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         if kv_cache_bytes is not None and (isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int)
                                            or kv_cache_bytes <= 0):
@@ -158,6 +167,8 @@ class VLLMEngine:
             raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
         self.model = None if model is None else str(model)
         self.scheduler = scheduler
+        self.tool_parser_name = tool_parser
+        """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.max_num_seqs = max_num_seqs
         self.healthy = True
         self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
@@ -240,6 +251,9 @@ class VLLMEngine:
         self.token_capacity, self.kv_block_size = _kv_capacity(engine)
         self.vocab_size = int(config.get_vocab_size())
         self._tokenizer = engine.get_tokenizer()
+        if self.tool_parser_name is None:
+            self.tool_parser_name = infer_tool_parser(getattr(self._tokenizer, "chat_template", None),
+                                                      getattr(config.hf_config, "model_type", None))
         self.max_token_bytes = await asyncio.to_thread(max_token_bytes, self._tokenizer)  # decodes the vocabulary
         log.info(
             "fairagents.vllm.started",
@@ -262,22 +276,28 @@ class VLLMEngine:
 
     # -- requests ------------------------------------------------------------------
 
-    def prepare_chat(self, messages: Sequence[dict[str, Any]]) -> Prompt:
-        """Render the chat template to token ids (vLLM would add a second BOS to rendered text)."""
+    structured_outputs = True
+    """``generate`` enforces ``GenerationParams.structured`` with vLLM's structured outputs."""
+
+    def prepare_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
+        """Render the chat template (with ``tools`` when given) to token ids (vLLM would add a second BOS to text)."""
         if self._tokenizer is None:
             raise EngineError("the engine is not started")
         for i, message in enumerate(messages):
-            if not isinstance(message.get("content"), str):
+            content = message.get("content")
+            if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
                 raise InvalidParameterError(f"messages[{i}].content must be text for a text model")
-        try:
-            ids = self._tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        except Exception as err:  # a template that rejects the conversation (roles, order)
-            raise InvalidParameterError(f"the model's chat template rejected the messages: {err}") from err
-        if not ids:
-            raise InvalidParameterError("the messages render to an empty prompt")
-        return Prompt(token_ids=tuple(ids))
+        return Prompt(token_ids=tuple(render_chat(self._tokenizer, messages, tools)))
+
+    def tool_parser(self, spec: OutputSpec) -> Any:
+        """vLLM's tool parser of this model, for one call's tools (``tool_choice="auto"``)."""
+        if self._tokenizer is None:
+            raise EngineError("the engine is not started")
+        if self.tool_parser_name is None:
+            raise InvalidParameterError(
+                f"no tool parser is known for model {self.model!r}: give VLLMEngine(tool_parser=...) "
+                "(or use tool_choice 'required' or a named function, which need none)")
+        return tool_parser_for(self.tool_parser_name, self._tokenizer, spec)
 
     def prepare_text(self, text: str) -> Prompt:
         """Tokenize a plain prompt with the model's tokenizer (BOS added as the model expects)."""
@@ -295,19 +315,7 @@ class VLLMEngine:
             raise EngineError("the engine is not started")
         if request_id in self._sinks:
             raise ProtocolError(f"request id {request_id!r} is already running")  # vLLM would merge them
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        sampling = SamplingParams(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=params.seed,
-            stop=list(params.stop) or None,
-            ignore_eos=params.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            extra_args=None if params.agent is None else identity_args(params.agent),
-        )
+        sampling = self._sampling(params)
         sink: asyncio.Queue[Any] = asyncio.Queue()
         self._sinks[request_id] = sink
         self._inbox.put(("add", request_id, self._engine_input(prompt), sampling))
@@ -332,6 +340,42 @@ class VLLMEngine:
             self._sinks.pop(request_id, None)
             if not done:  # the consumer left early (break, cancel): free the engine's slot
                 self._inbox.put(("abort", request_id, False))
+
+    def check_params(self, params: GenerationParams) -> None:
+        """Refuse, before queueing, sampling parameters vLLM would reject (an output constraint it cannot compile).
+
+        Runs vLLM's own check of a request's ``SamplingParams``; for a JSON schema that
+        means compiling its grammar, so it runs where prompts are prepared.
+        """
+        engine = self._engine
+        if engine is None:
+            raise EngineError("the engine is not started")
+        from vllm.exceptions import VLLMClientError
+
+        processor = engine.input_processor
+        try:
+            self._sampling(params).verify(processor.model_config, processor.speculative_config,
+                                          processor.structured_outputs_config, processor.tokenizer)
+        except (VLLMClientError, ValueError, TypeError) as err:  # the request's fault, as vLLM's server says
+            raise InvalidParameterError(f"vLLM rejected the request's parameters: {err}") from err
+
+    def _sampling(self, params: GenerationParams) -> Any:
+        """``params`` as vLLM's ``SamplingParams`` (deltas out, identity in ``extra_args``)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        return SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            ignore_eos=params.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+            structured_outputs=None if params.structured is None else StructuredOutputsParams(**params.structured),
+            skip_special_tokens=params.skip_special_tokens,
+            extra_args=None if params.agent is None else identity_args(params.agent),
+        )
 
     async def abort(self, request_id: str) -> None:
         """End a running request; its stream ends with ``"abort"``."""
