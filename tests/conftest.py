@@ -1,5 +1,7 @@
 import importlib.util
 import itertools
+import logging
+import os
 
 import pytest
 from hypothesis import settings
@@ -7,6 +9,7 @@ import pytest_asyncio
 import structlog
 
 import fairagents as fa
+from fairagents.cli import QUIET_ENV
 
 _ids = itertools.count()
 
@@ -50,10 +53,17 @@ def unit_cost():
 
 @pytest.fixture(autouse=True)
 def _restore_logging_config():
-    """The CLI configures structlog as an application does; undo it after a test that ran it."""
-    saved = structlog.get_config()
+    """The CLI configures structlog and third-party logging as an application does; undo it after a test that ran it."""
+    saved, vllm_level = structlog.get_config(), logging.getLogger("vllm").level
+    environ = {name: os.environ.get(name) for name in (*QUIET_ENV, "VLLM_LOGGING_STREAM")}
     yield
     structlog.configure(**saved)
+    logging.getLogger("vllm").setLevel(vllm_level)
+    for name, value in environ.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import tenacity
 from rich.table import Table
 
 from fairagents.bench.scale_sim import run_simulated
@@ -140,17 +141,23 @@ def _redis(url: str | None) -> Iterator[str]:
         proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                  "--dir", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 10
-            while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.05)
+            _wait_listening(port)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
             proc.terminate()
             proc.wait()
+
+
+def _wait_listening(port: int, timeout: float = 10.0) -> None:
+    """Return once a server accepts connections on ``port`` of loopback; ``RuntimeError`` after ``timeout`` s."""
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(0.05),
+                                 retry=tenacity.retry_if_exception_type(OSError))
+    try:
+        for attempt in retrying:
+            with attempt, socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                pass
+    except tenacity.RetryError as err:
+        raise RuntimeError("redis-server did not start") from err.last_attempt.exception()
 
 
 async def _real(url: str, seconds: float, callers: int, slots: int, max_tokens: int,
