@@ -28,7 +28,9 @@ from fairagents.errors import (
     UnknownModelError,
 )
 from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
+from fairagents.portal import Portal
 from fairagents.reply import ImageReply, Reply, Timing, Usage
+from fairagents.tools import ToolCall
 from fairagents.request import Outcome, Request
 from fairagents.stats import ClientSnapshot, Stats
 
@@ -54,6 +56,7 @@ __all__ = [
     "ModelProfile",
     "Outcome",
     "OverloadedError",
+    "Portal",
     "RawTokenCost",
     "Reply",
     "Request",
@@ -63,6 +66,7 @@ __all__ = [
     "Statera",
     "Stats",
     "Timing",
+    "ToolCall",
     "UnifiedTokenCost",
     "UnknownAgentError",
     "UnknownAppError",

@@ -179,6 +179,7 @@ class Arbiter(ModelCalls):
         self._waiting: Counter[tuple[str, str]] = Counter()  # (app, model) -> requests queued
         self._listeners: list[Callable[[RequestRecord], None]] = []
         self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._idle = asyncio.Event()
 
@@ -226,6 +227,14 @@ class Arbiter(ModelCalls):
         return AgentHandle(self, self.tenants.declare_agent(app, name, weight, slo))
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the arbiter last started on (``None`` before it started); its engines belong to it.
+
+        Code on other loops or threads calls the arbiter through a :class:`~fairagents.portal.Portal`.
+        """
+        return self._loop
+
+    @property
     def models(self) -> list[str]:
         """Names of the models in the pool."""
         return list(self.pool.models)
@@ -255,6 +264,7 @@ class Arbiter(ModelCalls):
         if self._calls:  # requests of the last run are still ending: they belong to its dispatcher
             raise ShutdownError(f"{len(self._calls)} requests of the arbiter's last run have not ended yet")
         await self.pool.start(list(self.pool.models.values()))
+        self._loop = asyncio.get_running_loop()
         if self.dispatcher.closed:  # started again after a close
             self.dispatcher = self._new_dispatcher(self.policy)
         for m in self.pool.models.values():
