@@ -442,6 +442,16 @@ _FAMILIES = {"qwen2": "hermes", "qwen3": "hermes", "mistral": "mistral", "mixtra
              "granite": "granite", "internlm2": "internlm", "jamba": "jamba"}
 
 
+def check_tool_parser(name: str) -> str:
+    """``name`` if vLLM has a tool parser of that name; else :class:`~fairagents.InvalidParameterError` listing them."""
+    from vllm.tool_parsers import ToolParserManager
+
+    known = set(ToolParserManager.tool_parsers) | set(ToolParserManager.lazy_parsers)
+    if name not in known:
+        raise InvalidParameterError(f"unknown tool parser {name!r}; vLLM has: {', '.join(sorted(known))}")
+    return name
+
+
 def _parser_request(spec: OutputSpec) -> Any:
     """A vLLM ``ChatCompletionRequest`` carrying the spec's tools, as vLLM's tool parsers read them."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

@@ -57,7 +57,8 @@ from fairagents.engines.base import Delta, GenerationParams, Prompt
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Modality, identity_args
 from fairagents.prompts import render_chat
-from fairagents.tools import OutputSpec, infer_tool_parser, tool_parser_for
+from fairagents.reply import TokenLogprob
+from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, tool_parser_for
 
 __all__ = ["OpenAIEngine", "Replica"]
 
@@ -163,7 +164,7 @@ class OpenAIEngine:
                                         "(profile), to price its tokens")
         self.replicas = [Replica(u.rstrip("/")) for u in urls]
         self.model = model
-        self.tool_parser_name = tool_parser
+        self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.model_path = None if model_path is None else str(model_path)
         self.profile = profile or ModelProfile(d_model=1, n_layers=1)  # from the model's config on start()
@@ -397,6 +398,8 @@ class OpenAIEngine:
         import openai
 
         extra: dict[str, Any] = {"ignore_eos": params.ignore_eos}
+        if params.logit_bias:
+            extra["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
         if params.structured is not None:
             extra["structured_outputs"] = params.structured
         if not params.skip_special_tokens:
@@ -411,7 +414,8 @@ class OpenAIEngine:
                 stream = await r.client.completions.create(
                     model=self.model, prompt=list(prompt.token_ids), max_tokens=params.max_tokens,
                     temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-                    stop=list(params.stop) or None, stream=True,
+                    stop=list(params.stop) or None, stream=True, logprobs=params.logprobs,
+                    presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
                     stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body=extra,
                 )
             except openai.APITimeoutError as err:  # a slow request, not a dead replica
@@ -438,10 +442,21 @@ class OpenAIEngine:
                 async for chunk in stream:
                     if request_id in self._aborted:
                         break
-                    text, new = "", 0
+                    text, new, logprobs = "", 0, ()
                     if chunk.choices:
                         text = chunk.choices[0].text or ""
                         finish = chunk.choices[0].finish_reason or finish
+                        got = chunk.choices[0].logprobs
+                        if params.logprobs is not None and got is not None and got.tokens:
+                            values = got.token_logprobs or []
+                            tops = got.top_logprobs or []
+                            logprobs = tuple(
+                                TokenLogprob(
+                                    token, float("-inf") if i >= len(values) or values[i] is None else values[i],
+                                    tuple(TokenLogprob(t, v) for t, v in sorted(
+                                        (tops[i] if i < len(tops) and tops[i] else {}).items(),
+                                        key=lambda item: -item[1])[:params.logprobs]),
+                                ) for i, token in enumerate(got.tokens))
                     if chunk.usage is not None:
                         new = max(chunk.usage.completion_tokens - produced, 0)
                         produced = chunk.usage.completion_tokens
@@ -449,7 +464,7 @@ class OpenAIEngine:
                         new, counted = 1, False
                         produced += 1
                     if new or text:
-                        yield Delta(new, text)
+                        yield Delta(new, text, logprobs=logprobs)
             except (openai.APIConnectionError, httpx.TransportError, httpx.StreamError) as err:
                 if request_id in self._aborted:
                     finish = "abort"

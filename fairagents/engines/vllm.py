@@ -52,7 +52,8 @@ from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality, identity_args  # noqa: E402
 from fairagents.prompts import render_chat  # noqa: E402
-from fairagents.tools import OutputSpec, infer_tool_parser, tool_parser_for  # noqa: E402
+from fairagents.reply import TokenLogprob  # noqa: E402
+from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, tool_parser_for  # noqa: E402
 
 __all__ = ["VLLMEngine", "max_token_bytes"]
 
@@ -167,7 +168,7 @@ class VLLMEngine:
             raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
         self.model = None if model is None else str(model)
         self.scheduler = scheduler
-        self.tool_parser_name = tool_parser
+        self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.max_num_seqs = max_num_seqs
         self.healthy = True
@@ -333,7 +334,9 @@ class VLLMEngine:
                 output = event.outputs[0]
                 finished = bool(event.finished)
                 done = finished
-                yield Delta(len(output.token_ids), output.text, output.finish_reason if finished else None)
+                logprobs = () if params.logprobs is None else self._logprobs(output, params.logprobs)
+                yield Delta(len(output.token_ids), output.text, output.finish_reason if finished else None,
+                            logprobs=logprobs)
                 if finished:
                     return
         finally:
@@ -374,8 +377,38 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=None if params.structured is None else StructuredOutputsParams(**params.structured),
             skip_special_tokens=params.skip_special_tokens,
+            logprobs=params.logprobs,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            logit_bias=dict(params.logit_bias) or None,
             extra_args=None if params.agent is None else identity_args(params.agent),
         )
+
+    def _logprobs(self, output: Any, top: int) -> tuple[TokenLogprob, ...]:
+        """The new tokens of a ``CompletionOutput`` with their log probabilities and ``top`` alternatives each.
+
+        vLLM gives, per position, a mapping of token id to ``Logprob`` (``logprob``,
+        ``rank``, ``decoded_token``): the sampled token and the ``top`` most likely ones.
+        """
+        positions = output.logprobs or ()
+        out = []
+        for token_id, position in zip(output.token_ids, positions, strict=False):
+            entries = position or {}
+            chosen = entries.get(token_id)
+            alternatives = sorted(((t, lp) for t, lp in entries.items() if lp.rank is not None and lp.rank <= top),
+                                  key=lambda item: item[1].rank)[:top]
+            out.append(TokenLogprob(
+                self._token_text(token_id, chosen),
+                float("-inf") if chosen is None else float(chosen.logprob),
+                tuple(TokenLogprob(self._token_text(t, lp), float(lp.logprob)) for t, lp in alternatives),
+            ))
+        return tuple(out)
+
+    def _token_text(self, token_id: int, logprob: Any) -> str:
+        text = None if logprob is None else logprob.decoded_token
+        if text is None and self._tokenizer is not None:
+            text = self._tokenizer.decode([token_id])
+        return text or ""
 
     async def abort(self, request_id: str) -> None:
         """End a running request; its stream ends with ``"abort"``."""

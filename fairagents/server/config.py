@@ -230,6 +230,10 @@ class ModelConfig(_Section):
     scheduler: Literal["vllm", "fair"] = "vllm"
     """``"fair"``: HMFS inside vLLM's engine loop (``fairagents.vllm.FairScheduler``), the
     arbiter handing the engine everything; ``"vllm"``: vLLM's own, behind the arbiter's admission."""
+    tool_parser: str | None = None
+    """The vLLM tool parser that reads the model's tool calls (``"hermes"``, ``"llama3_json"``,
+    ``"mistral"`` …); unset, inferred from the model's chat template (see
+    :func:`fairagents.tools.infer_tool_parser`). Not for ``diffusion``."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further engine arguments, passed as is: ``vllm.EngineArgs`` fields, or for ``diffusion``
     the :class:`~fairagents.engines.diffusion.DiffusionEngine` options (``max_size``, ``default_steps``…)."""
@@ -242,6 +246,8 @@ class ModelConfig(_Section):
         if self.engine == "openai" and local:
             raise ValueError(f"{', '.join(sorted(local))}: settings of an engine in this process, not of remote "
                              "replicas (set them on the replicas' own servers)")
+        if self.engine == "diffusion" and self.tool_parser is not None:
+            raise ValueError("tool_parser is for chat models; an image model calls no tools")
         if self.engine == "openai" and self.path is None and (self.d_model is None or self.n_layers is None):
             raise ValueError("engine = \"openai\" needs the model's files here (path) or its d_model and n_layers, "
                              "to price its tokens")
@@ -259,7 +265,7 @@ class ModelConfig(_Section):
                 api_key=None if self.api_key is None else self.api_key.get_secret_value(),
                 max_model_len=self.max_model_len, token_capacity=self.token_capacity,
                 max_num_seqs=self.max_num_seqs if "max_num_seqs" in self.model_fields_set else None,
-                **self.engine_args,
+                tool_parser=self.tool_parser, **self.engine_args,
             )
         if self.engine == "diffusion":
             from fairagents.engines.diffusion import DiffusionEngine
@@ -276,6 +282,7 @@ class ModelConfig(_Section):
             max_num_seqs=self.max_num_seqs,
             scheduler=self.scheduler,
             engine_args=self.engine_args,
+            tool_parser=self.tool_parser,
         )
 
 

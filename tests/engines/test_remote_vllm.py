@@ -62,6 +62,24 @@ async def test_requests_stream_through_the_arbiter_with_the_servers_usage(replic
     assert stats.apps["a"].done == 10 and stats.apps["a"].service > 0
 
 
+async def test_tools_are_rendered_here_and_required_calls_enforced_by_the_replica(replicas):
+    import jsonschema
+
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": city}}]
+    engine, arbiter, who = pool(replicas)
+    async with arbiter:
+        reply = await who.chat("chat", MSG, tools=tools, tool_choice="required", parallel_tool_calls=False,
+                               max_tokens=200, seed=1)
+        answer = await who.chat("chat", MSG, max_tokens=200, seed=2, response_format={
+            "type": "json_schema", "json_schema": {"name": "city", "schema": city}})
+    assert engine.tool_parser_name == "hermes"  # read from the model's files here
+    [call] = reply.tool_calls
+    assert call.name == "weather" and reply.finish_reason == "tool_calls"
+    jsonschema.validate(call.parsed_arguments(), city)
+    jsonschema.validate(answer.json(), city)
+
+
 async def test_cancelling_a_stream_stops_the_replica_generating(replicas):
     engine, arbiter, who = pool(replicas)
     async with arbiter:
