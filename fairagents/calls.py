@@ -19,25 +19,28 @@ import abc
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fairagents.dispatcher import Ticket
 from fairagents.engines.base import Delta, Engine, GenerationParams, Prompt
-from fairagents.errors import EngineError, FairAgentsError, ModalityError, ShutdownError
+from fairagents.errors import EngineError, FairAgentsError, InvalidParameterError, ModalityError, ShutdownError
 from fairagents.handles import AgentHandle
 from fairagents.identity import Agent, Modality
 from fairagents.images import has_images, to_png
 from fairagents.pool import Pool
 from fairagents.preprocessing import Preprocessor
 from fairagents.prompts import Messages, chat_input, text_input
-from fairagents.reply import ImageReply, Reply, Timing, Usage
+from fairagents.reply import ImageReply, Reply, Timing, TokenLogprob, Usage
 from fairagents.request import Outcome, Request
 from fairagents.tenants import Tenants
 from fairagents.tools import OutputSpec, ToolCall, ToolReader, output_reader
 
 __all__ = ["Call", "ModelCalls"]
+
+#: Most alternatives per token a call may ask for (``top_logprobs``), as in OpenAI's API.
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(eq=False)
@@ -84,12 +87,17 @@ class ModelCalls(abc.ABC):
         messages: Messages | Prompt,
         *,
         agent: AgentHandle | Agent | None = None,
-        max_tokens: int = 256,
+        max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
@@ -97,6 +105,14 @@ class ModelCalls(abc.ABC):
         arrival: float | None = None,
     ) -> Reply:
         """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
+
+        ``max_tokens`` left unset is the rest of the model's context after the prompt,
+        as much as the model's token budget can hold (:meth:`default_max_tokens`): the
+        request reserves all of it while it runs, so give a bound when you know one.
+        ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]) and ``logit_bias``
+        (token id → bias in [-100, 100]) work as in OpenAI's API. ``logprobs=True``
+        returns each output token's log probability in :attr:`Reply.logprobs`, with
+        ``top_logprobs`` most likely alternatives per token.
 
         A message's content may be a list of text and image parts for a vision model
         (:mod:`fairagents.images` lists the shapes: OpenAI ``image_url`` parts with data
@@ -127,8 +143,10 @@ class ModelCalls(abc.ABC):
         """
         spec = OutputSpec.of(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                              response_format=response_format)
-        params = _chat_params(spec, max_tokens, temperature, top_p, seed, stop, ignore_eos)
-        return await self._collect(await self._chat_call(model, agent, params, messages, spec, arrival))
+        params = _chat_params(spec, _params(max_tokens, temperature, top_p, seed, stop, ignore_eos, presence_penalty,
+                                            frequency_penalty, logit_bias, logprobs, top_logprobs))
+        return await self._collect(await self._chat_call(model, agent, params, messages, spec, arrival,
+                                                         fill=max_tokens is None))
 
     async def stream_chat(
         self,
@@ -136,12 +154,17 @@ class ModelCalls(abc.ABC):
         messages: Messages | Prompt,
         *,
         agent: AgentHandle | Agent | None = None,
-        max_tokens: int = 256,
+        max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
@@ -152,14 +175,16 @@ class ModelCalls(abc.ABC):
 
         With tools, a delta's ``text`` is the model's content and its ``tool_calls`` the
         pieces of its calls (:class:`~fairagents.tools.ToolCallDelta`); the last delta
-        has ``finish_reason`` ``"tool_calls"`` when the model called any. Bad input
-        raises at the first ``__anext__``; stopping iteration early cancels the request
-        (it is charged only for what it produced).
+        has ``finish_reason`` ``"tool_calls"`` when the model called any. With
+        ``logprobs=True`` each delta's ``logprobs`` holds its tokens' log probabilities.
+        Bad input raises at the first ``__anext__``; stopping iteration early cancels
+        the request (it is charged only for what it produced).
         """
         spec = OutputSpec.of(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                              response_format=response_format)
-        params = _chat_params(spec, max_tokens, temperature, top_p, seed, stop, ignore_eos)
-        call = await self._chat_call(model, agent, params, messages, spec, arrival)
+        params = _chat_params(spec, _params(max_tokens, temperature, top_p, seed, stop, ignore_eos, presence_penalty,
+                                            frequency_penalty, logit_bias, logprobs, top_logprobs))
+        call = await self._chat_call(model, agent, params, messages, spec, arrival, fill=max_tokens is None)
         reader = call.reader
         async with contextlib.aclosing(self._run(call)) as run:
             async for delta in run:
@@ -180,12 +205,17 @@ class ModelCalls(abc.ABC):
         prompt: str | Prompt,
         *,
         agent: AgentHandle | Agent | None = None,
-        max_tokens: int = 256,
+        max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         arrival: float | None = None,
     ) -> Reply:
         """Like :meth:`chat` for a plain prompt, which the model continues (no chat template).
@@ -194,10 +224,13 @@ class ModelCalls(abc.ABC):
         ready :class:`~fairagents.engines.Prompt` (token ids, or :meth:`prepare_chat`'s
         when the caller needs the prompt's length before sending). ``arrival`` (on
         :attr:`clock`) keeps the time the call came in, before the caller prepared its
-        prompt, as its place in the queue. Raises as :meth:`chat`.
+        prompt, as its place in the queue. ``max_tokens`` and the sampling parameters
+        are :meth:`chat`'s, with the same default. Raises as :meth:`chat`.
         """
-        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        return await self._collect(self._submit(model, agent, params, text_input(prompt), arrival=arrival))
+        params = _params(max_tokens, temperature, top_p, seed, stop, ignore_eos, presence_penalty, frequency_penalty,
+                         logit_bias, logprobs, top_logprobs)
+        call = await self._text_call(model, agent, params, prompt, arrival, fill=max_tokens is None)
+        return await self._collect(call)
 
     async def stream_complete(
         self,
@@ -205,17 +238,23 @@ class ModelCalls(abc.ABC):
         prompt: str | Prompt,
         *,
         agent: AgentHandle | Agent | None = None,
-        max_tokens: int = 256,
+        max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         arrival: float | None = None,
     ) -> AsyncIterator[Delta]:
         """:meth:`complete`, yielding each :class:`~fairagents.engines.Delta` as :meth:`stream_chat` does."""
-        params = GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos)
-        call = self._submit(model, agent, params, text_input(prompt), arrival=arrival)
+        params = _params(max_tokens, temperature, top_p, seed, stop, ignore_eos, presence_penalty, frequency_penalty,
+                         logit_bias, logprobs, top_logprobs)
+        call = await self._text_call(model, agent, params, prompt, arrival, fill=max_tokens is None)
         async with contextlib.aclosing(self._run(call)) as run:
             async for delta in run:
                 yield delta
@@ -324,9 +363,13 @@ class ModelCalls(abc.ABC):
 
     async def _chat_call(
         self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages,
-        spec: OutputSpec | None = None, arrival: float | None = None,
+        spec: OutputSpec | None = None, arrival: float | None = None, *, fill: bool = False,
     ) -> Call:
-        """Queue a chat call: text at once; with images, after preparing them in the pool."""
+        """Queue a chat call: text at once; with images, after preparing them in the pool.
+
+        With ``fill``, ``params.max_tokens`` is replaced by :meth:`default_max_tokens` once
+        the prompt is known.
+        """
         spec = spec or OutputSpec()
         arrival = self.clock() if arrival is None else arrival  # before any preparation (DuetInfer)
         readers: list[ToolReader | None] = []
@@ -337,24 +380,75 @@ class ModelCalls(abc.ABC):
                 return prepare(engine)
             return prepared
 
-        if params.structured is not None:  # a constraint the engine cannot compile is bad input, refused first
+        if _engine_checks(params):  # what the engine would refuse is bad input, refused before queueing
             self.check_admission(model, who)
-            engine = self.pool.get(model).engine
-            output_reader(engine, spec, model)
-            check = getattr(engine, "check_params", None)
-            if check is not None:
-                await asyncio.to_thread(check, params)  # compiles a grammar: off the event loop
+            output_reader(self.pool.get(model).engine, spec, model)
+            await self._check_params(model, params)
         if isinstance(messages, Prompt):  # prepared already (prepare_chat)
-            call = self._submit(model, who, params, reading(text_input(messages)), arrival=arrival)
+            call = self._queue(model, who, params, reading(text_input(messages)), arrival, fill)
         elif not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
-            call = self._submit(model, who, params, reading(chat_input(messages, spec.template_tools)), arrival=arrival)
+            call = self._queue(model, who, params, reading(chat_input(messages, spec.template_tools)), arrival, fill)
         else:
             self.check_admission(model, who)  # typed errors (and a full queue) before any image work
             output_reader(self.pool.get(model).engine, spec, model)
             prompt = await self.prepare_chat(model, messages, agent=who, tools=spec.template_tools)
-            call = self._submit(model, who, params, reading(lambda _: prompt), arrival=arrival)
+            call = self._queue(model, who, params, reading(lambda _: prompt), arrival, fill)
         call.reader = readers[0]
         return call
+
+    async def _text_call(
+        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, prompt: str | Prompt,
+        arrival: float | None, *, fill: bool,
+    ) -> Call:
+        """Queue a completion call (``fill``: as :meth:`_chat_call`)."""
+        if _engine_checks(params):
+            self.check_admission(model, who)
+            await self._check_params(model, params)
+        return self._queue(model, who, params, text_input(prompt), arrival, fill)
+
+    async def _check_params(self, model: str, params: GenerationParams) -> None:
+        """The engine's own check of ``params`` (vLLM's ``SamplingParams.verify``), off the event loop."""
+        check = getattr(self.pool.get(model).engine, "check_params", None)
+        if check is not None:
+            await asyncio.to_thread(check, params)  # may compile a grammar
+
+    def _queue(
+        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams,
+        prepare: Callable[[Engine], Prompt], arrival: float | None, fill: bool,
+    ) -> Call:
+        """Submit a call; with ``fill``, its ``max_tokens`` is the rest of the context after its prompt."""
+        if not fill:
+            return self._submit(model, who, params, prepare, arrival=arrival)
+        self.check_admission(model, who)  # as the submission would, before preparing
+        prompt = prepare(self.pool.get(model).engine)
+        params = dataclasses.replace(params, max_tokens=self.default_max_tokens(model, prompt.n_tokens))
+        return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
+
+    def default_max_tokens(self, model: str, prompt_tokens: int) -> int:
+        """``max_tokens`` of a call that sets none: the rest of ``model``'s context after ``prompt_tokens``.
+
+        The one rule of every call (``chat``, ``stream_chat``, ``complete``,
+        ``stream_complete``, and the server's endpoints), as vLLM's OpenAI server has
+        it: the output may run to the end of the context. A request reserves
+        ``prompt + max_tokens`` of the model's token budget while it runs, so the rest
+        is also capped by the budget (in whole KV blocks): such a request never asks for
+        more than the model can hold, and reserves the most it could use. A prompt that
+        leaves no room gets 1, which the context check then refuses.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.testing import FakeEngine
+            >>> arbiter = fa.Arbiter(token_budget=600)
+            >>> arbiter.add_model("chat", FakeEngine(max_model_len=1024))
+            >>> arbiter.default_max_tokens("chat", 100)
+            500
+        """
+        m = self.pool.get(model)
+        room = m.engine.max_model_len
+        budget = self.pool.budget(m)
+        if budget is not None:
+            room = min(room, budget - budget % self.pool.block(m))
+        return max(1, room - prompt_tokens)
 
     # -- what the arbiter provides -------------------------------------------------
 
@@ -436,20 +530,23 @@ class ModelCalls(abc.ABC):
     # -- replies --------------------------------------------------------------------
 
     async def _collect(self, call: Call) -> Reply:
-        texts, finish = [], "stop"
+        texts, finish, logprobs = [], "stop", []
         async with contextlib.aclosing(self._run(call)) as run:
             async for delta in run:
                 texts.append(delta.text)
+                logprobs.extend(delta.logprobs)
                 finish = delta.finish_reason or finish
         text = "".join(texts)
+        tokens = None if call.params.logprobs is None else tuple(logprobs)
         if call.reader is None:
-            return self._reply(call, text, finish)
+            return self._reply(call, text, finish, logprobs=tokens)
         content, calls = call.reader.finish(text)
         if calls and finish == "stop":
             finish = "tool_calls"
-        return self._reply(call, content or "", finish, tuple(calls))
+        return self._reply(call, content or "", finish, tuple(calls), logprobs=tokens)
 
-    def _reply(self, call: Call, text: str, finish: str, tool_calls: tuple[ToolCall, ...] = ()) -> Reply:
+    def _reply(self, call: Call, text: str, finish: str, tool_calls: tuple[ToolCall, ...] = (), *,
+               logprobs: tuple[TokenLogprob, ...] | None = None) -> Reply:
         r = call.request
         t = call.ticket
         assert t is not None  # set when it was queued
@@ -467,13 +564,39 @@ class ModelCalls(abc.ABC):
                 e2e=end - r.arrival,
             ),
             tool_calls=tool_calls,
+            logprobs=logprobs,
         )
 
 
-def _chat_params(
-    spec: OutputSpec, max_tokens: int, temperature: float, top_p: float, seed: int | None, stop: Sequence[str],
-    ignore_eos: bool,
+def _params(
+    max_tokens: int | None, temperature: float, top_p: float, seed: int | None, stop: Sequence[str],
+    ignore_eos: bool, presence_penalty: float, frequency_penalty: float, logit_bias: Mapping[int, float] | None,
+    logprobs: bool, top_logprobs: int | None,
 ) -> GenerationParams:
+    """A call's sampling parameters, checked; ``max_tokens=None`` stands as 1 until the prompt is known."""
+    if not isinstance(logprobs, bool):
+        raise InvalidParameterError(f"logprobs must be true or false, got {logprobs!r}")
+    if top_logprobs is not None and not logprobs:
+        raise InvalidParameterError("top_logprobs needs logprobs=True")
+    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                     or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
+        raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+    return GenerationParams(
+        1 if max_tokens is None else max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias or (),
+        logprobs=(top_logprobs or 0) if logprobs else None,
+    )
+
+
+def _chat_params(spec: OutputSpec, params: GenerationParams) -> GenerationParams:
     """A chat call's sampling parameters, with its output constraint."""
-    return GenerationParams(max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos,
-                            structured=spec.constraint(), skip_special_tokens=not spec.calls_tools)
+    return dataclasses.replace(params, structured=spec.constraint(), skip_special_tokens=not spec.calls_tools)
+
+
+def _engine_checks(params: GenerationParams) -> bool:
+    """Whether the engine checks ``params`` before the call is queued: whether they ask what only it can judge.
+
+    That is an output constraint to compile, log probabilities (it bounds how many), or a
+    logit bias (its token ids must be in the vocabulary).
+    """
+    return params.structured is not None or params.logprobs is not None or bool(params.logit_bias)

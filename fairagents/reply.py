@@ -12,12 +12,48 @@ Examples:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from fairagents.tools import ToolCall
 
-__all__ = ["ImageReply", "Reply", "Timing", "Usage"]
+__all__ = ["ImageReply", "Reply", "Timing", "TokenLogprob", "Usage"]
+
+#: The log probability reported for a token the model could not sample (OpenAI's and vLLM's floor; JSON has no -inf).
+LOGPROB_FLOOR = -9999.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One output token with its log probability, and the most likely tokens in its place.
+
+    Examples:
+        >>> from fairagents.reply import TokenLogprob
+        >>> token = TokenLogprob("hi", -0.25, top=(TokenLogprob("hi", -0.25), TokenLogprob("yo", float("-inf"))))
+        >>> token.as_openai()["top_logprobs"][1]
+        {'token': 'yo', 'logprob': -9999.0, 'bytes': [121, 111]}
+    """
+
+    token: str
+    """The token's text."""
+    logprob: float
+    """Its log probability (natural log; ``-inf`` for a token the model could not have sampled)."""
+    top: tuple[TokenLogprob, ...] = ()
+    """The most likely tokens at this position, most likely first (as many as were asked for)."""
+
+    @property
+    def bytes(self) -> list[int]:
+        """The token's text as UTF-8 bytes."""
+        return list(self.token.encode("utf-8", errors="replace"))
+
+    def as_openai(self) -> dict[str, Any]:
+        """The token as an item of OpenAI's ``choices[].logprobs.content``."""
+        return {**self._entry(), "top_logprobs": [t._entry() for t in self.top]}
+
+    def _entry(self) -> dict[str, Any]:
+        value = self.logprob if math.isfinite(self.logprob) else LOGPROB_FLOOR
+        return {"token": self.token, "logprob": max(value, LOGPROB_FLOOR), "bytes": self.bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +118,10 @@ class Reply:
     timing: Timing
     tool_calls: tuple[ToolCall, ...] = ()
     """The tools the model called (a chat call with ``tools``)."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Every output token with its log probability, when the call asked for them
+    (``logprobs=True``); ``None`` otherwise. With tools they cover the whole output,
+    tool calls' text included."""
 
     def json(self) -> Any:
         """The text decoded as JSON (a call with a JSON ``response_format``).

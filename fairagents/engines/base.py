@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from fairagents.cost import ModelProfile
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent
+from fairagents.reply import TokenLogprob
 from fairagents.tools import ToolCallDelta
 
 __all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt"]
@@ -63,6 +64,12 @@ class GenerationParams:
         Traceback (most recent call last):
         ...
         fairagents.errors.InvalidParameterError: max_tokens must be an integer ≥ 1, got 0
+        >>> GenerationParams(max_tokens=8, logit_bias={"42": 100}).logit_bias
+        ((42, 100.0),)
+        >>> GenerationParams(max_tokens=8, presence_penalty=3)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: presence_penalty must be a number in [-2, 2], got 3
     """
 
     max_tokens: int
@@ -84,6 +91,18 @@ class GenerationParams:
     refuse it."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the output's text (tool parsers of some models need them kept)."""
+    logprobs: int | None = None
+    """Report each output token's log probability with this many most likely alternatives
+    (``0``: the sampled token's alone) in :attr:`Delta.logprobs`; ``None``: none. Engines
+    bound it (vLLM: its ``max_logprobs``, 20 by default)."""
+    presence_penalty: float = 0.0
+    """Penalty in [-2, 2] on tokens that already appeared in the output (positive: new topics)."""
+    frequency_penalty: float = 0.0
+    """Penalty in [-2, 2] on tokens by how often they appeared in the output (positive: less repetition)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """Bias in [-100, 100] added to the logits of token ids, as ``(token_id, bias)`` pairs sorted by id;
+    a mapping (keys ints or their decimal strings, as in OpenAI's API) is taken too. ``±100``
+    in effect bans or forces a token. Ids must be in the model's vocabulary."""
     agent: Agent | None = field(default=None, compare=False)
     """Who asks, set by the arbiter: an engine that schedules by identity passes it on
     (``VLLMEngine(scheduler="fair")`` as ``SamplingParams.extra_args``)."""
@@ -102,6 +121,15 @@ class GenerationParams:
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or self.logprobs < 0):
+            raise InvalidParameterError(f"logprobs must be an integer ≥ 0 (alternatives per token) or None, "
+                                        f"got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
+                raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {value!r}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +152,31 @@ class Delta:
     """Images made (``PIL.Image.Image``), on the last event of an image-generation request."""
     tool_calls: tuple[ToolCallDelta, ...] = ()
     """Pieces of tool calls, on a chat stream with tools (``finish_reason`` is then ``"tool_calls"``)."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """Log probabilities of the tokens generated since the last event, one per token, when
+    the request asked for them (:attr:`GenerationParams.logprobs`)."""
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``bias`` as sorted ``(token_id, bias)`` pairs, checked: ids ≥ 0, biases finite in [-100, 100]."""
+    pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
+    if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence):
+        raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}")
+    out: dict[int, float] = {}
+    for item in pairs:
+        if not isinstance(item, Sequence) or isinstance(item, str | bytes) or len(item) != 2:
+            raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}")
+        token, value = item
+        if isinstance(token, str) and token.isascii() and token.isdigit():
+            token = int(token)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InvalidParameterError(f"logit_bias: {token!r} is not a token id (an integer ≥ 0)")
+        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+                or not -100 <= value <= 100):
+            raise InvalidParameterError(f"logit_bias: the bias of token {token} must be a number in [-100, 100], "
+                                        f"got {value!r}")
+        out[token] = float(value)
+    return tuple(sorted(out.items()))
 
 
 @runtime_checkable

@@ -11,12 +11,13 @@ preprocessing pool), the model (404 if unknown), then
 :meth:`~fairagents.Arbiter.check_admission` (503 while the model is down, 429 with
 ``Retry-After`` when the app's queue is full) — all before any tokenizing. The prompt
 is then rendered once, off the event loop in the preprocessing pools (fair by app),
-so its length is known for ``usage``, and
-:meth:`~fairagents.Arbiter.stream_complete` queues it with the arrival time of the
-request. The server waits for the first token before it answers, so an error while
-queued still gets its status (503 for an engine failure or shutdown); a client that
-leaves meanwhile is noticed and its request cancelled (it leaves the queue, or is
-aborted in the engine, charged only for tokens produced).
+so its length is known for ``usage`` and for the default ``max_tokens``, and
+:meth:`~fairagents.Arbiter.stream_chat` (or ``chat``, ``complete``,
+``stream_complete``) queues it with the arrival time of the request, once per choice
+(``n``). The server waits for the first token of every choice before it answers, so
+an error while queued still gets its status (503 for an engine failure or shutdown);
+a client that leaves meanwhile is noticed and its request cancelled (it leaves the
+queue, or is aborted in the engine, charged only for tokens produced).
 
 Examples:
     >>> import fairagents as fa
@@ -73,6 +74,7 @@ from fairagents.server.fairness import FairnessView
 from fairagents.server.fetch import ImageFetcher
 from fairagents.server.metrics import CONTENT_TYPE, Metrics
 from fairagents.server.schema import install_openapi
+from fairagents.tools import output_reader
 
 __all__ = ["DEFAULT_APP", "Gateway", "create_app"]
 
@@ -80,8 +82,6 @@ log = structlog.get_logger("fairagents.server")
 
 #: App of a request that names none when keys are off.
 DEFAULT_APP = "default"
-#: Tokens a completion generates when the request sets no ``max_tokens`` (OpenAI's default).
-COMPLETION_MAX_TOKENS = 16
 #: Largest request body read, in bytes.
 MAX_BODY_BYTES = 32 * 2**20
 #: Bodies up to this size are parsed on the event loop (microseconds); larger ones in the text pool.
@@ -228,17 +228,15 @@ class Gateway:
             }
         return out
 
-    def default_max_tokens(self, model: str, engine: Engine, prompt: Prompt) -> int:
-        """Output tokens of a chat request that sets none: up to the context, within the model's token budget.
+    def default_max_tokens(self, model: str, prompt: Prompt) -> int:
+        """Output tokens of a request that sets no ``max_tokens``: :meth:`~fairagents.Arbiter.default_max_tokens`.
 
-        The request reserves ``prompt + max_tokens`` of the budget while it runs, so
-        ``server.default_max_tokens`` keeps such requests from each holding the whole KV cache.
+        That is the rest of the context after the prompt, within the model's token budget
+        (the rule of every call, in process too), capped by ``server.default_max_tokens``
+        when it is set: the request reserves ``prompt + max_tokens`` of the budget while
+        it runs, and the cap keeps such requests from each holding the whole KV cache.
         """
-        room = engine.max_model_len
-        budget = self.arbiter.token_budget_of(model)
-        if budget is not None:
-            room = min(room, budget - (budget % max(getattr(engine, "kv_block_size", 1), 1)))
-        most = max(1, room - prompt.n_tokens)
+        most = self.arbiter.default_max_tokens(model, prompt.n_tokens)
         cap = self.config.server.default_max_tokens
         return most if cap is None else min(most, cap)
 
@@ -270,21 +268,53 @@ class Gateway:
         self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
         prompt: Prompt, max_tokens: int, arrival: float | None = None,
     ) -> Response:
-        """Queue the request (at ``arrival``, if it was prepared first), wait for its first token (or its error), answer."""
+        """Queue the request's choices (at ``arrival``, if it was prepared first), wait for their first tokens, answer.
+
+        An error before then is the answer (its status). Each of ``n`` choices is a request of its own, charged to the caller and
+        scheduled like any other; a choice that fails before the answer starts fails the
+        whole request (the others are cancelled, charged only for what they produced).
+        """
         chat = isinstance(body, wire.ChatCompletionRequest)
         model = body.model
         request.state.labels = (who.identity.app.name, who.identity.name, model)
-        sampling = body.sampling(max_tokens)
-        stream = self._tracked(model, self.arbiter.stream_complete(model, prompt, agent=who, arrival=arrival, **sampling))
+        kwargs = body.sampling(max_tokens)
+        if chat:
+            kwargs.update(body.output_args())  # type: ignore[union-attr]
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         if not body.stream:
-            text, finish, produced = await _until_disconnected(request, _collect(stream))
-            usage = self._usage(model, prompt, produced)
-            build = wire.chat_completion if chat else wire.completion
-            return JSONResponse(build(rid, model, text, finish, usage))
-        first = await _until_disconnected(request, anext(stream, None))
-        events = self._events(rid, model, prompt, first, stream, chat=chat, include_usage=body.include_usage)
-        return _EventStream(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            call: Any = self.arbiter.chat if chat else self.arbiter.complete
+            replies = await _until_disconnected(request, _all([
+                self._counted(model, call(model, prompt, agent=who, arrival=arrival, **kwargs))
+                for _ in range(body.choices)]))
+            usage = wire.Usage(prompt_tokens=prompt.n_tokens,
+                               completion_tokens=sum(r.usage.completion_tokens for r in replies),
+                               unified_tokens=sum(r.usage.unified_tokens for r in replies))
+            if chat:
+                choices = [wire.chat_choice(i, None if r.tool_calls and not r.text else r.text, r.finish_reason,
+                                            tool_calls=r.tool_calls, logprobs=r.logprobs)
+                           for i, r in enumerate(replies)]
+                return JSONResponse(wire.chat_completion(rid, model, choices, usage))
+            choices = [wire.completion_choice(i, r.text, r.finish_reason, logprobs=r.logprobs)
+                       for i, r in enumerate(replies)]
+            return JSONResponse(wire.completion(rid, model, choices, usage))
+        stream: Any = self.arbiter.stream_chat if chat else self.arbiter.stream_complete
+        streams = _Choices([self._tracked(model, stream(model, prompt, agent=who, arrival=arrival, **kwargs))
+                            for _ in range(body.choices)])
+        try:
+            head = await _until_disconnected(request, streams.head())
+        except BaseException:
+            await streams.aclose()
+            raise
+        events = self._events(rid, model, prompt, streams, head, chat=chat, include_usage=body.include_usage,
+                              logprobs=bool(kwargs["logprobs"]))
+        return _EventStream(events, streams, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _counted(self, model: str, work: Awaitable[T]) -> T:
+        self.active[model] += 1
+        try:
+            return await work
+        finally:
+            self.active[model] -= 1
 
     async def _tracked(self, model: str, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
         self.active[model] += 1
@@ -295,44 +325,138 @@ class Gateway:
             self.active[model] -= 1
             await stream.aclose()  # type: ignore[attr-defined]
 
-    def _usage(self, model: str, prompt: Prompt, produced: int) -> wire.Usage:
+    def _usage(self, model: str, prompt: Prompt, produced: list[int]) -> wire.Usage:
+        """The usage of a streamed request's choices: the prompt once, as OpenAI counts it; each choice charged it."""
         cost = self.arbiter.cost
-        unified = cost.input_cost(model, prompt.n_tokens) + cost.output_cost(model, produced)
-        return wire.Usage(prompt_tokens=prompt.n_tokens, completion_tokens=produced, unified_tokens=unified)
+        unified = sum(cost.input_cost(model, prompt.n_tokens) + cost.output_cost(model, p) for p in produced)
+        return wire.Usage(prompt_tokens=prompt.n_tokens, completion_tokens=sum(produced), unified_tokens=unified)
 
     async def _events(
-        self, rid: str, model: str, prompt: Prompt, first: Delta | None, stream: AsyncIterator[Delta], *,
-        chat: bool, include_usage: bool,
+        self, rid: str, model: str, prompt: Prompt, streams: _Choices, head: list[tuple[int, Delta | None]], *,
+        chat: bool, include_usage: bool, logprobs: bool,
     ) -> AsyncGenerator[str, None]:
         created = int(time.time())
-        produced, delta, finish = 0, first, None
+        n = streams.n
+        produced, finished, sent = [0] * n, [False] * n, [0] * n
+        pending = list(head)
         try:
             if chat:
-                yield wire.sse(wire.chat_chunk(rid, model, created, content="", role=True, include_usage=include_usage))
-            while delta is not None:
-                produced += delta.new_tokens
-                finish = delta.finish_reason or finish
-                if delta.text or delta.finish_reason:
-                    if chat:
-                        chunk = wire.chat_chunk(rid, model, created, content=delta.text, finish_reason=delta.finish_reason,
-                                                include_usage=include_usage)
-                    else:
-                        chunk = wire.completion_chunk(rid, model, created, text=delta.text, finish_reason=delta.finish_reason,
-                                                      include_usage=include_usage)
-                    yield wire.sse(chunk)
-                delta = await anext(stream, None)
+                for i in range(n):
+                    yield wire.sse(wire.chat_chunk(rid, model, created, index=i, content="", role=True,
+                                                   include_usage=include_usage))
+            while True:
+                event = pending.pop(0) if pending else await streams.next()
+                if event is None:
+                    break
+                i, delta = event
+                if delta is None:
+                    continue
+                produced[i] += delta.new_tokens
+                finished[i] = finished[i] or delta.finish_reason is not None
+                if not (delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs):
+                    continue
+                tokens = delta.logprobs if logprobs else None
+                if chat:
+                    content = None if delta.tool_calls and not delta.text else delta.text
+                    chunk = wire.chat_chunk(rid, model, created, index=i, content=content, tool_calls=delta.tool_calls,
+                                            logprobs=tokens, finish_reason=delta.finish_reason,
+                                            include_usage=include_usage)
+                else:
+                    chunk = wire.completion_chunk(rid, model, created, index=i, text=delta.text, offset=sent[i],
+                                                  logprobs=tokens, finish_reason=delta.finish_reason,
+                                                  include_usage=include_usage)
+                    sent[i] += len(delta.text)
+                yield wire.sse(chunk)
         except FairAgentsError as err:  # the engine failed, or the drain timed out, mid-stream
             yield wire.sse(_error(err)[1])
             return
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        if finish is None:
-            build = wire.chat_chunk if chat else wire.completion_chunk
-            yield wire.sse(build(rid, model, created, finish_reason="stop", include_usage=include_usage))
+            await streams.aclose()
+        build = wire.chat_chunk if chat else wire.completion_chunk
+        for i in range(n):
+            if not finished[i]:
+                yield wire.sse(build(rid, model, created, index=i, finish_reason="stop", include_usage=include_usage))
         if include_usage:
-            build = wire.chat_chunk if chat else wire.completion_chunk
             yield wire.sse(build(rid, model, created, usage=self._usage(model, prompt, produced)))
         yield wire.sse("[DONE]")
+
+
+class _Choices:
+    """The streams of a request's choices.
+
+    One is read as the response goes (a client that reads slowly holds its request
+    back). Several are read at once, each by a task of its own, their events in the
+    order they come: a choice waiting for dispatch behind another of the same request
+    must not wait for the client to read that one.
+    """
+
+    def __init__(self, streams: list[AsyncIterator[Delta]]) -> None:
+        self.n = len(streams)
+        self._streams = streams
+        self._open = set(range(self.n))
+        self._events: asyncio.Queue[tuple[int, Delta | Exception | None]] | None = None
+        self._pumps: list[asyncio.Future[None]] = []
+        if self.n > 1:
+            self._events = asyncio.Queue()
+            self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+
+    async def _pump(self, index: int, stream: AsyncIterator[Delta]) -> None:
+        assert self._events is not None
+        try:
+            async for delta in stream:
+                self._events.put_nowait((index, delta))
+        except Exception as err:  # the choice failed: its reader raises it
+            self._events.put_nowait((index, err))
+        else:
+            self._events.put_nowait((index, None))
+
+    async def next(self) -> tuple[int, Delta | None] | None:
+        """The next event: ``(choice, delta)``, ``(choice, None)`` when that choice ended, ``None`` when all did.
+
+        A choice's failure raises here.
+        """
+        if not self._open:
+            return None
+        if self._events is None:
+            index, event = 0, await anext(self._streams[0], None)
+        else:
+            index, event = await self._events.get()
+            if isinstance(event, Exception):
+                raise event
+        if event is None:
+            self._open.discard(index)
+        return index, event  # type: ignore[return-value]
+
+    async def head(self) -> list[tuple[int, Delta | None]]:
+        """The events up to the first of every choice: the answer starts once each has a token (or ended)."""
+        seen: set[int] = set()
+        events: list[tuple[int, Delta | None]] = []
+        while len(seen) < self.n:
+            event = await self.next()
+            if event is None:
+                break
+            seen.add(event[0])
+            events.append(event)
+        return events
+
+    async def aclose(self) -> None:
+        """Stop reading: the choices still running are cancelled (charged only for what they produced)."""
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for stream in self._streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _all(works: list[Awaitable[T]]) -> list[T]:
+    """Await ``works`` at once; when one fails, the others are cancelled and its error raised."""
+    tasks = [asyncio.ensure_future(work) for work in works]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _caller(request: Request) -> AgentHandle:
@@ -354,19 +478,24 @@ Observer = Annotated[None, Depends(_observer)]
 
 
 class _EventStream(StreamingResponse):
-    """An SSE response that always closes its event generator, however the response ends."""
+    """An SSE response that always closes its event generator and its choices, however the response ends.
+
+    A response can end before its first event, and then the generator's own cleanup never runs.
+    """
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[str, None], headers: dict[str, str]) -> None:
+    def __init__(self, events: AsyncGenerator[str, None], choices: _Choices, headers: dict[str, str]) -> None:
         super().__init__(events, headers=headers)
         self._events = events
+        self._choices = choices
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._events.aclose()
+            await self._choices.aclose()
 
 
 async def _body(request: Request) -> bytes:
@@ -384,15 +513,6 @@ async def _body(request: Request) -> bytes:
     except ClientDisconnect:  # it left before sending its whole request: nothing to answer
         raise _ClientGone() from None
     return b"".join(chunks)
-
-
-async def _collect(stream: AsyncIterator[Delta]) -> tuple[str, str, int]:
-    texts, finish, produced = [], "stop", 0
-    async for delta in stream:
-        texts.append(delta.text)
-        produced += delta.new_tokens
-        finish = delta.finish_reason or finish
-    return "".join(texts), finish, produced
 
 
 async def _disconnected(request: Request) -> None:
@@ -502,11 +622,14 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         request.state.labels = (who.identity.app.name, who.identity.name, body.model)
         engine = gateway.engine(body.model)
         arbiter.check_admission(body.model, who)  # a full queue is a 429 before any tokenizing
+        spec = body.output_spec()
+        output_reader(engine, spec, body.model)  # tools or a format the model cannot serve: a 400, before tokenizing
         messages = body.chat_messages(remote=gateway.fetcher is not None)
         if gateway.fetcher is not None:
             messages = await _until_disconnected(request, gateway.fetcher.inline(messages))
-        prompt = await _until_disconnected(request, arbiter.prepare_chat(body.model, messages, agent=who))
-        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, engine, prompt)
+        prompt = await _until_disconnected(
+            request, arbiter.prepare_chat(body.model, messages, agent=who, tools=spec.template_tools))
+        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt)
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/completions")
@@ -520,7 +643,8 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         text = body.single_prompt()
         ready = text if isinstance(text, str) else Prompt(token_ids=tuple(text))
         prompt = await _until_disconnected(request, arbiter.prepare_text(body.model, ready, agent=who))
-        return await gateway.respond(request, who, body, prompt, body.max_tokens or COMPLETION_MAX_TOKENS, arrival)
+        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt)
+        return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/images/generations")
     async def images(request: Request, who: Caller) -> Response:
@@ -541,9 +665,9 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             request, arbiter.generate_image(model, body.prompt, agent=who, size=body.dimensions(), n=body.n)
         )
         data = [{"b64_json": base64.b64encode(png).decode()} for png in reply.png]
-        return JSONResponse({"created": int(time.time()), "data": data, "usage": wire.Usage(
+        return JSONResponse({"created": int(time.time()), "data": data, "usage": wire.images_usage(wire.Usage(
             prompt_tokens=reply.usage.prompt_tokens, completion_tokens=reply.usage.completion_tokens,
-            unified_tokens=reply.usage.unified_tokens).as_dict()})
+            unified_tokens=reply.usage.unified_tokens))})
 
     def card(name: str) -> dict[str, Any]:
         engine = arbiter.engine(name)  # UnknownModelError: a 404

@@ -434,10 +434,11 @@ class ServerSettings(_Section):
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds SIGTERM waits for accepted requests before aborting the rest."""
     default_max_tokens: int | None = Field(default=None, ge=1)
-    """Most output tokens of a chat request that sets no ``max_tokens``. Unset, it may fill
-    the context, capped to fit the model's token budget; since each request reserves
-    ``prompt + max_tokens`` of that budget while it runs, a cap lets more such requests
-    run at once."""
+    """Most output tokens of a request (chat or completion) that sets no ``max_tokens``.
+    Unset, it may fill the context, capped to fit the model's token budget (the rule of
+    every call, :meth:`fairagents.Arbiter.default_max_tokens`); since each request
+    reserves ``prompt + max_tokens`` of that budget while it runs, a cap lets more such
+    requests run at once."""
     max_queued: int | None = Field(default=256, ge=1)
     """Queue bound of apps declared on first use (keys off)."""
     max_apps: int = Field(default=64, ge=1)

@@ -8,10 +8,12 @@ completes it, from the request models of :mod:`~fairagents.server.wire` and a ta
 what each endpoint answers:
 
 - a required ``application/json`` request body on the three ``POST`` endpoints, tightened
-  where the server is stricter than its pydantic model (``n`` is 1, ``stop`` strings
-  are not empty, ``seed`` is 64-bit, unknown fields are accepted only when harmless or
-  empty); what the model cannot say (a prompt over the context, an image for a text
-  model) is a documented 400;
+  where the server is stricter than its pydantic model (``stop`` strings are not empty,
+  ``seed`` is 64-bit, tools, ``tool_choice`` and ``response_format`` have OpenAI's
+  shapes, ``top_logprobs`` needs ``logprobs``, a ``tool`` message names its call,
+  unknown fields are accepted only when harmless or empty); what the model cannot say (a
+  prompt over the context, an image for a text model, a tool named twice) is a
+  documented 400;
 - every error status an endpoint can answer, with OpenAI's error body
   (:func:`~fairagents.server.wire.error_body`) and the headers the server sends:
   ``WWW-Authenticate`` on 401, ``Retry-After`` and ``retry-after-ms`` on 429;
@@ -84,7 +86,33 @@ _USAGE = _object(
      "unified_tokens": {"type": "number", "minimum": 0, "description": "what the request was charged, in unified tokens"}},
     description="OpenAI's `usage`, plus `unified_tokens`.",
 )
-_FINISH = {"enum": ["stop", "length"]}
+_FINISH = {"enum": ["stop", "length", "tool_calls"]}
+_TOKEN = _object({"token": _STRING, "logprob": {"type": "number", "minimum": -9999.0, "maximum": 0},
+                  "bytes": _nullable({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}})})
+_CHAT_LOGPROBS = _nullable(_object(
+    {"content": _nullable({"type": "array", "items": {"allOf": [
+        _TOKEN, _object({"top_logprobs": {"type": "array", "items": _TOKEN}})]}})},
+    {"refusal": {"type": "null"}},
+    description="With `logprobs: true`: each output token, its log probability (at least -9999) and its "
+                "`top_logprobs` most likely alternatives.",
+))
+_COMPLETION_LOGPROBS = _nullable(_object(
+    {"tokens": {"type": "array", "items": _STRING},
+     "token_logprobs": {"type": "array", "items": {"type": "number"}},
+     "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number"}}},
+     "text_offset": {"type": "array", "items": _INT}},
+    description="With `logprobs`: each output token, its log probability and its most likely alternatives.",
+))
+_FUNCTION_CALL = _object({"name": _STRING, "arguments": {**_STRING, "description": "JSON text"}})
+_TOOL_CALL = _object({"id": _STRING, "type": {"const": "function"}, "function": _FUNCTION_CALL})
+_TOOL_CALL_DELTA = _object(
+    {"index": _INT, "function": _object({}, {"name": _STRING, "arguments": _STRING})},
+    {"id": _STRING, "type": {"const": "function"}},
+    description="A piece of a tool call: its first piece has `id`, `type` and `function.name`; the next ones "
+                "carry `function.arguments` text to append.",
+)
+_CHOICES = {"type": "array", "minItems": 1, "maxItems": wire.MAX_CHOICES}
+_CHUNK_CHOICES = {"type": "array", "maxItems": 1}
 _PERCENTILES = _object({"p50": _nullable(_NUMBER), "p99": _nullable(_NUMBER)})
 _CLIENT = _object(
     {"weight": _NUMBER, "weight_share": _NUMBER, "service": _NUMBER, "share": _NUMBER, "queued": _INT,
@@ -111,44 +139,56 @@ _RESPONSES: dict[str, dict[str, Any]] = {
     "Usage": _USAGE,
     "ChatCompletion": _object({
         "id": _STRING, "object": {"const": "chat.completion"}, "created": _INT, "model": _STRING,
-        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": _object({
-            "index": {"const": 0},
-            "message": _object({"role": {"const": "assistant"}, "content": _STRING}),
+        "choices": {**_CHOICES, "description": "One per `n`, by `index`.", "items": _object({
+            "index": _INT,
+            "message": _object({"role": {"const": "assistant"}, "content": _nullable(_STRING)},
+                               {"tool_calls": {"type": "array", "minItems": 1, "items": _TOOL_CALL}},
+                               description="`content` is null when the model only called tools."),
             "finish_reason": _FINISH,
-            "logprobs": {"type": "null"},
+            "logprobs": _CHAT_LOGPROBS,
         })},
         "usage": _ref("Usage"),
-    }),
+    }, description="`usage.prompt_tokens` counts the prompt once, as OpenAI does; `usage.unified_tokens` is what "
+                   "all the choices were charged, each its own prompt and output."),
     "TextCompletion": _object({
         "id": _STRING, "object": {"const": "text_completion"}, "created": _INT, "model": _STRING,
-        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": _object({
-            "index": {"const": 0}, "text": _STRING, "finish_reason": _FINISH, "logprobs": {"type": "null"},
+        "choices": {**_CHOICES, "items": _object({
+            "index": _INT, "text": _STRING, "finish_reason": _FINISH, "logprobs": _COMPLETION_LOGPROBS,
         })},
         "usage": _ref("Usage"),
     }),
     "ChatCompletionChunk": _object({
         "id": _STRING, "object": {"const": "chat.completion.chunk"}, "created": _INT, "model": _STRING,
-        "choices": {"type": "array", "maxItems": 1, "items": _object({
-            "index": {"const": 0},
-            "delta": _object({}, {"role": {"const": "assistant"}, "content": _STRING}),
+        "choices": {**_CHUNK_CHOICES, "items": _object({
+            "index": _INT,
+            "delta": _object({}, {"role": {"const": "assistant"}, "content": _STRING,
+                                  "tool_calls": {"type": "array", "items": _TOOL_CALL_DELTA}}),
             "finish_reason": _nullable(_FINISH),
-            "logprobs": {"type": "null"},
+            "logprobs": _CHAT_LOGPROBS,
         })},
     }, {"usage": {**_nullable(_ref("Usage")),
-                  "description": "With `stream_options.include_usage`: null, then the usage on a last chunk without choices."}}),
+                  "description": "With `stream_options.include_usage`: null, then the usage on a last chunk without choices."}},
+        description="A piece of one choice (`index`); with `n` > 1 the choices' chunks interleave as they are "
+                    "generated."),
     "TextCompletionChunk": _object({
         "id": _STRING, "object": {"const": "text_completion"}, "created": _INT, "model": _STRING,
-        "choices": {"type": "array", "maxItems": 1, "items": _object({
-            "index": {"const": 0}, "text": _STRING, "finish_reason": _nullable(_FINISH), "logprobs": {"type": "null"},
+        "choices": {**_CHUNK_CHOICES, "items": _object({
+            "index": _INT, "text": _STRING, "finish_reason": _nullable(_FINISH), "logprobs": _COMPLETION_LOGPROBS,
         })},
     }, {"usage": {**_nullable(_ref("Usage")),
                   "description": "With `stream_options.include_usage`: null, then the usage on a last chunk without choices."}}),
+    "ImagesUsage": {"allOf": [_USAGE, _object({
+        "input_tokens": _INT, "output_tokens": _INT,
+        "input_tokens_details": _object({"text_tokens": _INT, "image_tokens": _INT}),
+        "output_tokens_details": _object({"text_tokens": _INT, "image_tokens": _INT}),
+    })], "description": "OpenAI's images `usage` (the prompt's tokens in, the latent tokens out), with the fields "
+                        "of the other endpoints' `usage` and `unified_tokens`."},
     "ImagesResponse": _object({
         "created": _INT,
         "data": {"type": "array", "minItems": 1, "items": _object({"b64_json": {**_STRING, "contentEncoding": "base64",
                                                                                "contentMediaType": "image/png"}})},
-        "usage": _ref("Usage"),
-    }, description="The images as base64 PNG; `usage.completion_tokens` counts the latent tokens charged."),
+        "usage": _ref("ImagesUsage"),
+    }, description="The images as base64 PNG; `usage.output_tokens` counts the latent tokens charged."),
     "Model": _object({
         "id": _STRING, "object": {"const": "model"}, "created": _INT, "owned_by": _STRING,
         "max_model_len": _INT, "modality": {"enum": ["text", "vision", "image"]},
@@ -191,7 +231,9 @@ _ERRORS: dict[int, dict[str, Any]] = {
                          "`context_length_exceeded`, `unknown_app` or `unknown_agent`): a body that is not JSON or "
                          "fails validation (numbers and flags are taken as JSON types, strictly: `8.0` is not an "
                          "integer here), an unsupported field, a prompt over the context, an image the model cannot "
-                         "take, a bad app or agent name. Nothing is charged."},
+                         "take, tools or an output format the model cannot serve, a JSON schema vLLM cannot compile, "
+                         "`top_logprobs` past the model's limit, a `logit_bias` token outside its vocabulary, a bad "
+                         "app or agent name. Nothing is charged."},
     401: {"description": "Missing or unknown key (`authentication_error`, `invalid_api_key`). Nothing runs.",
           "headers": {"WWW-Authenticate": {"required": True, "schema": {"const": "Bearer"}}}},
     404: {"description": "No such model in the pool (`model_not_found`)."},
@@ -249,10 +291,11 @@ class _Endpoint:
 
 _ENDPOINTS: dict[tuple[str, str], _Endpoint] = {
     ("/v1/chat/completions", "post"): _Endpoint(
-        "Chat completion, one choice; streamed as server-sent events with `stream: true`", _APP,
+        "Chat completion (tools, structured output, `n` choices, logprobs); streamed as server-sent events with "
+        "`stream: true`", _APP,
         {"200": _streaming("ChatCompletion", "chat completion")}, _INFERENCE, wire.ChatCompletionRequest, agent=True),
     ("/v1/completions", "post"): _Endpoint(
-        "Text completion of one prompt (text or token ids); streamed with `stream: true`", _APP,
+        "Text completion of one prompt (text or token ids), `n` choices; streamed with `stream: true`", _APP,
         {"200": _streaming("TextCompletion", "text completion")}, _INFERENCE, wire.CompletionRequest, agent=True),
     ("/v1/images/generations", "post"): _Endpoint(
         "Images from an image model, as base64 PNG", _APP,
@@ -298,12 +341,41 @@ _CONTENT_PARTS = {"type": "array", "items": {"oneOf": [
         "description": "A data URL, `data:image/<format>;base64,<data>`: the server fetches nothing for a client.",
     }})}, description="An image, for a vision model (an image sent to any other model is a 400)."),
 ]}}
+_TOOL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+_TOOL = _object({"type": {"const": "function"}, "function": _object(
+    {"name": _TOOL_NAME},
+    {"description": _STRING,
+     "parameters": {"type": "object", "properties": {"type": {"const": "object"}},
+                    "description": "A JSON schema of an object: the function's arguments."},
+     "strict": _nullable({"type": "boolean"})})})
+_NAMED = _object({"type": {"const": "function"}, "function": _object({"name": _TOOL_NAME})})
 _TWEAKS: dict[str, dict[str, dict[str, Any]]] = {
     # field -> schema that replaces pydantic's (which cannot see the validators)
     "_sampling": {
-        "n": {"const": 1, "default": 1, "description": "One choice per request: only 1 is accepted."},
+        "n": {**_nullable({"type": "integer", "minimum": 1, "maximum": wire.MAX_CHOICES}), "default": None,
+              "description": "Choices to generate (default 1): each is a request of its own, charged to the caller "
+                             "and scheduled fairly like any other."},
         "seed": {**_nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}), "default": None},
         "stop": {**_nullable({"anyOf": [_NON_EMPTY, {"type": "array", "items": _NON_EMPTY}]}), "default": None},
+        "logit_bias": {**_nullable({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
+                       "default": None,
+                       "description": "Token id → bias added to its logit (±100 in effect bans or forces it); ids "
+                                      "outside the model's vocabulary are a 400."},
+    },
+    "ChatCompletionRequest": {
+        "tools": {**_nullable({"type": "array", "items": _TOOL}), "default": None,
+                  "description": "Function tools the model may call (names must differ: a repeated one is a 400)."},
+        "tool_choice": {**_nullable({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED]}), "default": None,
+                        "description": "`auto` by default with tools; `required` and a named function (one of the "
+                                       "`tools`, else a 400) are enforced in decoding."},
+        "response_format": {**_nullable({"oneOf": [
+            _object({"type": {"enum": ["text", "json_object"]}}),
+            _object({"type": {"const": "json_schema"}, "json_schema": _object(
+                {"name": {"type": "string", "minLength": 1}, "schema": {"type": "object"}},
+                {"strict": _nullable({"type": "boolean"}), "description": _STRING})}),
+        ]}), "default": None,
+            "description": "JSON output enforced in decoding (a schema vLLM cannot compile is a 400)."},
     },
     "CompletionRequest": {
         "prompt": {"anyOf": [
@@ -318,7 +390,22 @@ _TWEAKS: dict[str, dict[str, dict[str, Any]]] = {
         "response_format": {**_nullable({"const": "b64_json"}), "default": None,
                             "description": "Images are returned as `b64_json`: no image URLs are hosted."},
     },
-    "ChatMessage": {"content": {**_nullable({"anyOf": [_STRING, _CONTENT_PARTS]}), "default": None}},
+    "ChatMessage": {"content": {**_nullable({"anyOf": [_STRING, _CONTENT_PARTS]}), "default": None},
+                    "tool_call_id": {**_nullable({"type": "string", "minLength": 1}), "default": None}},
+}
+# model -> conditions between its fields, added as `allOf`
+_CONDITIONS: dict[str, list[dict[str, Any]]] = {
+    "ChatCompletionRequest": [
+        {"if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+         "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
+    ],
+    "ChatMessage": [
+        {"if": {"properties": {"role": {"const": "tool"}}},
+         "then": {"properties": {"tool_call_id": {"type": "string"}, "content": {"anyOf": [_STRING, _CONTENT_PARTS]}},
+                  "required": ["tool_call_id", "content"]}},
+        {"if": {"properties": {"tool_calls": {"type": "array", "minItems": 1}}, "required": ["tool_calls"]},
+         "then": {"properties": {"role": {"const": "assistant"}}}},
+    ],
 }
 
 
@@ -349,6 +436,8 @@ def _tweak(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     for field, replacement in _TWEAKS.get(name, {}).items():
         title = schema["properties"][field].get("title")
         schema["properties"][field] = {**copy.deepcopy(replacement), **({"title": title} if title else {})}
+    if name in _CONDITIONS:
+        schema["allOf"] = copy.deepcopy(_CONDITIONS[name])
     return schema
 
 

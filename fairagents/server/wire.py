@@ -1,11 +1,14 @@
 """The OpenAI wire format: request models (pydantic) and the response bodies the server sends.
 
-Requests are validated here, so that a bad one is a 400 before anything is charged.
-Fields fairagents does not implement (tools, logprobs, ``n`` > 1, penalties) are
-rejected when set rather than silently ignored; harmless ones (``user``, ``metadata``)
-are accepted. Responses are plain dicts built by functions, since stream chunks are
-on the hot path; their shape is the one the ``openai`` client parses. ``usage``
-carries one extra field, ``unified_tokens``: what the request was charged.
+Requests are validated here, so that a bad one is a 400 before anything is charged:
+tools, ``tool_choice`` and ``response_format`` are checked as
+:meth:`fairagents.tools.OutputSpec.of` checks them, sampling parameters in OpenAI's
+ranges. Fields fairagents does not implement (``echo``, ``best_of``, ``suffix``,
+``prediction``, audio, web search…) are rejected when set rather than silently
+ignored; harmless ones (``user``, ``metadata``) are accepted. Responses are plain dicts
+built by functions, since stream chunks are on the hot path; their shape is the one the
+``openai`` client parses. ``usage`` carries one extra field, ``unified_tokens``: what
+the request was charged.
 
 Examples:
     >>> from fairagents.server.wire import ChatCompletionRequest, parse
@@ -25,12 +28,16 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, model_validator
 
+from fairagents.engines.base import GenerationParams
 from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.images import parse_size
+from fairagents.reply import TokenLogprob
+from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta
 
 __all__ = [
     "ChatCompletionRequest",
@@ -38,11 +45,16 @@ __all__ = [
     "CompletionRequest",
     "ImageGenerationRequest",
     "Usage",
+    "chat_choice",
     "chat_chunk",
     "chat_completion",
+    "chat_logprobs",
     "completion",
+    "completion_choice",
     "completion_chunk",
+    "completion_logprobs",
     "error_body",
+    "images_usage",
     "new_id",
     "parse",
     "redact_paths",
@@ -52,9 +64,11 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 
 #: Fields clients commonly send that change nothing here.
-HARMLESS = frozenset(
-    {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
-)
+HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+#: Most choices one request may ask for (``n``), as in OpenAI's API.
+MAX_CHOICES = 128
+#: Most alternatives per token of a chat request (``top_logprobs``) and of a completion (``logprobs``).
+MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
 
 
 def parse(model: type[M], raw: bytes) -> M:
@@ -123,36 +137,101 @@ class _Sampling(_Body):
     max_tokens: _Int | None = Field(default=None, ge=1)
     temperature: _Float | None = Field(default=None, ge=0, le=2)
     top_p: _Float | None = Field(default=None, gt=0, le=1)
-    n: _Int = 1
+    n: _Int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    """Choices to generate: each is a request of its own, charged and scheduled fairly."""
     seed: _Int | None = None
     stop: str | list[str] | None = None
     stream: _Bool = False
     stream_options: StreamOptions | None = None
+    presence_penalty: _Float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: _Float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, _Float] | None = None
+    """Token id (as a string) → bias in [-100, 100] added to its logit."""
     ignore_eos: _Bool = False
     """vLLM's extension: keep generating past end of sequence (benchmarks)."""
 
     @model_validator(mode="after")
-    def _one_choice(self) -> _Sampling:
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (one choice per request), got {self.n}")
+    def _checked_sampling(self) -> _Sampling:
+        GenerationParams(1, seed=self.seed, stop=self.stops, logit_bias=self.logit_bias or ())  # ranges, ids
         return self
 
+    @property
+    def stops(self) -> list[str]:
+        """``stop`` as a list."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+
+    @property
+    def choices(self) -> int:
+        """How many choices to generate (``n``, 1 when unset)."""
+        return self.n or 1
+
     def sampling(self, max_tokens: int) -> dict[str, Any]:
-        """Keyword arguments of :meth:`~fairagents.Arbiter.stream_complete`."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        """Keyword arguments of :meth:`~fairagents.Arbiter.stream_complete` (and ``stream_chat``).
+
+        Examples:
+            >>> from fairagents.server.wire import CompletionRequest
+            >>> CompletionRequest(model="chat", prompt="a", logit_bias={"7": -100}).sampling(16)["logit_bias"]
+            {7: -100.0}
+        """
         return {
             "max_tokens": max_tokens,
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "top_p": 1.0 if self.top_p is None else self.top_p,
             "seed": self.seed,
-            "stop": stop,
+            "stop": self.stops,
             "ignore_eos": self.ignore_eos,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "logit_bias": {int(token): float(bias) for token, bias in (self.logit_bias or {}).items()} or None,
+            **self._logprobs(),
         }
+
+    def _logprobs(self) -> dict[str, Any]:
+        return {}
 
     @property
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+class FunctionCall(BaseModel):
+    """The function of a tool call in an assistant message: its name, and its arguments as JSON text.
+
+    Examples:
+        >>> from fairagents.server.wire import FunctionCall
+        >>> FunctionCall(name="weather", arguments='{"city": "Oslo"}').arguments
+        '{"city": "Oslo"}'
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: str = Field(min_length=1)
+    arguments: str = ""
+
+    @model_validator(mode="after")
+    def _json_arguments(self) -> FunctionCall:
+        if self.arguments.strip():
+            try:
+                json.loads(self.arguments)
+            except json.JSONDecodeError:
+                raise ValueError(f"the arguments of {self.name!r} must be JSON text, "
+                                 f"got {self.arguments[:80]!r}") from None
+        return self
+
+
+class MessageToolCall(BaseModel):
+    """One call in an assistant message's ``tool_calls``, as the model made it.
+
+    Examples:
+        >>> from fairagents.server.wire import MessageToolCall
+        >>> MessageToolCall(id="call_1", function={"name": "weather", "arguments": "{}"}).model_dump()
+        {'id': 'call_1', 'type': 'function', 'function': {'name': 'weather', 'arguments': '{}'}}
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
@@ -165,8 +244,31 @@ class ChatMessage(BaseModel):
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    """An assistant's calls of tools (its ``content`` may then be null)."""
+    tool_call_id: str | None = None
+    """Which call a ``tool`` message answers."""
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only an assistant message carries tool_calls, not a {self.role!r} message")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
+
+    def for_template(self, *, remote: bool = False) -> dict[str, Any]:
+        """The message as engines take it: ``role`` and ``content`` (see :meth:`for_engine`), tool fields kept."""
+        message: dict[str, Any] = {"role": self.role, "content": self.for_engine(remote=remote)}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+            if self.content is None:
+                message["content"] = None
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
     def for_engine(self, *, remote: bool = False) -> str | list[dict[str, Any]]:
         """The content as engines take it: text, or text and ``image_url`` parts for a vision model.
@@ -205,14 +307,49 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: _Int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    """Function tools the model may call, as
+    ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+    tool_choice: str | dict[str, Any] | None = None
+    """``"none"``, ``"auto"`` (the default with tools), ``"required"``, or
+    ``{"type": "function", "function": {"name"}}``."""
+    parallel_tool_calls: _Bool | None = None
+    """Whether the model may make several calls in one turn (default: true)."""
+    response_format: dict[str, Any] | None = None
+    """``{"type": "text"}``, ``{"type": "json_object"}`` or
+    ``{"type": "json_schema", "json_schema": {"name", "schema"}}``."""
+    logprobs: _Bool | None = None
+    """Return each output token's log probability."""
+    top_logprobs: _Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Most likely alternatives per token, with ``logprobs``."""
+
+    @model_validator(mode="after")
+    def _checked_output(self) -> ChatCompletionRequest:
+        self.output_spec().constraint()  # a spec whose constraint cannot be built is refused here too
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def output_spec(self) -> OutputSpec:
+        """The request's tools, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``, checked."""
+        return OutputSpec.of(tools=self.tools, tool_choice=self.tool_choice,
+                             parallel_tool_calls=self.parallel_tool_calls, response_format=self.response_format)
+
+    def output_args(self) -> dict[str, Any]:
+        """Keyword arguments of :meth:`~fairagents.Arbiter.stream_chat` for the request's tools and format."""
+        return {"tools": self.tools, "tool_choice": self.tool_choice, "parallel_tool_calls": self.parallel_tool_calls,
+                "response_format": self.response_format}
+
+    def _logprobs(self) -> dict[str, Any]:
+        return {"logprobs": bool(self.logprobs), "top_logprobs": self.top_logprobs}
 
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (the current name) or ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def chat_messages(self, *, remote: bool = False) -> list[dict[str, Any]]:
-        """The messages as ``{"role", "content"}`` dicts, as engines take them (image parts kept; see ``for_engine``)."""
-        return [{"role": m.role, "content": m.for_engine(remote=remote)} for m in self.messages]
+        """The messages as engines take them (image parts kept; see :meth:`ChatMessage.for_template`)."""
+        return [m.for_template(remote=remote) for m in self.messages]
 
 
 class CompletionRequest(_Sampling):
@@ -225,6 +362,15 @@ class CompletionRequest(_Sampling):
     """
 
     prompt: str | list[str] | list[NonNegativeInt] = Field(min_length=1)
+    logprobs: _Int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    """Return each output token's log probability with this many most likely alternatives."""
+
+    def _logprobs(self) -> dict[str, Any]:
+        return {"logprobs": self.logprobs is not None, "top_logprobs": self.logprobs}
+
+    def requested_max_tokens(self) -> int | None:
+        """``max_tokens``."""
+        return self.max_tokens
 
     def single_prompt(self) -> str | list[int]:
         """The prompt, text or token ids; several prompts in one request are not supported."""
@@ -293,15 +439,73 @@ def new_id(prefix: str) -> str:
 
 
 def _finish(reason: str | None) -> str | None:
-    return None if reason is None else ("length" if reason == "length" else "stop")
+    if reason is None:
+        return None
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
-def chat_completion(rid: str, model: str, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-    """The body of a non-streaming chat completion.
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}, ...]}``.
 
     Examples:
-        >>> from fairagents.server.wire import Usage, chat_completion
-        >>> body = chat_completion("chatcmpl-1", "chat", "hi", "length", Usage(prompt_tokens=3, completion_tokens=1, unified_tokens=5.0))
+        >>> from fairagents.reply import TokenLogprob
+        >>> from fairagents.server.wire import chat_logprobs
+        >>> chat_logprobs([TokenLogprob("hi", -0.5)])
+        {'content': [{'token': 'hi', 'logprob': -0.5, 'bytes': [104, 105], 'top_logprobs': []}], 'refusal': None}
+    """
+    return {"content": [t.as_openai() for t in tokens], "refusal": None}
+
+
+def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` (the legacy shape); ``offset``: characters of output before these tokens.
+
+    Examples:
+        >>> from fairagents.reply import TokenLogprob
+        >>> from fairagents.server.wire import completion_logprobs
+        >>> completion_logprobs([TokenLogprob("a", -1.0, top=(TokenLogprob("a", -1.0),)), TokenLogprob("b", -2.0)], 3)
+        {'tokens': ['a', 'b'], 'token_logprobs': [-1.0, -2.0], 'top_logprobs': [{'a': -1.0}, {}], 'text_offset': [3, 4]}
+    """
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    entries = [t.as_openai() for t in tokens]
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{alt["token"]: alt["logprob"] for alt in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_choice(
+    index: int, content: str | None, finish_reason: str, *, tool_calls: Sequence[ToolCall] = (),
+    logprobs: Sequence[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    """One choice of a chat completion: the message (its ``tool_calls``, if any), why it ended, its logprobs.
+
+    Examples:
+        >>> from fairagents.server.wire import chat_choice
+        >>> from fairagents.tools import ToolCall
+        >>> choice = chat_choice(0, None, "tool_calls", tool_calls=[ToolCall("call_1", "weather", '{"city": "Oslo"}')])
+        >>> message = choice["message"]
+        >>> message["content"], message["tool_calls"][0]["function"]["name"], choice["finish_reason"]
+        (None, 'weather', 'tool_calls')
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = [call.as_openai() for call in tool_calls]
+    return {"index": index, "message": message, "finish_reason": _finish(finish_reason),
+            "logprobs": None if logprobs is None else chat_logprobs(logprobs)}
+
+
+def chat_completion(rid: str, model: str, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+    """The body of a non-streaming chat completion, of :func:`chat_choice` ``choices``.
+
+    Examples:
+        >>> from fairagents.server.wire import Usage, chat_choice, chat_completion
+        >>> usage = Usage(prompt_tokens=3, completion_tokens=1, unified_tokens=5.0)
+        >>> body = chat_completion("chatcmpl-1", "chat", [chat_choice(0, "hi", "length")], usage)
         >>> body["choices"][0]["message"], body["choices"][0]["finish_reason"]
         ({'role': 'assistant', 'content': 'hi'}, 'length')
     """
@@ -310,23 +514,25 @@ def chat_completion(rid: str, model: str, text: str, finish_reason: str, usage: 
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish(finish_reason), "logprobs": None}
-        ],
+        "choices": choices,
         "usage": usage.as_dict(),
     }
 
 
 def chat_chunk(
-    rid: str, model: str, created: int, *, content: str | None = None, role: bool = False,
+    rid: str, model: str, created: int, *, index: int = 0, content: str | None = None, role: bool = False,
+    tool_calls: Sequence[ToolCallDelta] = (), logprobs: Sequence[TokenLogprob] | None = None,
     finish_reason: str | None = None, usage: Usage | None = None, include_usage: bool = False,
 ) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` of a stream; with ``usage``, the last chunk (no choices).
+    """One ``chat.completion.chunk`` of a stream, for choice ``index``; with ``usage``, the last chunk (no choices).
 
     Examples:
         >>> from fairagents.server.wire import chat_chunk
         >>> chat_chunk("c1", "chat", 0, content="", role=True)["choices"][0]["delta"]
         {'role': 'assistant', 'content': ''}
+        >>> from fairagents.tools import ToolCallDelta
+        >>> chat_chunk("c1", "chat", 0, index=1, tool_calls=[ToolCallDelta(0, arguments='{"a"')])["choices"][0]["delta"]
+        {'tool_calls': [{'index': 0, 'function': {'arguments': '{"a"'}}]}
     """
     body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     if usage is not None:
@@ -336,18 +542,36 @@ def chat_chunk(
     delta: dict[str, Any] = {"role": "assistant"} if role else {}
     if content is not None:
         delta["content"] = content
-    body["choices"] = [{"index": 0, "delta": delta, "finish_reason": _finish(finish_reason), "logprobs": None}]
+    if tool_calls:
+        delta["tool_calls"] = [piece.as_openai() for piece in tool_calls]
+    body["choices"] = [{"index": index, "delta": delta, "finish_reason": _finish(finish_reason),
+                        "logprobs": None if logprobs is None else chat_logprobs(logprobs)}]
     if include_usage:
         body["usage"] = None
     return body
 
 
-def completion(rid: str, model: str, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-    """The body of a non-streaming text completion.
+def completion_choice(
+    index: int, text: str, finish_reason: str, *, logprobs: Sequence[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    """One choice of a text completion.
 
     Examples:
-        >>> from fairagents.server.wire import Usage, completion
-        >>> completion("cmpl-1", "chat", "and", "stop", Usage(prompt_tokens=1, completion_tokens=1, unified_tokens=3.0))["object"]
+        >>> from fairagents.server.wire import completion_choice
+        >>> completion_choice(1, "and", "stop")
+        {'index': 1, 'text': 'and', 'finish_reason': 'stop', 'logprobs': None}
+    """
+    return {"index": index, "text": text, "finish_reason": _finish(finish_reason),
+            "logprobs": None if logprobs is None else completion_logprobs(logprobs)}
+
+
+def completion(rid: str, model: str, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+    """The body of a non-streaming text completion, of :func:`completion_choice` ``choices``.
+
+    Examples:
+        >>> from fairagents.server.wire import Usage, completion, completion_choice
+        >>> usage = Usage(prompt_tokens=1, completion_tokens=1, unified_tokens=3.0)
+        >>> completion("cmpl-1", "chat", [completion_choice(0, "and", "stop")], usage)["object"]
         'text_completion'
     """
     return {
@@ -355,16 +579,18 @@ def completion(rid: str, model: str, text: str, finish_reason: str, usage: Usage
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": _finish(finish_reason), "logprobs": None}],
+        "choices": choices,
         "usage": usage.as_dict(),
     }
 
 
 def completion_chunk(
-    rid: str, model: str, created: int, *, text: str = "", finish_reason: str | None = None,
+    rid: str, model: str, created: int, *, index: int = 0, text: str = "", offset: int = 0,
+    logprobs: Sequence[TokenLogprob] | None = None, finish_reason: str | None = None,
     usage: Usage | None = None, include_usage: bool = False,
 ) -> dict[str, Any]:
-    """One chunk of a streamed text completion; with ``usage``, the last chunk (no choices).
+    """One chunk of a streamed text completion (``offset``: characters of choice ``index`` sent before it);
+    with ``usage``, the last chunk (no choices).
 
     Examples:
         >>> from fairagents.server.wire import completion_chunk
@@ -376,10 +602,32 @@ def completion_chunk(
         body["choices"] = []
         body["usage"] = usage.as_dict()
         return body
-    body["choices"] = [{"index": 0, "text": text, "finish_reason": _finish(finish_reason), "logprobs": None}]
+    body["choices"] = [{"index": index, "text": text, "finish_reason": _finish(finish_reason),
+                        "logprobs": None if logprobs is None else completion_logprobs(logprobs, offset)}]
     if include_usage:
         body["usage"] = None
     return body
+
+
+def images_usage(usage: Usage) -> dict[str, Any]:
+    """``usage`` of an image generation, in the fields of OpenAI's images API and of the others.
+
+    The prompt's tokens are the input (all text), the latent tokens the denoiser
+    processed the output (all image).
+
+    Examples:
+        >>> from fairagents.server.wire import Usage, images_usage
+        >>> body = images_usage(Usage(prompt_tokens=4, completion_tokens=512, unified_tokens=600.0))
+        >>> body["input_tokens"], body["output_tokens"], body["total_tokens"], body["input_tokens_details"]
+        (4, 512, 516, {'text_tokens': 4, 'image_tokens': 0})
+    """
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"text_tokens": usage.prompt_tokens, "image_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"text_tokens": 0, "image_tokens": usage.completion_tokens},
+        **usage.as_dict(),
+    }
 
 
 ErrorType = Literal["invalid_request_error", "authentication_error", "rate_limit_error", "server_error"]

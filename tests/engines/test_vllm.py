@@ -306,3 +306,63 @@ async def test_an_engine_that_dies_restarts_by_itself_and_serves_again():
             await asyncio.sleep(0.1)
         assert engine.healthy and engine.token_capacity and not arbiter.restarting("chat")
         assert (await who.chat("chat", MSG, max_tokens=4, ignore_eos=True)).usage.completion_tokens == 4
+
+
+# -- sampling parameters past temperature and top_p --------------------------------------------
+
+
+async def _greedy(engine, rid, tokens=12, **params):
+    deltas = [d async for d in engine.generate(rid, engine.prepare_chat(MSG),
+                                               GenerationParams(tokens, temperature=0.0, ignore_eos=True, **params))]
+    return "".join(d.text for d in deltas), [t for d in deltas for t in d.logprobs]
+
+
+async def test_logprobs_are_each_tokens_with_the_most_likely_alternatives(text_engine):
+    text, tokens = await _greedy(text_engine, "lp1", logprobs=3)
+    assert len(tokens) == 12 and "".join(t.token for t in tokens) == text
+    for token in tokens:
+        assert len(token.top) == 3 and [a.logprob for a in token.top] == sorted((a.logprob for a in token.top), reverse=True)
+        assert token.logprob <= 0 and token.token == token.top[0].token  # greedy: the sampled token is the likeliest
+        assert token.logprob == pytest.approx(token.top[0].logprob)
+    assert (await _greedy(text_engine, "lp2"))[1] == []  # none asked, none given
+
+
+async def test_a_logit_bias_of_100_forces_a_token_and_penalties_change_greedy_output(text_engine):
+    token_id = text_engine._tokenizer.encode("road", add_special_tokens=False)[0]
+    _, tokens = await _greedy(text_engine, "lb1", logit_bias={token_id: 100}, logprobs=0)
+    assert {t.token for t in tokens} == {text_engine._tokenizer.decode([token_id])}
+    plain, _ = await _greedy(text_engine, "pen0", tokens=48)
+    assert (await _greedy(text_engine, "pen1", tokens=48))[0] == plain  # greedy is deterministic
+    assert (await _greedy(text_engine, "pen2", tokens=48, frequency_penalty=2.0))[0] != plain
+    assert (await _greedy(text_engine, "pen3", tokens=48, presence_penalty=2.0))[0] != plain
+    sampling = text_engine._sampling(GenerationParams(4, presence_penalty=0.5, frequency_penalty=-1.0,
+                                                      logit_bias={7: -100}, logprobs=2))
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.logit_bias, sampling.logprobs) == (
+        0.5, -1.0, {7: -100.0}, 2)
+
+
+async def test_what_vllm_refuses_of_logprobs_and_logit_bias_is_bad_input_before_queueing(text_engine):
+    async with Shared(text_engine) as arbiter:
+        bot = arbiter.app("a").agent("bot")
+        outside = text_engine.vocab_size
+        with pytest.raises(fa.InvalidParameterError, match="logit_bias"):
+            await bot.chat("chat", MSG, max_tokens=4, logit_bias={outside: 5})
+        with pytest.raises(fa.InvalidParameterError, match="logit_bias"):
+            [d async for d in bot.stream_complete("chat", "once", max_tokens=4, logit_bias={outside + 10: 5})]
+        with pytest.raises(fa.InvalidParameterError, match="top_logprobs"):
+            await bot.chat("chat", MSG, max_tokens=4, logprobs=True, top_logprobs=21)
+        with pytest.raises(fa.InvalidParameterError, match="logprobs"):
+            text_engine.check_params(GenerationParams(4, logprobs=21))  # past vLLM's max_logprobs (20)
+        assert not arbiter.ledger.charges and arbiter.policy.queued() == 0
+        reply = await bot.chat("chat", MSG, max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=2)
+    assert reply.usage.completion_tokens == len(reply.logprobs) == 4 and all(len(t.top) == 2 for t in reply.logprobs)
+
+
+async def test_without_max_tokens_a_call_may_run_to_the_end_of_the_context(text_engine):
+    async with Shared(text_engine) as arbiter:
+        bot = arbiter.app("a").agent("bot")
+        prompt = text_engine.prepare_chat(MSG).n_tokens
+        expected = arbiter.default_max_tokens("chat", prompt)
+        assert expected == min(text_engine.max_model_len, arbiter.token_budget_of("chat")) - prompt
+        reply = await bot.chat("chat", MSG, ignore_eos=True)
+    assert reply.usage.completion_tokens == expected and reply.finish_reason == "length"

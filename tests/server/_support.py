@@ -5,9 +5,13 @@ import contextlib
 import time
 
 import openai
+from PIL import Image
 
+import fairagents as fa
 from fairagents.constants import HEADER_AGENT
+from fairagents.engines.base import Delta, Prompt
 from fairagents.server import Config, create_app, running
+from fairagents.testing import FakeEngine
 
 KEYS = {"driving": "sk-test-driving", "studio": "sk-test-studio"}
 MSG = [{"role": "user", "content": "hello there"}]
@@ -49,3 +53,25 @@ async def wait_until(condition, timeout=10.0):
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.005)
+
+
+class FakePainter(FakeEngine):
+    """A FakeEngine that makes images: sizes of 8 to 64 pixels a side in multiples of 8, up to 2 at a time."""
+
+    default_size, default_steps = (16, 16), 2
+
+    def __init__(self):
+        super().__init__(profile=fa.ModelProfile(d_model=64, n_layers=1, modality=fa.Modality.IMAGE))
+
+    def latent_tokens(self, size, steps, n):
+        if not all(isinstance(v, int) and 8 <= v <= 64 and v % 8 == 0 for v in size) or not 1 <= n <= 2:
+            raise fa.InvalidParameterError(f"cannot make {n} images of {size}")
+        return size[0] // 8 * size[1] // 8 * steps * n
+
+    def prepare_image(self, prompt, *, size, steps, n, guidance=None):
+        self.latent_tokens(size, steps, n)
+        return Prompt(token_ids=tuple(range(len(prompt.split()) + 1)), data=(size, n))
+
+    async def generate(self, request_id, prompt, params):
+        size, n = prompt.data
+        yield Delta(params.max_tokens, "", "stop", images=tuple(Image.new("RGB", size) for _ in range(n)))

@@ -6,7 +6,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+import jsonschema
 import pytest
+from openai.types.chat import ChatCompletion
 
 import fairagents as fa
 from fairagents.metrics import max_service_gap
@@ -64,8 +67,6 @@ async def test_chat_streaming_completions_and_models(text_engine):
 
 async def test_an_8_mb_prompt_is_refused_at_once_and_health_keeps_answering(text_engine):
     """The real tokenizer's longest token bounds the prompt: 8 MB cannot fit 1,024 tokens, and is never tokenized."""
-    import httpx
-
     arbiter = shared(text_engine)
     assert text_engine.max_token_bytes and text_engine.max_token_bytes * text_engine.max_model_len < 8 * 2**20
     body = {"model": "chat", "messages": [{"role": "user", "content": "road " * (8 * 2**20 // 5)}], "max_tokens": 4}
@@ -176,9 +177,95 @@ async def test_vision_chat_and_image_generation_over_http(vision_engine, image_e
         assert expected_prompt > 20  # the image's tokens are in the prompt
         images = await c.images.generate(model="image", prompt="a red car", size="64x64", n=2)
         assert len(images.data) == 2 and base64.b64decode(images.data[0].b64_json)[:4] == b"\x89PNG"
+        assert images.usage.output_tokens > 0 and images.usage.input_tokens == images.usage.input_tokens_details.text_tokens
+        assert images.usage.total_tokens == images.usage.input_tokens + images.usage.output_tokens
         with pytest.raises(Exception) as bad:  # the stock client raises BadRequestError for a 400
             await c.chat.completions.create(model="vision", messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}])
         assert getattr(bad.value, "status_code", None) == 400
     stats = arbiter.stats()
     assert stats.agents["driving/perception"].done == 2 and stats.agents["driving/perception"].failed == 0
+
+
+# -- the OpenAI surface on the real model ------------------------------------------------------
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}
+ZONE = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather of a city", "parameters": CITY}},
+         {"type": "function", "function": {"name": "clock", "parameters": ZONE}}]
+SCHEMAS = {"weather": CITY, "clock": ZONE}
+
+
+async def test_a_required_tool_call_over_http_is_a_valid_call_whole_and_streamed(text_engine):
+    arbiter = shared(text_engine)
+    ask = [{"role": "user", "content": "weather in Oslo?"}]
+    request = {"model": "chat", "messages": ask, "tools": TOOLS, "tool_choice": "required",
+               "parallel_tool_calls": False, "max_tokens": 400, "seed": 3}
+    async with live(arbiter, make_config()) as (url, _), client(url) as c:
+        first = await c.chat.completions.create(**request)
+        whole = first.choices[0]
+        async with c.chat.completions.stream(**request) as stream:
+            streamed = (await stream.get_final_completion()).choices[0]
+        (call,) = whole.message.tool_calls
+        history = [*ask, whole.message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": call.id, "content": "rain"}]
+        answer = await c.chat.completions.create(model="chat", messages=history, tools=TOOLS, max_tokens=8)
+    assert whole.finish_reason == streamed.finish_reason == "tool_calls" and whole.message.content is None
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    (again,) = streamed.message.tool_calls  # the same seed: the same call
+    assert (again.function.name, json.loads(again.function.arguments)) == (call.function.name,
+                                                                          json.loads(call.function.arguments))
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert answer.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+async def test_a_json_schema_response_format_over_http_is_met(text_engine):
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+              "required": ["answer", "n"], "additionalProperties": False}
+    async with live(shared(text_engine), make_config()) as (url, _), client(url) as c:
+        reply = await c.chat.completions.create(
+            model="chat", messages=MSG, max_tokens=400, seed=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+
+
+async def test_logprobs_logit_bias_and_n_over_http(text_engine):
+    arbiter = shared(text_engine)
+    token_id = text_engine._tokenizer.encode("road", add_special_tokens=False)[0]
+    token = text_engine._tokenizer.decode([token_id])
+    headers = {"Authorization": f"Bearer {KEYS['driving']}"}
+    async with live(arbiter, make_config()) as (url, _), httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+        body = (await http.post("/v1/chat/completions", json={
+            "model": "chat", "messages": MSG, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3,
+            "n": 2, "ignore_eos": True})).json()
+        forced = (await http.post("/v1/chat/completions", json={
+            "model": "chat", "messages": MSG, "max_tokens": 5, "temperature": 0, "logit_bias": {str(token_id): 100},
+            "logprobs": True, "ignore_eos": True})).json()
+        before = arbiter.ledger.service_of("driving")
+        outside = await http.post("/v1/chat/completions", json={
+            "model": "chat", "messages": MSG, "max_tokens": 5, "logit_bias": {str(text_engine.vocab_size): 1}})
+        assert outside.status_code == 400 and "logit_bias" in outside.json()["error"]["message"]
+        assert arbiter.ledger.service_of("driving") == before  # refused before queueing
+    reply = ChatCompletion.model_validate(body)
+    assert [c.index for c in reply.choices] == [0, 1] and reply.usage.completion_tokens == 12
+    first, second = (c.logprobs.content for c in reply.choices)
+    assert [t.token for t in first] == [t.token for t in second]  # greedy twice: the same tokens
+    assert len(first) == 6 and all(len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token for t in first)
+    assert "".join(t.token for t in first) == reply.choices[0].message.content
+    assert {t["token"] for t in forced["choices"][0]["logprobs"]["content"]} == {token}
+    assert len([r for r in arbiter.ledger.records if r.app == "driving"]) == 3
+
+
+async def test_a_request_without_max_tokens_may_fill_the_context_over_http(text_engine):
+    arbiter = shared(text_engine)
+    prompt_tokens = text_engine.prepare_chat(MSG).n_tokens
+    async with live(arbiter, make_config()) as (url, _), client(url) as c:
+        reply = await c.chat.completions.create(model="chat", messages=MSG, extra_body=GREEDY)
+        text = await c.completions.create(model="chat", prompt="once upon a time", extra_body=GREEDY)
+    room = min(text_engine.max_model_len, arbiter.token_budget_of("chat"))
+    assert reply.usage.completion_tokens == room - prompt_tokens and reply.choices[0].finish_reason == "length"
+    assert text.usage.completion_tokens == room - text.usage.prompt_tokens
+

@@ -37,7 +37,7 @@ from fairagents.server import Config, create_app
 from fairagents.server.wire import HARMLESS
 from fairagents.testing import FakeEngine
 
-from ._support import KEYS, MSG, live, make_config
+from ._support import KEYS, MSG, FakePainter, live, make_config
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
@@ -49,28 +49,6 @@ OPERATIONS = [("POST", path) for path in POSTS] + [
                                "/health/live", "/dashboard")]
 # Examples per operation, valid and invalid: a few hundred requests in all; the `fast` profile scales it down.
 EXAMPLES = min(60, settings.default.max_examples)
-
-
-class FakePainter(FakeEngine):
-    """A FakeEngine that makes images: sizes of 8 to 64 pixels a side in multiples of 8, up to 2 at a time."""
-
-    default_size, default_steps = (16, 16), 2
-
-    def __init__(self):
-        super().__init__(profile=fa.ModelProfile(d_model=64, n_layers=1, modality=fa.Modality.IMAGE))
-
-    def latent_tokens(self, size, steps, n):
-        if not all(isinstance(v, int) and 8 <= v <= 64 and v % 8 == 0 for v in size) or not 1 <= n <= 2:
-            raise fa.InvalidParameterError(f"cannot make {n} images of {size}")
-        return size[0] // 8 * size[1] // 8 * steps * n
-
-    def prepare_image(self, prompt, *, size, steps, n, guidance=None):
-        self.latent_tokens(size, steps, n)
-        return Prompt(token_ids=tuple(range(len(prompt.split()) + 1)), data=(size, n))
-
-    async def generate(self, request_id, prompt, params):
-        size, n = prompt.data
-        yield Delta(params.max_tokens, "", "stop", images=tuple(Image.new("RGB", size) for _ in range(n)))
 
 
 def pool(in_flight=4, **chat):
@@ -152,9 +130,12 @@ def test_every_post_route_takes_a_required_json_body_of_its_request_model():
         schema = schemas[model]
         assert "$defs" not in schema and set(HARMLESS) <= set(schema["properties"])
         assert schema["additionalProperties"]["enum"] == [None, False, 0, [], {}]
-    assert schemas["ChatCompletionRequest"]["properties"]["n"]["const"] == 1
-    assert schemas["ChatCompletionRequest"]["properties"]["messages"]["items"] == {"$ref": "#/components/schemas/ChatMessage"}
-    assert {"ChatMessage", "StreamOptions"} <= set(schemas)
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert chat["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 128}
+    assert chat["messages"]["items"] == {"$ref": "#/components/schemas/ChatMessage"}
+    assert {"tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs",
+            "presence_penalty", "frequency_penalty", "logit_bias"} <= set(chat)
+    assert {"ChatMessage", "MessageToolCall", "StreamOptions", "ImagesUsage"} <= set(schemas)
     assert "Examples:" not in str(doc) and "HTTPValidationError" not in schemas
 
 
@@ -206,15 +187,39 @@ def test_the_document_follows_the_configuration():
 
 
 CHAT = {"model": "chat", "messages": MSG}
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 AGREEMENT = [  # (schema, body, whether valid): where the schema can tell, it says what the server accepts
     ("ChatCompletionRequest", CHAT, True),
     ("ChatCompletionRequest", {**CHAT, "temperature": 1, "top_p": 0.5, "seed": -1, "stop": ["\n"], "n": 1}, True),
     ("ChatCompletionRequest", {**CHAT, "user": "u-1", "metadata": {"k": "v"}, "tools": [], "logprobs": False}, True),
     ("ChatCompletionRequest", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, True),
     ("ChatCompletionRequest", {**CHAT, "stream": True, "stream_options": {"include_usage": True}}, True),
+    ("ChatCompletionRequest", {**CHAT, "n": 2, "presence_penalty": 1.5, "frequency_penalty": -0.5,
+                               "logit_bias": {"3": 100, "7": -100}, "logprobs": True, "top_logprobs": 2}, True),
+    ("ChatCompletionRequest", {**CHAT, "tools": [WEATHER], "tool_choice": "auto", "parallel_tool_calls": False}, True),
+    ("ChatCompletionRequest", {**CHAT, "tools": [WEATHER], "tool_choice": {"type": "function",
+                                                                           "function": {"name": "weather"}}}, True),
+    ("ChatCompletionRequest", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "city", "schema": {"type": "object", "properties": {"name": {"type": "string"}}}}}}, True),
+    ("ChatCompletionRequest", {**CHAT, "response_format": {"type": "text"}}, True),
+    ("ChatCompletionRequest", {**CHAT, "messages": [*MSG, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"}], "tools": [WEATHER]}, True),
     ("ChatCompletionRequest", {**CHAT, "temperature": False}, False),
     ("ChatCompletionRequest", {**CHAT, "max_tokens": "8"}, False),
-    ("ChatCompletionRequest", {**CHAT, "n": 2}, False),
+    ("ChatCompletionRequest", {**CHAT, "n": 0}, False),
+    ("ChatCompletionRequest", {**CHAT, "n": 129}, False),
+    ("ChatCompletionRequest", {**CHAT, "logit_bias": {"3": 101}}, False),
+    ("ChatCompletionRequest", {**CHAT, "logit_bias": {"x": 1}}, False),
+    ("ChatCompletionRequest", {**CHAT, "presence_penalty": 2.5}, False),
+    ("ChatCompletionRequest", {**CHAT, "top_logprobs": 2}, False),
+    ("ChatCompletionRequest", {**CHAT, "logprobs": True, "top_logprobs": 21}, False),
+    ("ChatCompletionRequest", {**CHAT, "tool_choice": "any", "tools": [WEATHER]}, False),
+    ("ChatCompletionRequest", {**CHAT, "tools": [{**WEATHER, "function": {"name": "has space"}}]}, False),
+    ("ChatCompletionRequest", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, False),
+    ("ChatCompletionRequest", {**CHAT, "messages": [*MSG, {"role": "user", "content": "x", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}]}, False),
     ("ChatCompletionRequest", {**CHAT, "seed": 2**64}, False),
     ("ChatCompletionRequest", {**CHAT, "stop": ""}, False),
     ("ChatCompletionRequest", {**CHAT, "stop": ["a", ""]}, False),
@@ -230,6 +235,8 @@ AGREEMENT = [  # (schema, body, whether valid): where the schema can tell, it sa
     ("CompletionRequest", {"model": "chat", "prompt": []}, False),
     ("CompletionRequest", {"model": "chat", "prompt": [-1]}, False),
     ("CompletionRequest", {"model": "chat", "prompt": "a", "echo": True}, False),
+    ("CompletionRequest", {"model": "chat", "prompt": "a", "n": 2, "logprobs": 3, "logit_bias": {"1": 5}}, True),
+    ("CompletionRequest", {"model": "chat", "prompt": "a", "logprobs": 6}, False),
     ("ImageGenerationRequest", {"prompt": "a red car", "n": 2, "size": "64x64", "response_format": "b64_json"}, True),
     ("ImageGenerationRequest", {"prompt": "a red car", "model": "painter", "user": "u-1", "style": None}, True),
     ("ImageGenerationRequest", {"prompt": "a red car", "n": "2"}, False),
