@@ -29,7 +29,7 @@ from fairagents.errors import (
 )
 from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
 from fairagents.portal import Portal
-from fairagents.reply import ImageReply, Reply, Timing, Usage
+from fairagents.reply import ImageReply, Reply, Timing, TokenLogprob, Usage
 from fairagents.tools import ToolCall
 from fairagents.request import Outcome, Request
 from fairagents.stats import ClientSnapshot, Stats
@@ -66,6 +66,7 @@ __all__ = [
     "Statera",
     "Stats",
     "Timing",
+    "TokenLogprob",
     "ToolCall",
     "UnifiedTokenCost",
     "UnknownAgentError",

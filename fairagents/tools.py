@@ -283,9 +283,11 @@ class ToolReader:
         deltas = []
         for d in message.tool_calls or []:
             fn = d.function if isinstance(d.function, Mapping) else (d.function.model_dump() if d.function else {})
-            got = ToolCallDelta(d.index, d.id, fn.get("name"), fn.get("arguments") or "")
             sent_id, sent_name, sent_args = self._sent.get(d.index, (None, None, ""))
-            self._sent[d.index] = (sent_id or got.id, sent_name or got.name, sent_args + got.arguments)
+            if d.id is not None and sent_id is None:  # a call begins: it gets this reader's id, as in finish()
+                sent_id = self._sent_id(d.index)
+            got = ToolCallDelta(d.index, sent_id if d.id is not None else None, fn.get("name"), fn.get("arguments") or "")
+            self._sent[d.index] = (sent_id, sent_name or got.name, sent_args + got.arguments)
             deltas.append(got)
         return message.content or "", deltas
 
