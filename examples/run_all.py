@@ -1,4 +1,4 @@
-"""Run the driving, studio and research apps at once, sharing one arbiter, and print their shares.
+"""Run the driving, studio, research and concierge apps at once, sharing one arbiter, and print their shares.
 
 Each app is its own tenant (``driving`` has weight 2, the others 1) and runs twice over
 at the same time. The model takes only a few requests at once, so the apps queue, and
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
+import concierge
 import driving
 import research
 import studio
@@ -26,7 +27,7 @@ from rich.table import Table
 import fairagents as fa
 from fairagents.engines.vllm import VLLMEngine
 
-APPS = [driving.drive, studio.create, research.research]
+APPS = [driving.drive, studio.create, research.research, concierge.plan]
 
 
 def share_table(stats: fa.Stats) -> Table:

@@ -32,7 +32,8 @@ async def main():
     async with arbiter:
         # --8<-- [start:loop]
         messages = [{"role": "user", "content": "What is the weather in Bergen?"}]
-        reply = await concierge.chat("chat", messages, tools=[WEATHER], tool_choice="required", max_tokens=200)
+        reply = await concierge.chat("chat", messages, tools=[WEATHER], tool_choice="required",
+                                     parallel_tool_calls=False, max_tokens=300, seed=1)
         assert reply.finish_reason == "tool_calls"
         messages.append({"role": "assistant", "content": None,
                          "tool_calls": [call.as_openai() for call in reply.tool_calls]})
@@ -50,7 +51,7 @@ async def main():
             "required": ["city", "rain"],
         }
         forecast = await concierge.chat(
-            "chat", messages, max_tokens=200,
+            "chat", messages, max_tokens=300, seed=2,
             response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}},
         )
         print(forecast.json())  # valid against the schema: enforced while decoding

@@ -70,12 +70,26 @@ async def test_research(text_engine, examples):
     assert done_by_agent(arbiter.stats(), "research") == {"planner": 1, "searcher": angles, "writer": 1}
 
 
+async def test_concierge_calls_tools_and_answers_in_its_schema(text_engine, examples, capsys):
+    concierge = examples("concierge")
+    async with lent(text_engine) as arbiter:
+        result = await concierge.main(arbiter)
+    calls = [c for m in result["messages"] for c in getattr(m, "tool_calls", None) or []]
+    assert calls and {c["name"] for c in calls} <= {"weather", "route"}  # the first round requires a call
+    results = [m for m in result["messages"] if m.type == "tool"]
+    assert len(results) == len(calls)  # the tool node ran every call
+    assert isinstance(result["trip"], concierge.Trip) and len(result["trip"].steps) <= 3
+    agents = done_by_agent(arbiter.stats(), "concierge")
+    assert agents["agent"] == result["rounds"] and agents["answer"] == 1
+    assert "trip:" in capsys.readouterr().out
+
+
 async def test_run_all_shares_one_arbiter_and_prints_the_share_table(text_engine, examples, capsys):
     run_all = examples("run_all")
     async with lent(text_engine, in_flight=4) as arbiter:
         stats = await run_all.main(arbiter, repeats=2)
-    assert set(stats.apps) == {"driving", "studio", "research"}
-    assert stats.apps["driving"].weight_share == pytest.approx(0.5)
+    assert set(stats.apps) == {"driving", "studio", "research", "concierge"}
+    assert stats.apps["driving"].weight_share == pytest.approx(0.4)
     assert done_by_agent(stats, "driving")["planner"] == 2 * 3
     assert done_by_agent(stats, "research")["searcher"] == 2 * 4
     assert done_by_agent(stats, "studio")["illustrator"] == 2

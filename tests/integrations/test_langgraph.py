@@ -16,6 +16,7 @@ from langgraph.types import RetryPolicy, Send
 from typing_extensions import TypedDict
 
 import fairagents as fa
+from fairagents.errors import ProtocolError
 from fairagents.testing import FakeEngine
 
 MSG = [HumanMessage("what next?")]
@@ -239,19 +240,19 @@ async def test_identity_from_context_outside_a_graph_and_none_at_all():
     assert arbiter.stats().agents["driving/planner"].done == 1
 
 
-async def test_sync_calls_need_the_arbiters_loop():
+async def test_sync_calls_from_other_threads_find_the_arbiters_loop_and_never_block_it():
     arbiter, _ = pool()
     planner = arbiter.app("driving").agent("planner")
     llm = ChatFairAgents(arbiter=arbiter, model="chat", agent=planner)
     async with arbiter:
-        with pytest.raises(RuntimeError, match="running event loop"):
-            llm.invoke(MSG)  # would block the loop the arbiter needs
-        with pytest.raises(RuntimeError, match="pass loop="):
-            await asyncio.to_thread(llm.invoke, MSG)  # another thread, and no way to find the loop
-        bound = ChatFairAgents(arbiter=arbiter, model="chat", agent=planner, loop=asyncio.get_running_loop())
-        message = await asyncio.to_thread(bound.invoke, MSG)
-        chunks = await asyncio.to_thread(lambda: list(bound.stream(MSG)))
+        with pytest.raises(ProtocolError, match="would block"):
+            llm.invoke(MSG)  # on the arbiter's own loop: it would block the loop the call needs
+        message = await asyncio.to_thread(llm.invoke, MSG)  # another thread: handed to the arbiter's loop
+        chunks = await asyncio.to_thread(lambda: list(llm.stream(MSG)))
     assert message.content == "".join(c.content for c in chunks) == "t0 t1 t2 "
+    assert issubclass(ProtocolError, RuntimeError)
+    with pytest.warns(DeprecationWarning, match="loop="):
+        ChatFairAgents(arbiter=arbiter, loop=asyncio.get_running_loop())
 
 
 async def test_images_go_to_the_vision_model_or_are_refused():
@@ -419,6 +420,28 @@ async def test_on_the_real_engine_usage_streaming_and_node_identity(text_engine)
     assert streamed.response_metadata["unified_tokens"] == pytest.approx(scale * (prompt + 2 * 8))
     assert done_by_agent(arbiter, "studio") == {"writer": 2, "searcher": 3}
     assert arbiter.ledger.service_of("studio", "writer") == pytest.approx(2 * scale * (prompt + 2 * 8))
+
+
+@pytest.mark.engine
+@pytest.mark.asyncio(loop_scope="session")
+async def test_on_the_real_engine_token_counting_uses_its_tokenizer_offline(text_engine, monkeypatch):
+    from langchain_core.messages import AIMessage, trim_messages
+
+    def refuse():
+        raise AssertionError("LangChain's GPT-2 tokenizer was asked for")
+
+    monkeypatch.setattr("langchain_core.language_models.base.get_tokenizer", refuse)
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", text_engine)
+    llm = ChatFairAgents(arbiter=arbiter, model="chat")
+    history = [HumanMessage("Plan a day trip."), AIMessage("Take the train to Bergen."), HumanMessage("And back?")]
+    whole = llm.get_num_tokens_from_messages(history)
+    assert whole == text_engine.prepare_chat(
+        [{"role": "user", "content": "Plan a day trip."}, {"role": "assistant", "content": "Take the train to Bergen."},
+         {"role": "user", "content": "And back?"}]).n_tokens
+    assert llm.get_token_ids("Bergen") == list(text_engine.prepare_text("Bergen").token_ids)
+    kept = trim_messages(history, max_tokens=whole - 1, token_counter=llm, strategy="last")
+    assert kept and llm.get_num_tokens_from_messages(kept) <= whole - 1
 
 
 def test_a_misspelt_argument_is_an_error_not_ignored():

@@ -1,7 +1,8 @@
 """fairagents for LangGraph and LangChain.
 
 - :class:`ChatFairAgents`: a LangChain chat model served by an arbiter in this process,
-  or by a fairagents server.
+  or by a fairagents server, with tools and structured output, from sync or async code
+  on any loop or thread.
 - :func:`fair_graph`: every model call made inside a node of a compiled graph is charged
   to an agent named after the node; node code does not change.
 

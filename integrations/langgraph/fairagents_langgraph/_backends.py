@@ -1,7 +1,10 @@
 """Where ``ChatFairAgents`` sends a call: an arbiter in this process, or a fairagents server.
 
-Both speak in :class:`Call` and :class:`Piece`, so the chat model above them is the same.
-A server is reached with the stock ``openai`` client: the app's API key as the bearer
+Both speak in :class:`Call` and :class:`Piece`, whole or streamed, from async code
+(:meth:`complete`, :meth:`stream`) or sync code (:meth:`complete_sync`,
+:meth:`stream_sync`), so the chat model above them is the same. An arbiter is called
+through a :class:`~fairagents.Portal`, from whatever loop or thread the caller is on. A
+server is reached with the stock ``openai`` client: the app's API key as the bearer
 token, the agent in ``X-Fairagents-Agent`` (and the app in ``X-Fairagents-App`` when the
 server runs without keys).
 
@@ -13,15 +16,22 @@ Examples:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairagents.arbiter import AgentHandle, Arbiter
+from fairagents.arbiter import AgentHandle
 from fairagents.identity import Agent, identity_headers
+from fairagents.portal import Portal
+from fairagents.reply import Reply
+from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta
 
 __all__ = ["Call", "LocalBackend", "Piece", "RemoteBackend"]
+
+# The parameters of a call that shape its output rather than sample it, as Arbiter.chat takes them.
+OUTPUT_PARAMS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +41,8 @@ class Call:
     model: str
     messages: list[dict[str, Any]]
     params: dict[str, Any]
-    """max_tokens, temperature, top_p, seed, stop, ignore_eos: as :meth:`fairagents.Arbiter.chat` takes them."""
+    """As :meth:`fairagents.Arbiter.chat` takes them: max_tokens, temperature, top_p, seed, stop,
+    ignore_eos, and those of :data:`OUTPUT_PARAMS` the call sets."""
     agent: AgentHandle | Agent | str | None
     """Who calls; ``None``: the agent bound in context (``fa.acting_as``). A name only for a server."""
     app: str | None = None
@@ -48,6 +59,10 @@ class Piece:
     """``input_tokens``, ``output_tokens``, ``total_tokens`` (LangChain's ``UsageMetadata``)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """What else the server or arbiter told: request id, unified tokens, timing."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tools a whole reply called."""
+    tool_call_deltas: tuple[ToolCallDelta, ...] = ()
+    """Pieces of the tool calls of a stream: joined by index, they are its calls."""
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -55,42 +70,82 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 
 class LocalBackend:
-    """Calls go through an arbiter in this process (on its event loop)."""
+    """Calls go to an arbiter in this process, through ``portal`` (from any loop or thread).
 
-    def __init__(self, arbiter: Arbiter) -> None:
-        self.arbiter = arbiter
+    Args:
+        portal: the portal onto the arbiter.
+        timeout: seconds a call may wait for its reply, or a stream for its next piece
+            (queueing included); past it, the request is cancelled and :class:`TimeoutError`
+            raised. ``None``: no limit.
+    """
+
+    def __init__(self, portal: Portal, timeout: float | None = None) -> None:
+        self.portal = portal
+        self.arbiter = portal.arbiter
+        self.timeout = timeout
 
     async def complete(self, call: Call) -> Piece:
-        reply = await self.arbiter.chat(call.model, call.messages, agent=call.agent, **call.params)
-        return Piece(
-            reply.text,
-            reply.finish_reason,
-            _usage(reply.usage.prompt_tokens, reply.usage.completion_tokens),
-            {
-                "request_id": reply.request_id,
-                "unified_tokens": reply.usage.unified_tokens,
-                "queue_wait": reply.timing.queue_wait,
-                "ttft": reply.timing.ttft,
-                "e2e": reply.timing.e2e,
-            },
-        )
+        return await self.portal.run(self._complete, call)
 
-    async def stream(self, call: Call) -> AsyncIterator[Piece]:
+    def complete_sync(self, call: Call) -> Piece:
+        return self.portal.run_sync(self._complete, call)
+
+    def stream(self, call: Call) -> AsyncIterator[Piece]:
+        return self.portal.iterate(self._stream, call)
+
+    def stream_sync(self, call: Call) -> Iterator[Piece]:
+        return self.portal.iterate_sync(self._stream, call)
+
+    # -- on the arbiter's loop ---------------------------------------------------------
+
+    async def _complete(self, call: Call) -> Piece:
+        async with asyncio.timeout(self.timeout):
+            reply = await self.arbiter.chat(call.model, call.messages, agent=call.agent, **call.params)
+        return _reply_piece(reply)
+
+    async def _stream(self, call: Call) -> AsyncIterator[Piece]:
+        # A stream reports no usage: the prompt is prepared first (the engine's own template and
+        # tokenizer, off the loop), so its length is known, and sent with the time the call came in.
+        arrival = self.arbiter.clock()
+        spec = OutputSpec.of(**{name: call.params.get(name) for name in OUTPUT_PARAMS})
+        async with asyncio.timeout(self.timeout):
+            prompt = await self.arbiter.prepare_chat(
+                call.model, call.messages, agent=call.agent, tools=spec.template_tools
+            )
         produced = 0
-        deltas = self.arbiter.stream_chat(call.model, call.messages, agent=call.agent, **call.params)
+        deltas = self.arbiter.stream_chat(call.model, prompt, agent=call.agent, arrival=arrival, **call.params)
         async with contextlib.aclosing(deltas):
-            async for delta in deltas:
+            while True:
+                async with asyncio.timeout(self.timeout):
+                    delta = await anext(deltas, None)
+                if delta is None:
+                    return
                 produced += delta.new_tokens
                 if delta.finish_reason is None:
-                    yield Piece(delta.text)
+                    yield Piece(delta.text, tool_call_deltas=delta.tool_calls)
                     continue
-                # A stream reports no usage: count the prompt as the arbiter did (the engine's own
-                # tokenizer) and price the whole call as it was charged.
-                prompt = self.arbiter.engine(call.model).prepare_chat(call.messages).n_tokens
-                unified = self.arbiter.cost.input_cost(call.model, prompt) + self.arbiter.cost.output_cost(
-                    call.model, produced
+                cost = self.arbiter.cost
+                unified = cost.input_cost(call.model, prompt.n_tokens) + cost.output_cost(call.model, produced)
+                yield Piece(
+                    delta.text, delta.finish_reason, _usage(prompt.n_tokens, produced), {"unified_tokens": unified},
+                    tool_call_deltas=delta.tool_calls,
                 )
-                yield Piece(delta.text, delta.finish_reason, _usage(prompt, produced), {"unified_tokens": unified})
+
+
+def _reply_piece(reply: Reply) -> Piece:
+    return Piece(
+        reply.text,
+        reply.finish_reason,
+        _usage(reply.usage.prompt_tokens, reply.usage.completion_tokens),
+        {
+            "request_id": reply.request_id,
+            "unified_tokens": reply.usage.unified_tokens,
+            "queue_wait": reply.timing.queue_wait,
+            "ttft": reply.timing.ttft,
+            "e2e": reply.timing.e2e,
+        },
+        tool_calls=reply.tool_calls,
+    )
 
 
 class RemoteBackend:
@@ -101,11 +156,24 @@ class RemoteBackend:
         api_key: the app's API key; ``None`` for a server that runs without keys (the app
             is then named in a header, and no ``Authorization`` is sent: in particular not
             ``OPENAI_API_KEY`` from the environment).
+        timeout: seconds the client waits for the server (``None``: the client's default).
+        max_retries: how many times the client retries a request that failed in transit
+            or was turned away for the moment (connection errors, 408, 409, 429, 5xx).
         http_client, http_async_client: ``httpx`` clients for the sync and async ``openai`` clients.
+            By default a connection serves one request and is closed after it, so no
+            connection outlives the event loop it was opened on, and nothing is left open
+            when the model is dropped; give clients of your own to keep connections alive.
     """
 
     def __init__(
-        self, base_url: str, api_key: str | None, *, http_client: Any = None, http_async_client: Any = None
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        timeout: float | None = None,
+        max_retries: int = 2,
+        http_client: Any = None,
+        http_async_client: Any = None,
     ) -> None:
         try:
             import openai
@@ -115,9 +183,19 @@ class RemoteBackend:
             ) from err
         self._openai = openai
         self.keyed = bool(api_key)
-        options: dict[str, Any] = {"base_url": base_url, "api_key": api_key if self.keyed else "fairagents-no-key"}
-        self.sync = openai.OpenAI(**options, http_client=http_client)
-        self.aio = openai.AsyncOpenAI(**options, http_client=http_async_client)
+        options: dict[str, Any] = {
+            "base_url": base_url,
+            "api_key": api_key if self.keyed else "fairagents-no-key",
+            "max_retries": max_retries,
+        }
+        if timeout is not None:
+            options["timeout"] = timeout
+        limits = openai.DEFAULT_CONNECTION_LIMITS
+        unpooled = {"limits": type(limits)(max_connections=limits.max_connections, max_keepalive_connections=0)}
+        self.sync = openai.OpenAI(**options, http_client=http_client or openai.DefaultHttpxClient(**unpooled))
+        self.aio = openai.AsyncOpenAI(
+            **options, http_client=http_async_client or openai.DefaultAsyncHttpxClient(**unpooled)
+        )
 
     def headers(self, call: Call) -> dict[str, Any]:
         """The identity headers of a call: the agent, and the app when the server has no key to go by."""
@@ -142,6 +220,7 @@ class RemoteBackend:
             request["stop"] = list(stop)
         if params.pop("ignore_eos", False):
             request["extra_body"] = {"ignore_eos": True}  # vLLM's extension, which the server takes too
+        request.update((name, params[name]) for name in OUTPUT_PARAMS if name in params)
         if stream:
             request.update(stream=True, stream_options={"include_usage": True})
         return request
@@ -182,7 +261,23 @@ def _server_usage(usage: Any) -> tuple[dict[str, int] | None, dict[str, Any]]:
 def _completion_piece(completion: Any) -> Piece:
     choice = completion.choices[0]
     usage, extra = _server_usage(completion.usage)
-    return Piece(choice.message.content or "", choice.finish_reason, usage, {"request_id": completion.id, **extra})
+    calls = tuple(
+        ToolCall(c.id, c.function.name, c.function.arguments or "") for c in choice.message.tool_calls or ()
+    )
+    return Piece(
+        choice.message.content or "", choice.finish_reason, usage, {"request_id": completion.id, **extra},
+        tool_calls=calls,
+    )
+
+
+def _call_delta(delta: Any) -> ToolCallDelta:
+    function = delta.function
+    return ToolCallDelta(
+        delta.index,
+        delta.id,
+        function.name if function is not None else None,
+        (function.arguments if function is not None else None) or "",
+    )
 
 
 class _ChunkReader:
@@ -196,7 +291,10 @@ class _ChunkReader:
         if chunk.choices:
             choice = chunk.choices[0]
             self.finish = choice.finish_reason or self.finish
-            return Piece(choice.delta.content) if choice.delta.content else None
+            deltas = tuple(_call_delta(d) for d in choice.delta.tool_calls or ())
+            if not choice.delta.content and not deltas:
+                return None
+            return Piece(choice.delta.content or "", tool_call_deltas=deltas)
         self.ended = True
         usage, extra = _server_usage(chunk.usage)
         return Piece("", self.finish or "stop", usage, {"request_id": chunk.id, **extra})

