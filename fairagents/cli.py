@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     scl.add_argument("--agents", type=int, default=10_000, help="agents (simulated part)")
     scl.add_argument("--apps", type=int, default=100, help="apps the agents belong to (simulated part)")
     scl.add_argument("--sim-seconds", type=float, default=3.0, help="simulated seconds per row")
-    scl.add_argument("--interval", type=float, default=0.005, help="seconds between syncs")
+    scl.add_argument("--interval", type=float, default=0.02, help="seconds between syncs")
     scl.add_argument("--delay", type=float, default=0.001, help="a sync's simulated round trip, seconds")
     scl.add_argument("--seed", type=int, default=0, help="seed of the simulated workload")
     scl.add_argument("--json", action="store_true", help=json_help)

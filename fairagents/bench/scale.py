@@ -68,7 +68,7 @@ def run(
     agents: int = 10_000,
     apps: int = 100,
     sim_seconds: float = 3.0,
-    interval: float = 0.005,
+    interval: float = 0.02,
     delay: float = 0.001,
     seed: int = 0,
 ) -> dict[str, Any]:

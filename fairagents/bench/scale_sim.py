@@ -171,7 +171,7 @@ def simulate_doors(
     think: float = 0.0,
     seconds: float = 3.0,
     warmup: float = 0.5,
-    interval: float = 0.005,
+    interval: float = 0.02,
     delay: float = 0.001,
     seed: int = 0,
     shared: bool = True,

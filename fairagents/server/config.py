@@ -387,7 +387,7 @@ class CountersConfig(_Section):
     """Read the URL from this environment variable instead (keeps a password out of the file)."""
     namespace: str = "default"
     """Keeps several pools apart in one Redis: the doors of one pool name the same namespace."""
-    interval: float = Field(default=0.005, gt=0)
+    interval: float = Field(default=0.02, gt=0)
     """Seconds between syncs with Redis."""
     ttl: float = Field(default=2.0, gt=0)
     """Seconds after its last sync a door stops counting for the others."""

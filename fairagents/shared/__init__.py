@@ -8,7 +8,7 @@ HMFS counters of the whole pool (:mod:`fairagents.policies.hmfs`) in one store a
 draws on one capacity per shared model.
 
 - **Counters**: charges are added as commuting increments (``HINCRBYFLOAT``), batched
-  per door and sent every ``interval`` (5 ms by default); the lift (min over active
+  per door and sent every ``interval`` (20 ms by default); the lift (min over active
   clients, then raise) is one atomic step of the store (a Lua script in Redis).
 - **Capacity**: for models every door sends to (remote replicas), a door dispatches
   the policy's choice only when the pool, all doors counted, has a slot and KV room,

@@ -69,7 +69,7 @@ class SharedCounters:
         self,
         store: CounterStore | str,
         *,
-        interval: float = 0.005,
+        interval: float = 0.02,
         ttl: float = 2.0,
         door: str | None = None,
         namespace: str = "default",

@@ -1,9 +1,11 @@
 """Two ``fairagents serve`` processes sharing counters through a real Redis, in front of one real ``vllm serve``.
 
 Each door sees one app (``heavy``, weight 4; ``light``, weight 1). The replica is the
-shared bottleneck; the doors draw on its slots through Redis leases. On a small machine
-the replica, the two servers and the callers share the CPU, and the share the doors hold
-depends on whether they keep their apps backlogged (see the assertions).
+shared bottleneck; the doors draw on its slots through Redis leases. Here the replica, the
+two servers, Redis and the callers share two cores; the doors sync every 20 ms (the
+default). At 5 ms, each sync's share of a starved core left a door's queue empty for up
+to a second at a time, and the lift (VTC's rule against banked credit) then wiped out
+the heavy app's lead, for shares of 1.9 to 4 : 1 (see docs/guides/scaling-out.md).
 """
 
 import asyncio
@@ -51,7 +53,7 @@ def redis_door_store(tmp_path_factory):
 def config(folder, replica, redis_url, name):
     from fairagents.models import ensure_default_models
 
-    counters = f'counters = {{ url = "{redis_url}", interval = 0.005, door = "{name}" }}' if redis_url else ""
+    counters = f'counters = {{ url = "{redis_url}", door = "{name}" }}' if redis_url else ""
     path = folder / f"{name}.toml"
     path.write_text(f"""
 [server]
@@ -185,14 +187,12 @@ async def test_two_servers_on_redis_hold_four_to_one_through_an_outage(replica, 
             await asyncio.sleep(1)
             recovered = await window(urls, 20)
             metrics = httpx.get(f"{urls[0]}/metrics", timeout=5).text
+    print(f"heavy : light over HTTP, shared {shared:.2f}, after the outage {recovered:.2f}")
     assert not callers.errors, callers.errors[:3]
-    # Weights 4 : 1 hold within 10 % in process (test_doors.py) and in the simulator; over HTTP on a 2-core
-    # machine that also runs the replica, the doors cannot always keep their app backlogged, and runs gave
-    # 1.9 to 4.1 : 1. What is asserted here is that sharing clearly beats per-door counters (about 1 : 1).
-    assert 1.5 <= shared <= 4.4, shared
+    assert 3.6 <= shared <= 4.4, shared  # weights 4 : 1, within 10 %
     assert all(h["status"] == "ok" and h["counters"]["connected"] is False for h in health), health
     assert served_alone > 20  # each door kept serving on its own counters
-    assert 1.5 <= recovered <= 4.4, recovered
+    assert 3.6 <= recovered <= 4.4, recovered  # and the share recovers once Redis is back
     assert "fairagents_shared_counters_connected 1.0" in metrics
 
 
