@@ -120,11 +120,12 @@ async def test_parameters_fairagents_cannot_honour_are_refused():
     client = AsyncFairOpenAI(arbiter, agent=arbiter.app("a").agent("t"))
     async with arbiter:
         for params in (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
             {"n": 2},
-            {"response_format": {"type": "json_object"}},
-            {"logprobs": True},
+            {"audio": {"voice": "alloy", "format": "wav"}},
+            {"prediction": {"type": "content", "content": "x"}},
             {"extra_body": {"guided_json": {}}},
+            {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            {"response_format": {"type": "xml"}},
         ):
             with pytest.raises(fa.InvalidParameterError):
                 await client.chat.completions.create(model="chat", messages=MESSAGES, **params)

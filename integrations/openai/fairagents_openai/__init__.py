@@ -1,14 +1,14 @@
-"""fairagents for OpenAI-client code: :class:`AsyncFairOpenAI`, a drop-in async client.
+"""fairagents for OpenAI-client code: :class:`AsyncFairOpenAI` and :class:`FairOpenAI`, drop-in clients.
 
 Examples:
     >>> import fairagents_openai
     >>> fairagents_openai.__all__
-    ['AsyncFairOpenAI', 'ChatCompletionStream']
+    ['AsyncFairOpenAI', 'ChatCompletionStream', 'ChatCompletionSyncStream', 'FairOpenAI']
 """
 
 from __future__ import annotations
 
 from fairagents_openai._local import ChatCompletionStream
-from fairagents_openai.client import AsyncFairOpenAI
+from fairagents_openai.client import AsyncFairOpenAI, ChatCompletionSyncStream, FairOpenAI
 
-__all__ = ["AsyncFairOpenAI", "ChatCompletionStream"]
+__all__ = ["AsyncFairOpenAI", "ChatCompletionStream", "ChatCompletionSyncStream", "FairOpenAI"]

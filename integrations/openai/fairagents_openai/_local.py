@@ -2,9 +2,10 @@
 
 Requests are read as the OpenAI API reads them and answered with the ``openai``
 package's own response types, so code written for ``openai.AsyncOpenAI`` runs
-unchanged. What fairagents cannot honour (tools, response formats, logprobs,
-penalties, ``n > 1``) is refused with an :class:`~fairagents.InvalidParameterError`
-rather than ignored.
+unchanged: tools and tool calls, ``response_format``, logprobs, penalties and
+``logit_bias`` included. What fairagents cannot honour here (``n > 1``: make ``n``
+calls, each scheduled and charged fairly; audio, predicted outputs) is refused with an
+:class:`~fairagents.InvalidParameterError` rather than ignored.
 
 Examples:
     >>> chat_params({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stop": "."})
@@ -24,15 +25,19 @@ from typing import Any
 import openai
 from openai.types import CompletionUsage, Image, ImagesResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 
 from fairagents.arbiter import AgentHandle, Arbiter
 from fairagents.engines.base import Delta
 from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.identity import Agent, Modality
 from fairagents.images import parse_size
+from fairagents.portal import Portal
+from fairagents.reply import Reply, TokenLogprob
+from fairagents.tools import OutputSpec
 
 __all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image"]
 
@@ -42,10 +47,13 @@ _IGNORED = frozenset(
      "service_tier"}
 )
 # Parameters whose default value asks for nothing.
-_NO_OP = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "n": 1}
+_NO_OP = {"n": 1}
+# Read as they are: Arbiter.chat takes them under the same names.
+_PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "tools", "tool_choice",
+           "parallel_tool_calls", "response_format", "top_logprobs")
 _READ = frozenset(
-    {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream",
-     "stream_options", "extra_body", "timeout"}
+    {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "extra_body",
+     "timeout", "logprobs", "logit_bias", *_PASSED}
 )
 
 
@@ -62,24 +70,35 @@ def chat_params(request: Mapping[str, Any]) -> tuple[dict[str, Any], bool, bool,
 
     Raises:
         InvalidParameterError: a parameter fairagents cannot honour.
+
+    Examples:
+        >>> tools = [{"type": "function", "function": {"name": "weather"}}]
+        >>> chat_params({"model": "m", "messages": [], "tools": tools, "tool_choice": "required"})[0]["tool_choice"]
+        'required'
+        >>> chat_params({"model": "m", "messages": [], "n": 2})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: n > 1 is not served in process: make n calls (each is scheduled and charged fairly), or send it to a fairagents server
     """
     given = {name: value for name, value in request.items() if _given(value)}
+    if given.get("n", 1) != 1:
+        raise InvalidParameterError("n > 1 is not served in process: make n calls (each is scheduled and charged "
+                                    "fairly), or send it to a fairagents server")
     refused = sorted(
         name for name, value in given.items() if name not in _READ | _IGNORED and _NO_OP.get(name, object()) != value
     )
     if refused:
-        raise InvalidParameterError(
-            f"fairagents serves plain chat completions; it cannot honour {', '.join(refused)}"
-        )
-    params: dict[str, Any] = {}
+        raise InvalidParameterError(f"fairagents cannot honour {', '.join(refused)} in process")
+    params: dict[str, Any] = {name: given[name] for name in _PASSED if name in given}
     max_tokens = given.get("max_completion_tokens", given.get("max_tokens"))
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
-    for name in ("temperature", "top_p", "seed"):
-        if name in given:
-            params[name] = given[name]
     if "stop" in given:
         params["stop"] = (given["stop"],) if isinstance(given["stop"], str) else tuple(given["stop"])
+    if given.get("logprobs"):
+        params["logprobs"] = True
+    if "logit_bias" in given:
+        params["logit_bias"] = given["logit_bias"]
     extra = dict(given.get("extra_body") or {})
     if extra.pop("ignore_eos", False):  # vLLM's extension
         params["ignore_eos"] = True
@@ -105,17 +124,29 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
 
 
 async def chat_completion(
-    arbiter: Arbiter, agent: AgentHandle | Agent | None, request: Mapping[str, Any]
+    arbiter: Arbiter, agent: AgentHandle | Agent | None, request: Mapping[str, Any], portal: Portal | None = None,
 ) -> ChatCompletion | ChatCompletionStream:
-    """Serve one ``chat.completions.create(**request)`` through ``arbiter``."""
+    """Serve one ``chat.completions.create(**request)`` through ``arbiter``, on its event loop.
+
+    Called from another loop, a ``portal`` (:class:`~fairagents.Portal`) carries the call,
+    and the returned stream's chunks, to and from the arbiter's loop.
+    """
+    if portal is not None:
+        served = await portal.run(chat_completion, arbiter, agent, request)
+        if isinstance(served, ChatCompletionStream):
+            served._portal = portal
+        return served
     model, messages = request.get("model"), _messages(request.get("messages"))
     params, stream, include_usage, timeout = chat_params(request)
     if stream:
-        # Prepare once (images in the arbiter's pool), keeping the call's place in the queue, so that
-        # the usage chunk counts the very prompt that was charged.
+        # Prepare once (images in the arbiter's pool; tools rendered), keeping the call's place in the
+        # queue, so that the usage chunk counts the very prompt that was charged.
         arrival = arbiter.clock()
-        prompt = await arbiter.prepare_chat(model, messages)  # type: ignore[arg-type]
-        deltas = arbiter.stream_complete(model, prompt, agent=agent, arrival=arrival, **params)  # type: ignore[arg-type]
+        spec = OutputSpec.of(**{k: params.get(k) for k in ("tools", "tool_choice", "parallel_tool_calls",
+                                                            "response_format")})  # bad tools: before any work
+        tools = spec.template_tools
+        prompt = await arbiter.prepare_chat(model, messages, agent=agent, tools=tools)  # type: ignore[arg-type]
+        deltas = arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, **params)  # type: ignore[arg-type]
         try:
             first = await anext(deltas)  # bad input raises here, at create(), as the HTTP API answers 400
         except BaseException:
@@ -133,8 +164,9 @@ async def chat_completion(
         choices=[
             Choice(
                 index=0,
-                message=ChatCompletionMessage(role="assistant", content=reply.text),
+                message=_message(reply),
                 finish_reason=reply.finish_reason,  # type: ignore[arg-type]
+                logprobs=_logprobs(reply.logprobs) if params.get("logprobs") else None,
             )
         ],
         usage=CompletionUsage(
@@ -144,6 +176,20 @@ async def chat_completion(
             unified_tokens=usage.unified_tokens,  # type: ignore[call-arg]  # what fairagents charged
         ),
     )
+
+
+def _message(reply: Reply) -> ChatCompletionMessage:
+    """The reply as the assistant's message: its text, and its tool calls (content ``None`` when only calls)."""
+    if not reply.tool_calls:
+        return ChatCompletionMessage(role="assistant", content=reply.text)
+    return ChatCompletionMessage.model_validate({
+        "role": "assistant", "content": reply.text or None, "tool_calls": [c.as_openai() for c in reply.tool_calls],
+    })
+
+
+def _logprobs(tokens: Any, kind: Any = ChoiceLogprobs) -> Any:
+    """Tokens' log probabilities as a choice's ``logprobs`` (``kind``: of a completion, or of a chunk)."""
+    return kind.model_validate({"content": [t.as_openai() for t in tokens]})
 
 
 class ChatCompletionStream:
@@ -186,15 +232,24 @@ class ChatCompletionStream:
         self._id = f"chatcmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
         self._chunks = self._iterate(first)
+        self._portal: Portal | None = None  # set when the caller's loop is not the arbiter's
 
     def __aiter__(self) -> ChatCompletionStream:
         return self
 
     async def __anext__(self) -> ChatCompletionChunk:
+        if self._portal is not None:
+            return await self._portal.run(self._chunks.__anext__)
         return await self._chunks.__anext__()
 
     async def close(self) -> None:
         """Stop the request; what it produced so far is charged."""
+        if self._portal is not None:
+            await self._portal.run(self._close)
+        else:
+            await self._close()
+
+    async def _close(self) -> None:
         await self._chunks.aclose()
         await self._deltas.aclose()  # type: ignore[attr-defined]  # when no chunk was read, _chunks never opened it
 
@@ -204,13 +259,15 @@ class ChatCompletionStream:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _chunk(self, delta: ChoiceDelta, finish: str | None = None) -> ChatCompletionChunk:
+    def _chunk(self, delta: ChoiceDelta, finish: str | None = None,
+               logprobs: tuple[TokenLogprob, ...] = ()) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=self._id,
             object="chat.completion.chunk",
             created=self._created,
             model=self._model,
-            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],  # type: ignore[arg-type]
+            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish,  # type: ignore[arg-type]
+                                 logprobs=_logprobs(logprobs, ChunkLogprobs) if logprobs else None)],
         )
 
     async def _iterate(self, first: Delta) -> AsyncIterator[ChatCompletionChunk]:
@@ -220,8 +277,8 @@ class ChatCompletionStream:
             delta: Delta | None = first
             while delta is not None:
                 produced += delta.new_tokens
-                if delta.text or delta.finish_reason:
-                    yield self._chunk(ChoiceDelta(content=delta.text or None), delta.finish_reason)
+                if delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs:
+                    yield self._chunk(_delta(delta), delta.finish_reason, delta.logprobs)
                 delta = await anext(self._deltas, None)
         if self._include_usage:
             yield ChatCompletionChunk(
@@ -244,6 +301,14 @@ class ChatCompletionStream:
             total_tokens=prompt + produced,
             unified_tokens=charged,  # type: ignore[call-arg]  # what fairagents charged
         )
+
+
+def _delta(delta: Delta) -> ChoiceDelta:
+    """A delta as a chunk's ``delta``: its content, and the pieces of its tool calls."""
+    if not delta.tool_calls:
+        return ChoiceDelta(content=delta.text or None)
+    return ChoiceDelta.model_validate({"content": delta.text or None,
+                                       "tool_calls": [p.as_openai() for p in delta.tool_calls]})
 
 
 async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: AgentHandle | Agent | None = None) -> ImagesResponse:

@@ -1,6 +1,7 @@
-"""``AsyncFairOpenAI``: ``openai.AsyncOpenAI``'s chat completions and images, served fairly.
+"""``AsyncFairOpenAI`` and ``FairOpenAI``: ``openai``'s chat completions and images, served fairly.
 
-Two ways to serve, one surface:
+``AsyncFairOpenAI`` stands in for ``openai.AsyncOpenAI``, ``FairOpenAI`` for the sync
+``openai.OpenAI``. Two ways to serve, one surface:
 
 - ``AsyncFairOpenAI(arbiter)``: through an arbiter in this process. The calling agent
   is the client's ``agent``, or else the one bound in context when the call is made
@@ -11,6 +12,11 @@ Two ways to serve, one surface:
   agent goes in ``X-Fairagents-Agent``; a server that runs without keys is told the app
   in ``X-Fairagents-App`` instead, and gets no ``Authorization`` header at all (so not
   ``OPENAI_API_KEY`` from the environment either).
+
+In process, calls reach the arbiter through a :class:`~fairagents.Portal`: an
+``AsyncFairOpenAI`` works from any event loop (the arbiter's, or another thread's), and
+a ``FairOpenAI`` from sync code; an arbiter that is not started is started on a loop
+thread of the portal's own, closed by ``close()``.
 
 Examples:
     >>> import asyncio
@@ -34,16 +40,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from collections.abc import Iterator
+
 import openai
 from openai.types import ImagesResponse
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fairagents.arbiter import AgentHandle, Arbiter
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, identity_headers
+from fairagents.portal import Portal
 from fairagents_openai._local import ChatCompletionStream, chat_completion, generate_image
 
-__all__ = ["AsyncFairOpenAI"]
+__all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI"]
 
 # Sent as the key to a server without keys; the Authorization header itself is then omitted.
 _NO_KEY = "fairagents-no-key"
@@ -94,12 +103,16 @@ class AsyncFairOpenAI:
         self.agent = agent
         self.app = app
         self._keyed = bool(api_key)
-        self.openai: openai.AsyncOpenAI | None = None
+        self.portal = None if arbiter is None else Portal(arbiter)
+        """In process: how calls reach the arbiter's event loop from the caller's."""
+        self.openai: Any = None
         """The underlying ``openai`` client, for a server (its other endpoints, as they are)."""
         if base_url is not None:
-            self.openai = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or _NO_KEY, **options)
+            self.openai = self._openai_class(base_url=base_url, api_key=api_key or _NO_KEY, **options)
         self.chat = _Chat(self)
         self.images = _Images(self)
+
+    _openai_class: Any = openai.AsyncOpenAI
 
     def headers(self) -> dict[str, Any]:
         """The identity headers a call made now sends to a server.
@@ -120,9 +133,11 @@ class AsyncFairOpenAI:
         return {**request, "extra_headers": {**self.headers(), **(request.get("extra_headers") or {})}}
 
     async def close(self) -> None:
-        """Close the connection to the server (nothing to close in process)."""
+        """Close the connection to the server; in process, an arbiter the client's portal started."""
         if self.openai is not None:
             await self.openai.close()
+        if self.portal is not None and self.portal.owns_loop:
+            await asyncio.to_thread(self.portal.close)
 
     async def __aenter__(self) -> AsyncFairOpenAI:
         return self
@@ -146,7 +161,7 @@ class _Completions:
         if client.openai is not None:
             return await client.openai.chat.completions.create(**client._remote_options(request))
         assert client.arbiter is not None
-        return await chat_completion(client.arbiter, client.agent, request)  # type: ignore[arg-type]
+        return await chat_completion(client.arbiter, client.agent, request, client.portal)  # type: ignore[arg-type]
 
 
 class _Chat:
@@ -168,5 +183,131 @@ class _Images:
         client = self._client
         if client.openai is not None:
             return await client.openai.images.generate(**client._remote_options(request))
-        assert client.arbiter is not None
-        return await generate_image(client.arbiter, request, client.agent)
+        assert client.arbiter is not None and client.portal is not None
+        return await client.portal.run(generate_image, client.arbiter, request, client.agent)
+
+
+class FairOpenAI(AsyncFairOpenAI):
+    """A drop-in for the sync ``openai.OpenAI``'s ``chat.completions`` and ``images``, served by fairagents.
+
+    The arguments are :class:`AsyncFairOpenAI`'s. In process, each call blocks its thread
+    until the arbiter (on its own event loop) answers; with no loop anywhere, the first
+    call starts the arbiter on a loop thread of the client's portal, and :meth:`close`
+    (or leaving ``with``) closes it. Calling it from the arbiter's own event loop would
+    block that loop: a :class:`~fairagents.errors.ProtocolError` says so.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.testing import FakeEngine
+        >>> arbiter = fa.Arbiter()
+        >>> arbiter.add_model("chat", FakeEngine(tokens_per_reply=2))
+        >>> with FairOpenAI(arbiter, agent=arbiter.app("driving").agent("planner")) as client:
+        ...     completion = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "go"}])
+        ...     chunks = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "go"}],
+        ...                                             stream=True)
+        ...     pieces = [c.choices[0].delta.content for c in chunks]
+        >>> completion.choices[0].message.content, pieces
+        ('t0 t1 ', ['', 't0 ', 't1 '])
+    """
+
+    _openai_class: Any = openai.OpenAI
+
+    def __init__(self, arbiter: Arbiter | None = None, **kwargs: Any) -> None:
+        super().__init__(arbiter, **kwargs)
+        self.chat = _SyncChat(self)  # type: ignore[assignment]
+        self.images = _SyncImages(self)  # type: ignore[assignment]
+
+    def close(self) -> None:  # type: ignore[override]
+        """Close the connection to the server; in process, an arbiter the client's portal started."""
+        if self.openai is not None:
+            self.openai.close()
+        if self.portal is not None:
+            self.portal.close()
+
+    def __enter__(self) -> FairOpenAI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ChatCompletionSyncStream:
+    """The chunks of a streamed completion for sync code, as ``openai``'s ``Stream`` yields them.
+
+    Iterate it once; ``close()`` (or ``with``) ends the request early, charged for what
+    it produced.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.testing import FakeEngine
+        >>> arbiter = fa.Arbiter()
+        >>> arbiter.add_model("chat", FakeEngine(tokens_per_reply=50))
+        >>> client = FairOpenAI(arbiter, agent=arbiter.app("a").agent("b"))
+        >>> with client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "go"}],
+        ...                                     stream=True) as chunks:
+        ...     first = [next(chunks).choices[0].delta.role, next(chunks).choices[0].delta.content]
+        >>> first, arbiter.stats().apps["a"].cancelled
+        (['assistant', 't0 '], 1)
+        >>> client.close()
+    """
+
+    def __init__(self, stream: ChatCompletionStream, portal: Portal) -> None:
+        self._stream = stream
+        self._portal = portal
+
+    def __iter__(self) -> Iterator[ChatCompletionChunk]:
+        return self
+
+    def __next__(self) -> ChatCompletionChunk:
+        try:
+            return self._portal.run_sync(self._stream._chunks.__anext__)
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """Stop the request; what it produced so far is charged."""
+        self._portal.run_sync(self._stream._close)
+
+    def __enter__(self) -> ChatCompletionSyncStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _SyncCompletions:
+    def __init__(self, client: FairOpenAI) -> None:
+        self._client = client
+
+    def create(self, **request: Any) -> ChatCompletion | ChatCompletionSyncStream | Any:
+        """``chat.completions.create``: a ``ChatCompletion``, or with ``stream=True`` an iterator of chunks.
+
+        In process, bad input raises a :class:`~fairagents.BadInputError` (a ``ValueError``)
+        here rather than while iterating a stream.
+        """
+        client = self._client
+        if client.openai is not None:
+            return client.openai.chat.completions.create(**client._remote_options(request))
+        assert client.arbiter is not None and client.portal is not None
+        served = client.portal.run_sync(chat_completion, client.arbiter, client.agent, request)  # type: ignore[arg-type]
+        if isinstance(served, ChatCompletionStream):
+            return ChatCompletionSyncStream(served, client.portal)
+        return served
+
+
+class _SyncChat:
+    def __init__(self, client: FairOpenAI) -> None:
+        self.completions = _SyncCompletions(client)
+
+
+class _SyncImages:
+    def __init__(self, client: FairOpenAI) -> None:
+        self._client = client
+
+    def generate(self, **request: Any) -> ImagesResponse:
+        """``images.generate``, as :class:`AsyncFairOpenAI`'s, from sync code."""
+        client = self._client
+        if client.openai is not None:
+            return client.openai.images.generate(**client._remote_options(request))
+        assert client.arbiter is not None and client.portal is not None
+        return client.portal.run_sync(generate_image, client.arbiter, request, client.agent)
