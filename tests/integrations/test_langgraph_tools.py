@@ -478,3 +478,35 @@ async def test_remote_calls_send_tools_and_read_calls_whole_and_streamed():
     assert first["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "Bergen: rain"}
     assert second["stream"] and third["response_format"] == {"type": "json_object"}
     assert streamed.usage_metadata == {"input_tokens": 9, "output_tokens": 6, "total_tokens": 15}
+
+
+async def test_agents_run_over_http_through_a_real_fairagents_server():
+    """create_react_agent and create_agent with a response format, each over HTTP to a live server."""
+    agents = pytest.importorskip("langchain.agents")
+    from langgraph.prebuilt import create_react_agent
+
+    from fairagents.server import Config, create_app, running
+
+    engine = FakeEngine(reply=replies(
+        CALL_TEXT, "It is sunny in Oslo.",  # the ReAct agent: a call under "auto", then an answer
+        '[{"name": "weather", "parameters": {"city": "Oslo"}}]',  # create_agent: every turn must call
+        '[{"name": "Forecast", "parameters": {"city": "Oslo", "sky": "sunny"}}]',
+    ))
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine)
+    config = Config.model_validate({"apps": {"travel": {"api_key": "sk-travel"}}, "models": {"chat": {}}})
+    await arbiter.start()
+    try:
+        async with running(create_app(arbiter, config)) as url:
+            llm = ChatFairAgents(base_url=f"{url}/v1", api_key="sk-travel", model="chat", max_tokens=64)
+            react = fair_graph(create_react_agent(llm, [weather]), app="travel")
+            answered = await react.ainvoke({"messages": ASK})
+            structured_agent = agents.create_agent(llm, tools=[weather], response_format=Forecast)
+            formatted = await fair_graph(structured_agent, app="travel").ainvoke({"messages": ASK})
+    finally:
+        await arbiter.close()
+    assert answered["messages"][-1].content == "It is sunny in Oslo."
+    assert [m.content for m in answered["messages"] if m.type == "tool"] == ["Oslo: sunny, 14 °C"]
+    assert formatted["structured_response"] == Forecast(**FORECAST)
+    assert all(s["json"]["type"] == "array" for s in structured(engine)[-2:])  # required over HTTP too
+    assert set(arbiter.stats().agents) >= {"travel/agent", "travel/model"}  # the graphs' nodes, as agents
