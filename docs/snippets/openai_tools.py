@@ -4,6 +4,7 @@ import asyncio
 import json
 
 from fairagents_openai import AsyncFairOpenAI, FairOpenAI
+from pydantic import BaseModel, Field
 
 import fairagents as fa
 from fairagents.engines.vllm import VLLMEngine
@@ -12,6 +13,10 @@ from fairagents.testing import FakeEngine
 WEATHER = {"type": "function", "function": {
     "name": "weather", "description": "Today's weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}}}
+
+
+class Forecast(BaseModel):
+    city: str = Field(max_length=24)
 
 
 async def main():
@@ -43,6 +48,24 @@ async def main():
         print(json.loads(forecast.choices[0].message.content))
         # --8<-- [end:structured]
 
+        # --8<-- [start:parse]
+        parsed = await client.chat.completions.parse(
+            model="chat", messages=messages, response_format=Forecast, max_tokens=300, seed=3,
+        )
+        print(parsed.choices[0].message.parsed)  # a Forecast
+        # --8<-- [end:parse]
+
+        # --8<-- [start:stream]
+        ask = [{"role": "user", "content": "What is the weather in Tromsø?"}]
+        async with client.chat.completions.stream(
+            model="chat", messages=ask, tools=[WEATHER], tool_choice="required", max_tokens=300, seed=4,
+        ) as stream:
+            async for event in stream:
+                if event.type == "tool_calls.function.arguments.done":
+                    print(event.name, event.arguments)
+            final = await stream.get_final_completion()  # the calls create() would have returned
+        # --8<-- [end:stream]
+
         # --8<-- [start:loops]
         def elsewhere():  # another thread, with an event loop of its own
             return asyncio.run(client.chat.completions.create(model="chat", messages=messages, max_tokens=8))
@@ -50,6 +73,7 @@ async def main():
         await asyncio.to_thread(elsewhere)  # the call runs on the arbiter's loop; the answer comes back here
         # --8<-- [end:loops]
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert isinstance(parsed.choices[0].message.parsed, Forecast) and final.choices[0].message.tool_calls
     await asyncio.to_thread(sync_script)
 
 
@@ -65,3 +89,7 @@ def sync_script():
     # leaving `with` closed the arbiter the client had started on a thread of its own
     # --8<-- [end:sync]
     assert completion.choices[0].message.content
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

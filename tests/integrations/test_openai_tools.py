@@ -1,17 +1,22 @@
 """fairagents_openai: tools, structured output and logprobs through the drop-in; calls from any loop; the sync client.
 
 The scripted FakeEngine answers as a model would (a Hermes-syntax tool call, or JSON); the
-real engine test checks that a required call is valid on the embedded model.
+real engine test checks that a required call is valid on the embedded model. Streams are
+read back with openai's own accumulation (``ChatCompletionStreamState``, what its
+``stream()`` helper uses).
 """
 
 import asyncio
 import json
 import threading
+import time
 
 import openai
 import pytest
-from fairagents_openai import AsyncFairOpenAI, ChatCompletionSyncStream, FairOpenAI
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from fairagents_openai import AsyncFairOpenAI, ChatCompletionEventStream, ChatCompletionSyncStream, FairOpenAI
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCompletion
+from pydantic import BaseModel, Field
 
 import fairagents as fa
 from fairagents.errors import ProtocolError
@@ -31,21 +36,25 @@ def pool(reply=CALL):
     return arbiter, arbiter.app("a").agent("bot")
 
 
-def accumulate(chunks):
-    """What openai's stream helpers rebuild from chunks: content, tool calls by index, the finish reason."""
-    content, calls, finish = [], {}, None
+class City(BaseModel):
+    city: str
+
+
+class ShortCity(BaseModel):
+    city: str = Field(max_length=12)
+
+
+def accumulate(chunks, tools=(WEATHER,)):
+    """The choice openai's own stream accumulation rebuilds from ``chunks``."""
+    state = ChatCompletionStreamState(input_tools=list(tools))
     for chunk in chunks:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        content.append(delta.content or "")
-        for piece in delta.tool_calls or []:
-            call = calls.setdefault(piece.index, {"id": None, "name": None, "arguments": ""})
-            call["id"] = call["id"] or piece.id
-            call["name"] = call["name"] or (piece.function.name if piece.function else None)
-            call["arguments"] += (piece.function.arguments or "") if piece.function else ""
-        finish = chunk.choices[0].finish_reason or finish
-    return "".join(content), [calls[i] for i in sorted(calls)], finish
+        assert isinstance(ChatCompletionChunk.model_validate(chunk.model_dump()), ChatCompletionChunk)
+        state.handle_chunk(chunk)
+    return state.get_final_completion().choices[0]
+
+
+def calls_of(message):
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
 async def test_a_tool_round_trip_through_the_drop_in():
@@ -69,16 +78,20 @@ async def test_streamed_tool_calls_add_up_to_the_reply():
     arbiter, bot = pool()
     client = AsyncFairOpenAI(arbiter, agent=bot)
     async with arbiter:
-        whole = await client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER])
+        whole = (await client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER])).choices[0]
         stream = await client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER], stream=True)
         chunks = [c async for c in stream]
-    assert all(isinstance(ChatCompletionChunk.model_validate(c.model_dump()), ChatCompletionChunk) for c in chunks)
-    content, calls, finish = accumulate(chunks)
-    [call] = whole.choices[0].message.tool_calls
-    assert finish == "tool_calls" and content.strip() == whole.choices[0].message.content.strip()
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [(call.function.name,
-                                                                         json.loads(call.function.arguments))]
-    assert calls[0]["id"].startswith("call_")
+        async with client.chat.completions.stream(model="chat", messages=ASK, tools=[WEATHER]) as events:
+            kinds = [event.type async for event in events]
+            helped = (await events.get_final_completion()).choices[0]
+    pieces = [p for c in chunks for p in c.choices[0].delta.tool_calls or []]
+    assert (pieces[0].index, pieces[0].type, pieces[0].function.name) == (0, "function", "weather")
+    assert pieces[0].id.startswith("call_") and all(p.id is None and p.function.name is None for p in pieces[1:])
+    for streamed in (accumulate(chunks), helped):
+        assert streamed.finish_reason == whole.finish_reason == "tool_calls"
+        assert streamed.message.content.strip() == whole.message.content.strip()
+        assert calls_of(streamed.message) == calls_of(whole.message) == [("weather", {"city": "Oslo"})]
+    assert isinstance(events, ChatCompletionEventStream) and "tool_calls.function.arguments.done" in kinds
 
 
 async def test_response_format_and_tool_choice_reach_the_engine():
@@ -96,15 +109,41 @@ async def test_response_format_and_tool_choice_reach_the_engine():
     assert forced.choices[0].message.tool_calls[0].function.name == "weather"
 
 
+async def test_parse_reads_the_answer_into_a_model_and_strict_calls_into_theirs():
+    arbiter, bot = pool(reply='{"city": "Oslo"}')
+    client = AsyncFairOpenAI(arbiter, agent=bot)
+    async with arbiter:
+        answer = await client.chat.completions.parse(model="chat", messages=ASK, response_format=City)
+        older = await client.beta.chat.completions.parse(model="chat", messages=ASK, response_format=City)
+        async with client.chat.completions.stream(model="chat", messages=ASK, response_format=City) as stream:
+            streamed = await stream.get_final_completion()
+        arbiter.engine("chat").reply = '<tool_call>{"name": "City", "arguments": {"city": "Bergen"}}</tool_call>'
+        called = await client.chat.completions.parse(model="chat", messages=ASK,
+                                                     tools=[openai.pydantic_function_tool(City)])
+        with pytest.raises(ValueError, match="strict"):  # as openai's parse: only strict tools can be parsed
+            await client.chat.completions.parse(model="chat", messages=ASK, tools=[WEATHER])
+        with pytest.raises(fa.InvalidParameterError, match="stream"):
+            await client.chat.completions.parse(model="chat", messages=ASK, response_format=City, stream=True)
+    assert isinstance(answer, ParsedChatCompletion)
+    for completion in (answer, older, streamed):
+        assert completion.choices[0].message.parsed == City(city="Oslo")
+    sent = list(arbiter.engine("chat").params.values())[0].structured
+    assert sent == {"json": City.model_json_schema() | {"additionalProperties": False}}
+    assert called.choices[0].message.tool_calls[0].function.parsed_arguments == City(city="Bergen")
+
+
 async def test_bad_tools_are_refused_before_anything_is_charged():
     arbiter, bot = pool()
     client = AsyncFairOpenAI(arbiter, agent=bot)
+    nope = {"type": "function", "function": {"name": "nope"}}
     async with arbiter:
         for stream in (False, True):
-            with pytest.raises(fa.InvalidParameterError):
-                await client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER],
-                                                     tool_choice={"type": "function", "function": {"name": "nope"}},
+            with pytest.raises(fa.InvalidParameterError, match="nope"):
+                await client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER], tool_choice=nope,
                                                      stream=stream)
+        with pytest.raises(fa.InvalidParameterError, match="nope"):
+            async with client.chat.completions.stream(model="chat", messages=ASK, tools=[WEATHER], tool_choice=nope):
+                pass
     assert not arbiter.ledger.records
 
 
@@ -124,14 +163,27 @@ def test_the_async_client_works_from_a_loop_other_than_the_arbiters():
         client = AsyncFairOpenAI(arbiter, agent=bot)
 
         async def elsewhere():
-            reply = await asyncio.wait_for(client.chat.completions.create(model="chat", messages=ASK), 10)
+            reply = await client.chat.completions.create(model="chat", messages=ASK)
             stream = await client.chat.completions.create(model="chat", messages=ASK, stream=True)
-            chunks = [c async for c in stream]
-            return reply, chunks
+            return reply, [c async for c in stream]
 
-        reply, chunks = asyncio.run(elsewhere())
-        assert reply.choices[0].message.content == "hello there"
-        assert accumulate(chunks)[0] == "hello there"
+        async def given_up():  # cancelled here while it runs, cancelled on the arbiter's loop too
+            engine = arbiter.engine("chat")
+            engine.reply, engine.token_time = " ".join(["word"] * 500), 0.01
+            call = asyncio.ensure_future(client.chat.completions.create(model="chat", messages=ASK))
+            while not engine.running:
+                await asyncio.sleep(0.01)
+            call.cancel()
+            await call
+
+        reply, chunks = asyncio.run(asyncio.wait_for(elsewhere(), 10))
+        assert reply.choices[0].message.content == accumulate(chunks).message.content == "hello there"
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(asyncio.wait_for(given_up(), 10))
+        deadline = time.monotonic() + 5
+        while len(arbiter.ledger.records) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert arbiter.ledger.records[-1].outcome is fa.Outcome.CANCELLED
     finally:
         done.set()
         server.join()
@@ -145,13 +197,33 @@ def test_the_sync_client_needs_no_event_loop():
         completion = client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER])
         stream = client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER], stream=True)
         assert isinstance(stream, ChatCompletionSyncStream)
-        content, calls, finish = accumulate(list(stream))
+        streamed = accumulate(list(stream))
+        with client.chat.completions.stream(model="chat", messages=ASK, tools=[WEATHER]) as events:
+            helped = events.get_final_completion().choices[0]
+        arbiter.engine("chat").reply = '{"city": "Oslo"}'
+        answer = client.chat.completions.parse(model="chat", messages=ASK, response_format=City)
         with pytest.raises(fa.UnknownModelError):
             client.chat.completions.create(model="nope", messages=ASK)
-        assert client.portal.owns_loop
+        assert client.portal.owns_loop and not isinstance(client, AsyncFairOpenAI)
     assert not client.portal.owns_loop  # closed with the client, the arbiter too
-    assert completion.choices[0].message.tool_calls[0].function.name == "weather"
-    assert finish == "tool_calls" and calls[0]["name"] == "weather"
+    assert calls_of(streamed.message) == calls_of(helped.message) == calls_of(completion.choices[0].message)
+    assert streamed.finish_reason == helped.finish_reason == "tool_calls"
+    assert answer.choices[0].message.parsed == City(city="Oslo")
+    with pytest.raises(fa.ShutdownError):
+        client.chat.completions.create(model="chat", messages=ASK)  # the arbiter it started is closed
+
+
+def test_the_async_client_closes_the_arbiter_its_portal_started():
+    arbiter, bot = pool(reply="hi")
+
+    async def script():  # asyncio.run's loop; the arbiter gets a loop thread of its own
+        async with AsyncFairOpenAI(arbiter, agent=bot) as client:
+            completion = await client.chat.completions.create(model="chat", messages=ASK)
+            assert client.portal.owns_loop and arbiter.loop is not asyncio.get_running_loop()
+        return completion, client
+
+    completion, client = asyncio.run(script())
+    assert completion.choices[0].message.content == "hi" and not client.portal.owns_loop
 
 
 async def test_the_sync_client_on_the_arbiters_own_loop_says_it_would_block():
@@ -161,10 +233,32 @@ async def test_the_sync_client_on_the_arbiters_own_loop_says_it_would_block():
             FairOpenAI(arbiter, agent=bot).chat.completions.create(model="chat", messages=ASK)
 
 
-def test_the_sync_client_over_http_is_openais_own():
-    client = FairOpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-a", agent="bot")
-    assert isinstance(client.openai, openai.OpenAI)
-    client.close()
+def test_the_sync_client_over_http_is_openais_own(server):
+    http_client = server.sync_client()
+    with FairOpenAI(base_url="http://fair.test/v1", api_key="sk-a", agent="bot", http_client=http_client) as client:
+        completion = client.chat.completions.create(model="chat", messages=ASK)
+        chunks = list(client.chat.completions.create(model="chat", messages=ASK, stream=True))
+        with client.chat.completions.stream(model="chat", messages=ASK) as stream:
+            deltas = [event.delta for event in stream if event.type == "content.delta"]
+        with pytest.raises(openai.LengthFinishReasonError):  # openai's own parse read the answer: cut short
+            client.chat.completions.parse(model="chat", messages=ASK, response_format=City)
+    assert isinstance(client.openai, openai.OpenAI) and completion.choices[0].message.content == "hello"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(deltas) == "hello"
+    assert [body.get("stream", False) for _, body in server.requests] == [False, True, True, False]
+    assert server.body["response_format"]["json_schema"]["name"] == "City"
+    for request, _ in server.requests:
+        assert (request.headers["authorization"], request.headers["x-fairagents-agent"]) == ("Bearer sk-a", "bot")
+
+
+async def test_the_async_clients_parse_and_stream_over_http_are_openais_own(server):
+    client = AsyncFairOpenAI(base_url="http://fair.test/v1", api_key="sk-a", agent="bot",
+                             http_client=server.async_client())
+    async with client.chat.completions.stream(model="chat", messages=ASK) as stream:
+        text = "".join([event.delta async for event in stream if event.type == "content.delta"])
+    with pytest.raises(openai.LengthFinishReasonError):
+        await client.beta.chat.completions.parse(model="chat", messages=ASK, response_format=City)
+    await client.close()
+    assert text == "hello" and server.headers["x-fairagents-agent"] == "bot"
 
 
 @pytest.mark.engine
@@ -184,10 +278,13 @@ async def test_a_required_call_on_the_real_engine_is_valid(text_engine):
         answer = await client.chat.completions.create(
             model="chat", messages=ASK, max_tokens=300, seed=2, logprobs=True, top_logprobs=2,
             response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": city}})
+        parsed = await client.chat.completions.parse(model="chat", messages=ASK, max_tokens=300, seed=3,
+                                                     response_format=ShortCity)
     finally:
         await arbiter.close(stop_engines=False)
     [call] = completion.choices[0].message.tool_calls
     jsonschema.validate(json.loads(call.function.arguments), city)
     jsonschema.validate(json.loads(answer.choices[0].message.content), city)
+    assert isinstance(parsed.choices[0].message.parsed, ShortCity)
     tokens = answer.choices[0].logprobs.content
     assert len(tokens) == answer.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in tokens)

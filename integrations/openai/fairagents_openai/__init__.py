@@ -3,12 +3,20 @@
 Examples:
     >>> import fairagents_openai
     >>> fairagents_openai.__all__
-    ['AsyncFairOpenAI', 'ChatCompletionStream', 'ChatCompletionSyncStream', 'FairOpenAI']
+    ['AsyncFairOpenAI', 'ChatCompletionEventStream', 'ChatCompletionStream', 'ChatCompletionSyncEventStream', 'ChatCompletionSyncStream', 'FairOpenAI']
 """
 
 from __future__ import annotations
 
+from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream
 from fairagents_openai._local import ChatCompletionStream
 from fairagents_openai.client import AsyncFairOpenAI, ChatCompletionSyncStream, FairOpenAI
 
-__all__ = ["AsyncFairOpenAI", "ChatCompletionStream", "ChatCompletionSyncStream", "FairOpenAI"]
+__all__ = [
+    "AsyncFairOpenAI",
+    "ChatCompletionEventStream",
+    "ChatCompletionStream",
+    "ChatCompletionSyncEventStream",
+    "ChatCompletionSyncStream",
+    "FairOpenAI",
+]

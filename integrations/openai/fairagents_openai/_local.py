@@ -39,7 +39,7 @@ from fairagents.portal import Portal
 from fairagents.reply import Reply, TokenLogprob
 from fairagents.tools import OutputSpec
 
-__all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image"]
+__all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image", "given"]
 
 # Parameters about the caller or the transport, not the generation: accepted and not used.
 _IGNORED = frozenset(
@@ -49,15 +49,21 @@ _IGNORED = frozenset(
 # Parameters whose default value asks for nothing.
 _NO_OP = {"n": 1}
 # Read as they are: Arbiter.chat takes them under the same names.
-_PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "tools", "tool_choice",
-           "parallel_tool_calls", "response_format", "top_logprobs")
+_PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs",
+           "tools", "tool_choice", "parallel_tool_calls", "response_format")
 _READ = frozenset(
     {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "extra_body",
-     "timeout", "logprobs", "logit_bias", *_PASSED}
+     "timeout", "logprobs", *_PASSED}
 )
 
 
-def _given(value: Any) -> bool:
+def given(value: Any) -> bool:
+    """Whether a keyword argument was given: not ``None``, ``openai.NOT_GIVEN`` or ``openai.omit``.
+
+    Examples:
+        >>> given(0), given(None), given(openai.NOT_GIVEN), given(openai.omit)
+        (True, False, False, False)
+    """
     return value is not None and not isinstance(value, openai.NotGiven | openai.Omit)
 
 
@@ -80,33 +86,31 @@ def chat_params(request: Mapping[str, Any]) -> tuple[dict[str, Any], bool, bool,
         ...
         fairagents.errors.InvalidParameterError: n > 1 is not served in process: make n calls (each is scheduled and charged fairly), or send it to a fairagents server
     """
-    given = {name: value for name, value in request.items() if _given(value)}
-    if given.get("n", 1) != 1:
+    present = {name: value for name, value in request.items() if given(value)}
+    if present.get("n", 1) != 1:
         raise InvalidParameterError("n > 1 is not served in process: make n calls (each is scheduled and charged "
                                     "fairly), or send it to a fairagents server")
     refused = sorted(
-        name for name, value in given.items() if name not in _READ | _IGNORED and _NO_OP.get(name, object()) != value
+        name for name, value in present.items() if name not in _READ | _IGNORED and _NO_OP.get(name, object()) != value
     )
     if refused:
         raise InvalidParameterError(f"fairagents cannot honour {', '.join(refused)} in process")
-    params: dict[str, Any] = {name: given[name] for name in _PASSED if name in given}
-    max_tokens = given.get("max_completion_tokens", given.get("max_tokens"))
+    params: dict[str, Any] = {name: present[name] for name in _PASSED if name in present}
+    max_tokens = present.get("max_completion_tokens", present.get("max_tokens"))
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
-    if "stop" in given:
-        params["stop"] = (given["stop"],) if isinstance(given["stop"], str) else tuple(given["stop"])
-    if given.get("logprobs"):
+    if "stop" in present:
+        params["stop"] = (present["stop"],) if isinstance(present["stop"], str) else tuple(present["stop"])
+    if present.get("logprobs"):
         params["logprobs"] = True
-    if "logit_bias" in given:
-        params["logit_bias"] = given["logit_bias"]
-    extra = dict(given.get("extra_body") or {})
+    extra = dict(present.get("extra_body") or {})
     if extra.pop("ignore_eos", False):  # vLLM's extension
         params["ignore_eos"] = True
     if extra:
         raise InvalidParameterError(f"fairagents takes no extra_body parameter {', '.join(sorted(extra))}")
-    stream = bool(given.get("stream", False))
-    include_usage = bool((given.get("stream_options") or {}).get("include_usage", False))
-    timeout = given.get("timeout")
+    stream = bool(present.get("stream", False))
+    include_usage = bool((present.get("stream_options") or {}).get("include_usage", False))
+    timeout = present.get("timeout")
     return params, stream, include_usage, timeout if isinstance(timeout, int | float) else None
 
 
@@ -322,7 +326,7 @@ async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: Ag
         UnknownModelError: no image model of that name (or none at all) in the pool.
         InvalidParameterError: a parameter the image model cannot honour.
     """
-    options = {k: v for k, v in request.items() if _given(v) and k not in _IGNORED}
+    options = {k: v for k, v in request.items() if given(v) and k not in _IGNORED}
     image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
     model = options.pop("model", None)
     if model is not None:

@@ -38,18 +38,20 @@ Examples:
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from typing import Any
 
-from collections.abc import Iterator
-
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types import ImagesResponse
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCompletion
 
 from fairagents.arbiter import AgentHandle, Arbiter
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, identity_headers
 from fairagents.portal import Portal
+from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream, parsed, structured
 from fairagents_openai._local import ChatCompletionStream, chat_completion, generate_image
 
 __all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI"]
@@ -58,30 +60,10 @@ __all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI"]
 _NO_KEY = "fairagents-no-key"
 
 
-class AsyncFairOpenAI:
-    """A drop-in for ``openai.AsyncOpenAI``'s ``chat.completions`` and ``images``, served by fairagents.
+class _Client:
+    """Where a client's calls go (an arbiter in this process, or a server) and who makes them."""
 
-    Args:
-        arbiter: serve in this process, through this arbiter.
-        base_url: or send to a fairagents server at this URL (``http://host:8000/v1``).
-        api_key: the app's API key on the server; ``None`` when it runs without keys.
-        app: the app to name to a server without keys (default: the calling agent's app).
-        agent: a fixed caller (an agent handle or identity; with a server, also an agent
-            name); ``None``: the agent bound in context at each call.
-        **options: passed to ``openai.AsyncOpenAI`` (``timeout``, ``max_retries``,
-            ``http_client``, ...), for a server.
-
-    Raises:
-        InvalidParameterError: neither or both of ``arbiter`` and ``base_url``.
-
-    Examples:
-        >>> client = AsyncFairOpenAI(base_url="http://localhost:8000/v1", api_key="sk-studio", agent="writer")
-        >>> client.headers()
-        {'X-Fairagents-Agent': 'writer'}
-        >>> keys_off = AsyncFairOpenAI(base_url="http://localhost:8000/v1", app="studio", agent="writer")
-        >>> sorted(keys_off.headers())  # Authorization: omitted
-        ['Authorization', 'X-Fairagents-Agent', 'X-Fairagents-App']
-    """
+    _openai_class: Any
 
     def __init__(
         self,
@@ -109,10 +91,6 @@ class AsyncFairOpenAI:
         """The underlying ``openai`` client, for a server (its other endpoints, as they are)."""
         if base_url is not None:
             self.openai = self._openai_class(base_url=base_url, api_key=api_key or _NO_KEY, **options)
-        self.chat = _Chat(self)
-        self.images = _Images(self)
-
-    _openai_class: Any = openai.AsyncOpenAI
 
     def headers(self) -> dict[str, Any]:
         """The identity headers a call made now sends to a server.
@@ -131,6 +109,44 @@ class AsyncFairOpenAI:
 
     def _remote_options(self, request: dict[str, Any]) -> dict[str, Any]:
         return {**request, "extra_headers": {**self.headers(), **(request.get("extra_headers") or {})}}
+
+
+class AsyncFairOpenAI(_Client):
+    """A drop-in for ``openai.AsyncOpenAI``'s ``chat.completions`` and ``images``, served by fairagents.
+
+    ``chat.completions`` has ``create``, ``parse`` and ``stream`` (also reachable as
+    ``beta.chat.completions``, where older ``openai`` code calls them); ``images`` has
+    ``generate``.
+
+    Args:
+        arbiter: serve in this process, through this arbiter.
+        base_url: or send to a fairagents server at this URL (``http://host:8000/v1``).
+        api_key: the app's API key on the server; ``None`` when it runs without keys.
+        app: the app to name to a server without keys (default: the calling agent's app).
+        agent: a fixed caller (an agent handle or identity; with a server, also an agent
+            name); ``None``: the agent bound in context at each call.
+        **options: passed to ``openai.AsyncOpenAI`` (``timeout``, ``max_retries``,
+            ``http_client``, ...), for a server.
+
+    Raises:
+        InvalidParameterError: neither or both of ``arbiter`` and ``base_url``.
+
+    Examples:
+        >>> client = AsyncFairOpenAI(base_url="http://localhost:8000/v1", api_key="sk-studio", agent="writer")
+        >>> client.headers()
+        {'X-Fairagents-Agent': 'writer'}
+        >>> keys_off = AsyncFairOpenAI(base_url="http://localhost:8000/v1", app="studio", agent="writer")
+        >>> sorted(keys_off.headers())  # Authorization: omitted
+        ['Authorization', 'X-Fairagents-Agent', 'X-Fairagents-App']
+    """
+
+    _openai_class: Any = openai.AsyncOpenAI
+
+    def __init__(self, arbiter: Arbiter | None = None, **kwargs: Any) -> None:
+        super().__init__(arbiter, **kwargs)
+        self.chat = _Chat(_Completions(self))
+        self.beta = _Beta(self.chat)
+        self.images = _Images(self)
 
     async def close(self) -> None:
         """Close the connection to the server; in process, an arbiter the client's portal started."""
@@ -153,9 +169,9 @@ class _Completions:
     async def create(self, **request: Any) -> ChatCompletion | ChatCompletionStream | Any:
         """``chat.completions.create``: a ``ChatCompletion``, or with ``stream=True`` an async iterator of chunks.
 
-        In process, bad input (an unknown model or agent, ``max_tokens`` ≤ 0, a parameter
-        fairagents cannot honour) raises a :class:`~fairagents.BadInputError`, which is a
-        ``ValueError``, here rather than while iterating a stream.
+        In process, bad input (an unknown model or agent, ``max_tokens`` ≤ 0, bad tools, a
+        parameter fairagents cannot honour) raises a :class:`~fairagents.BadInputError`,
+        which is a ``ValueError``, here rather than while iterating a stream, and costs nothing.
         """
         client = self._client
         if client.openai is not None:
@@ -163,10 +179,42 @@ class _Completions:
         assert client.arbiter is not None
         return await chat_completion(client.arbiter, client.agent, request, client.portal)  # type: ignore[arg-type]
 
+    async def parse(self, **request: Any) -> ParsedChatCompletion[Any]:
+        """``chat.completions.parse``: ``create``, with the answer parsed into ``response_format`` (a class).
+
+        Tool calls' arguments are parsed too; as with ``openai``, every tool must then be a
+        strict function (``openai.pydantic_function_tool(Model)`` makes one).
+
+        Raises:
+            openai.LengthFinishReasonError: the answer was cut short by ``max_tokens``.
+        """
+        client = self._client
+        if client.openai is not None:
+            return await client.openai.chat.completions.parse(**client._remote_options(request))
+        converted, response_format, tools = structured(request, strict_tools=True)
+        return parsed(await self.create(**converted), response_format, tools)
+
+    def stream(self, **request: Any) -> ChatCompletionEventStream | Any:
+        """``chat.completions.stream``: ``openai``'s stream events, within ``async with``.
+
+        In process it is a :class:`~fairagents_openai.ChatCompletionEventStream`.
+        """
+        client = self._client
+        if client.openai is not None:
+            return client.openai.chat.completions.stream(**client._remote_options(request))
+        converted, response_format, tools = structured(request)
+        state = ChatCompletionStreamState(response_format=response_format, input_tools=tools)
+        return ChatCompletionEventStream(lambda: self.create(**converted, stream=True), state)
+
 
 class _Chat:
-    def __init__(self, client: AsyncFairOpenAI) -> None:
-        self.completions = _Completions(client)
+    def __init__(self, completions: Any) -> None:
+        self.completions = completions
+
+
+class _Beta:
+    def __init__(self, chat: Any) -> None:
+        self.chat = chat
 
 
 class _Images:
@@ -187,14 +235,15 @@ class _Images:
         return await client.portal.run(generate_image, client.arbiter, request, client.agent)
 
 
-class FairOpenAI(AsyncFairOpenAI):
+class FairOpenAI(_Client):
     """A drop-in for the sync ``openai.OpenAI``'s ``chat.completions`` and ``images``, served by fairagents.
 
-    The arguments are :class:`AsyncFairOpenAI`'s. In process, each call blocks its thread
-    until the arbiter (on its own event loop) answers; with no loop anywhere, the first
-    call starts the arbiter on a loop thread of the client's portal, and :meth:`close`
-    (or leaving ``with``) closes it. Calling it from the arbiter's own event loop would
-    block that loop: a :class:`~fairagents.errors.ProtocolError` says so.
+    The arguments and the methods are :class:`AsyncFairOpenAI`'s, for sync code. In
+    process, each call blocks its thread until the arbiter (on its own event loop)
+    answers; with no loop anywhere, the first call starts the arbiter on a loop thread of
+    the client's portal, and :meth:`close` (or leaving ``with``) closes it. Calling it
+    from the arbiter's own event loop would block that loop: a
+    :class:`~fairagents.errors.ProtocolError` says so.
 
     Examples:
         >>> import fairagents as fa
@@ -214,10 +263,11 @@ class FairOpenAI(AsyncFairOpenAI):
 
     def __init__(self, arbiter: Arbiter | None = None, **kwargs: Any) -> None:
         super().__init__(arbiter, **kwargs)
-        self.chat = _SyncChat(self)  # type: ignore[assignment]
-        self.images = _SyncImages(self)  # type: ignore[assignment]
+        self.chat = _Chat(_SyncCompletions(self))
+        self.beta = _Beta(self.chat)
+        self.images = _SyncImages(self)
 
-    def close(self) -> None:  # type: ignore[override]
+    def close(self) -> None:
         """Close the connection to the server; in process, an arbiter the client's portal started."""
         if self.openai is not None:
             self.openai.close()
@@ -260,13 +310,13 @@ class ChatCompletionSyncStream:
 
     def __next__(self) -> ChatCompletionChunk:
         try:
-            return self._portal.run_sync(self._stream._chunks.__anext__)
+            return self._portal.run_sync(self._stream.__anext__)
         except StopAsyncIteration:
             raise StopIteration from None
 
     def close(self) -> None:
         """Stop the request; what it produced so far is charged."""
-        self._portal.run_sync(self._stream._close)
+        self._portal.run_sync(self._stream.close)
 
     def __enter__(self) -> ChatCompletionSyncStream:
         return self
@@ -283,7 +333,7 @@ class _SyncCompletions:
         """``chat.completions.create``: a ``ChatCompletion``, or with ``stream=True`` an iterator of chunks.
 
         In process, bad input raises a :class:`~fairagents.BadInputError` (a ``ValueError``)
-        here rather than while iterating a stream.
+        here rather than while iterating a stream, and costs nothing.
         """
         client = self._client
         if client.openai is not None:
@@ -294,10 +344,25 @@ class _SyncCompletions:
             return ChatCompletionSyncStream(served, client.portal)
         return served
 
+    def parse(self, **request: Any) -> ParsedChatCompletion[Any]:
+        """``chat.completions.parse``, as :class:`AsyncFairOpenAI`'s, from sync code."""
+        client = self._client
+        if client.openai is not None:
+            return client.openai.chat.completions.parse(**client._remote_options(request))
+        converted, response_format, tools = structured(request, strict_tools=True)
+        return parsed(self.create(**converted), response_format, tools)
 
-class _SyncChat:
-    def __init__(self, client: FairOpenAI) -> None:
-        self.completions = _SyncCompletions(client)
+    def stream(self, **request: Any) -> ChatCompletionSyncEventStream | Any:
+        """``chat.completions.stream``: ``openai``'s stream events, within ``with``.
+
+        In process it is a :class:`~fairagents_openai.ChatCompletionSyncEventStream`.
+        """
+        client = self._client
+        if client.openai is not None:
+            return client.openai.chat.completions.stream(**client._remote_options(request))
+        converted, response_format, tools = structured(request)
+        state = ChatCompletionStreamState(response_format=response_format, input_tools=tools)
+        return ChatCompletionSyncEventStream(lambda: self.create(**converted, stream=True), state)
 
 
 class _SyncImages:
