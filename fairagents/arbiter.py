@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -180,6 +181,8 @@ class Arbiter(ModelCalls):
         self._listeners: list[Callable[[RequestRecord], None]] = []
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._starting: asyncio.Future[None] | None = None  # done when a start under way ends
+        self._portal_lock = threading.Lock()  # portals on any thread: one of them starts a loop thread
         self._closing = False
         self._idle = asyncio.Event()
 
@@ -257,14 +260,31 @@ class Arbiter(ModelCalls):
         """Start every engine (in parallel) and open for requests.
 
         If an engine fails to start, every engine of the pool is stopped again and the
-        first failure is raised: nothing is left running.
+        first failure is raised: nothing is left running. A second call while a start is
+        under way waits for it.
         """
         if self._started:
             return
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+            return
         if self._calls:  # requests of the last run are still ending: they belong to its dispatcher
             raise ShutdownError(f"{len(self._calls)} requests of the arbiter's last run have not ended yet")
+        loop = asyncio.get_running_loop()
+        # The loop is known from the start on, so that a portal call made while the engines
+        # start waits for them on this loop (see _until_started) instead of starting another.
+        previous, self._loop = self._loop, loop
+        self._starting = loop.create_future()
+        try:
+            await self._start()
+        finally:
+            if not self._started:
+                self._loop = previous
+            self._starting.set_result(None)
+            self._starting = None
+
+    async def _start(self) -> None:
         await self.pool.start(list(self.pool.models.values()))
-        self._loop = asyncio.get_running_loop()
         if self.dispatcher.closed:  # started again after a close
             self.dispatcher = self._new_dispatcher(self.policy)
         for m in self.pool.models.values():
@@ -273,10 +293,19 @@ class Arbiter(ModelCalls):
         if self.counters is not None and self._shared is not None:
             self._shared.bind(self.dispatcher, self._shared_models())
             self.counters.attach(self._shared, self._after_sync)
-            await self.counters.start()
+            try:
+                await self.counters.start()
+            except BaseException:  # nothing is left running
+                await self.pool.stop()
+                raise
         self._started = True
         self._closing = False
         log.info("fairagents.arbiter.started", models=self.models, policy=self.policy.name)
+
+    async def _until_started(self) -> None:
+        """Wait, on the arbiter's loop, for a start under way to end (at once when none is)."""
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
 
     async def close(
         self, timeout: float | None = None, *, stop_engines: bool = True, abort_timeout: float = 5.0

@@ -9,8 +9,17 @@ on. A :class:`Portal` lets code elsewhere call it safely:
   caller cancels the call (and its request) on the arbiter's side;
 - from sync code, the call runs on the arbiter's loop and the thread blocks until the
   result is back. An arbiter not started yet is started on a loop thread of the
-  portal's own (closed by :meth:`Portal.close`, or at exit), so a script with no event
-  loop at all can use it.
+  portal's own, so a script with no event loop at all can use it. :meth:`Portal.close`
+  closes it (engines stopped, thread ended); so does the interpreter's exit, before
+  Python's own thread pools shut down, so engines still stop cleanly then.
+
+Portals onto one arbiter agree on who starts it: whichever portal (on whichever thread)
+calls first starts it once, and a call that comes while the arbiter is starting — on a
+portal's thread, or in ``async with arbiter:`` on a loop of the user's — waits for that
+start instead of making another.
+
+Interrupting a waiting call (``KeyboardInterrupt`` in sync code, cancelling the task in
+async code) cancels its request on the arbiter's loop.
 
 A call that cannot be served says so instead of waiting forever: the arbiter's loop
 has ended or is not running (:class:`~fairagents.ShutdownError`), or a sync call was made
@@ -32,12 +41,12 @@ Examples:
 from __future__ import annotations
 
 import asyncio
-import atexit
+import concurrent.futures
+import concurrent.futures.thread  # its exit hook is registered first, so ours runs before it
 import contextlib
 import threading
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fairagents.errors import ProtocolError, ShutdownError
 
@@ -48,7 +57,8 @@ __all__ = ["Portal"]
 
 T = TypeVar("T")
 
-_owned: weakref.WeakSet[Portal] = weakref.WeakSet()  # portals running a loop thread, closed at exit
+_owned: set[Portal] = set()  # portals running a loop thread: closed at exit unless closed before
+_owned_lock = threading.Lock()
 
 
 class Portal:
@@ -76,7 +86,6 @@ class Portal:
 
     def __init__(self, arbiter: Arbiter) -> None:
         self.arbiter = arbiter
-        self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None  # a loop thread of the portal's, when it started one
         self._thread: threading.Thread | None = None
 
@@ -84,10 +93,11 @@ class Portal:
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Await ``fn(*args, **kwargs)`` on the arbiter's loop, from any event loop."""
-        loop = await asyncio.to_thread(self._target) if self._needs_start() else self._target()
+        loop = await self._target_async()
+        call = _call(self.arbiter, fn, args, kwargs)
         if _running() is loop:
-            return await fn(*args, **kwargs)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_call(fn, args, kwargs), loop))
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
 
     async def iterate(self, fn: Callable[..., AsyncIterator[T]], *args: Any, **kwargs: Any) -> AsyncIterator[T]:
         """Iterate ``fn(*args, **kwargs)`` (an async iterator) on the arbiter's loop, from any event loop.
@@ -95,30 +105,31 @@ class Portal:
         Leaving the iteration early closes the iterator on the arbiter's loop (a
         stream's request is then cancelled there).
         """
-        loop = await asyncio.to_thread(self._target) if self._needs_start() else self._target()
+        loop = await self._target_async()
         if _running() is loop:
+            await self.arbiter._until_started()
             async with contextlib.aclosing(fn(*args, **kwargs)) as items:  # type: ignore[type-var]
                 async for item in items:
                     yield item
             return
-        items = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_start(fn, args, kwargs), loop))
+        cursor = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_open(self.arbiter, fn, args, kwargs), loop))
         try:
             while True:
                 try:
-                    item = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_next(items), loop))
+                    item = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cursor.next(), loop))
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
-            if not loop.is_closed():
-                with contextlib.suppress(RuntimeError):
-                    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_close(items), loop))
+            closing = _submit(cursor.close(), loop)
+            if closing is not None:  # shielded: a cancelled caller still closes the stream it leaves
+                await asyncio.shield(asyncio.wrap_future(closing))
 
     def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the arbiter's loop and block this thread until it is done."""
         loop = self._target()
         self._not_on(loop)
-        return asyncio.run_coroutine_threadsafe(_call(fn, args, kwargs), loop).result()
+        return _wait(asyncio.run_coroutine_threadsafe(_call(self.arbiter, fn, args, kwargs), loop))
 
     def iterate_sync(self, fn: Callable[..., AsyncIterator[T]], *args: Any, **kwargs: Any) -> Iterator[T]:
         """Iterate ``fn(*args, **kwargs)`` on the arbiter's loop from sync code, an item at a time.
@@ -127,20 +138,41 @@ class Portal:
         """
         loop = self._target()
         self._not_on(loop)
-        items = asyncio.run_coroutine_threadsafe(_start(fn, args, kwargs), loop).result()
+        cursor = _wait(asyncio.run_coroutine_threadsafe(_open(self.arbiter, fn, args, kwargs), loop))
         try:
             while True:
                 try:
-                    item = asyncio.run_coroutine_threadsafe(_next(items), loop).result()
+                    item = _wait(asyncio.run_coroutine_threadsafe(cursor.next(), loop))
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
-            if not loop.is_closed():
-                with contextlib.suppress(RuntimeError):
-                    asyncio.run_coroutine_threadsafe(_close(items), loop).result()
+            closing = _submit(cursor.close(), loop)
+            if closing is not None:
+                closing.result()
 
     # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Make sure the arbiter runs, from sync code: if nobody started it, start it on a loop thread of the
+        portal's; if it is starting elsewhere, wait for that. Calls do this themselves; this is for code
+        that needs the engines up before its first call (their tokenizers, say).
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.portal import Portal
+            >>> from fairagents.testing import FakeEngine
+            >>> arbiter = fa.Arbiter()
+            >>> arbiter.add_model("chat", FakeEngine())
+            >>> portal = Portal(arbiter)
+            >>> portal.start()
+            >>> portal.owns_loop, arbiter.engine("chat").started
+            (True, True)
+            >>> portal.close()
+        """
+        loop = self._target()
+        self._not_on(loop)
+        _wait(asyncio.run_coroutine_threadsafe(self.arbiter._until_started(), loop))
 
     @property
     def owns_loop(self) -> bool:
@@ -149,9 +181,11 @@ class Portal:
 
     def close(self) -> None:
         """If the portal started the arbiter, close it (engines stopped) and end the loop thread; idempotent."""
-        with self._lock:
+        with self.arbiter._portal_lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+        with _owned_lock:
+            _owned.discard(self)
         if loop is None or thread is None:
             return
         with contextlib.suppress(Exception):
@@ -159,14 +193,14 @@ class Portal:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
-        _owned.discard(self)
 
-    def _needs_start(self) -> bool:
-        return self.arbiter.loop is None
+    async def _target_async(self) -> asyncio.AbstractEventLoop:
+        # Starting takes as long as the engines do: from a loop, it waits off that loop.
+        return await asyncio.to_thread(self._target) if self.arbiter.loop is None else self._target()
 
     def _target(self) -> asyncio.AbstractEventLoop:
         """The arbiter's running loop, starting the arbiter on a loop thread of the portal's if needed."""
-        with self._lock:
+        with self.arbiter._portal_lock:  # one lock per arbiter: every portal onto it agrees
             loop = self.arbiter.loop
             if loop is None:
                 loop = self._start_thread()
@@ -188,13 +222,35 @@ class Portal:
             loop.close()
             raise
         self._loop, self._thread = loop, thread
-        _owned.add(self)
+        with _owned_lock:
+            _owned.add(self)
         return loop
 
     @staticmethod
     def _not_on(loop: asyncio.AbstractEventLoop) -> None:
         if _running() is loop:
             raise ProtocolError("a sync call from the arbiter's own event loop would block it: use the async API")
+
+
+class _Cursor(Generic[T]):
+    """An async iterator on the arbiter's loop, stepped from elsewhere; closing it ends a step under way first."""
+
+    def __init__(self, items: AsyncIterator[T]) -> None:
+        self._items = items
+        self._step: asyncio.Task[T] | None = None
+
+    async def next(self) -> T:
+        self._step = asyncio.ensure_future(_anext(self._items))
+        return await self._step  # cancelling the caller cancels the step
+
+    async def close(self) -> None:
+        step, self._step = self._step, None
+        if step is not None and not step.done():  # the caller gave up mid-step: let the step unwind first
+            step.cancel()
+            await asyncio.wait([step])
+        aclose = getattr(self._items, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _running() -> asyncio.AbstractEventLoop | None:
@@ -204,25 +260,50 @@ def _running() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def _call(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+def _wait(future: concurrent.futures.Future[T]) -> T:
+    """``future``'s result; a waiter interrupted (``KeyboardInterrupt``) cancels it on the arbiter's loop."""
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
+
+
+def _submit(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T] | None:
+    """Run ``coro`` on ``loop``; ``None`` (and ``coro`` dropped) when the loop has ended."""
+    if loop.is_closed():
+        coro.close()
+        return None
+    try:
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # closed since
+        coro.close()
+        return None
+
+
+async def _call(arbiter: Arbiter, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> T:
+    await arbiter._until_started()
     return await fn(*args, **kwargs)
 
 
-async def _start(fn: Callable[..., AsyncIterator[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[T]:
-    return fn(*args, **kwargs)
+async def _open(arbiter: Arbiter, fn: Callable[..., AsyncIterator[T]], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> _Cursor[T]:
+    await arbiter._until_started()
+    return _Cursor(fn(*args, **kwargs))
 
 
-async def _next(items: AsyncIterator[T]) -> T:
+async def _anext(items: AsyncIterator[T]) -> T:
     return await items.__anext__()
 
 
-async def _close(items: AsyncIterator[Any]) -> None:
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-@atexit.register
 def _close_owned() -> None:
-    for portal in list(_owned):
+    with _owned_lock:
+        portals = list(_owned)
+    for portal in portals:
         portal.close()
+
+
+# At exit, before concurrent.futures refuses new work (engines stop through asyncio.to_thread):
+# threading's exit hooks run last-registered first, and concurrent.futures.thread registered its own on import.
+threading._register_atexit(_close_owned)  # type: ignore[attr-defined]

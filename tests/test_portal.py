@@ -1,6 +1,10 @@
 """Portal: calling an arbiter from its own loop, another loop, another thread, or sync code."""
 
+import os
+import signal
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
@@ -131,3 +135,164 @@ def test_bad_input_through_the_portal_is_the_same_typed_error():
             asyncio.run(portal.run(bot.chat, "chat", MSG, max_tokens=0))
     finally:
         portal.close()
+
+
+class SlowStart(FakeEngine):
+    """Takes a while to start, and counts its starts (on which loops)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.starts: list[asyncio.AbstractEventLoop] = []
+
+    async def start(self):
+        self.starts.append(asyncio.get_running_loop())
+        await asyncio.sleep(0.3)
+        await super().start()
+
+
+def test_portals_on_two_threads_start_the_arbiter_once():
+    arbiter = fa.Arbiter()
+    engine = SlowStart()
+    arbiter.add_model("chat", engine)
+    bot = arbiter.app("a").agent("bot")
+    portals = [Portal(arbiter), Portal(arbiter)]  # as a chat model and an OpenAI client each make one
+    barrier = threading.Barrier(2)
+    texts = []
+
+    def first_call(portal):
+        barrier.wait()
+        texts.append(portal.run_sync(bot.chat, "chat", MSG, max_tokens=1).text)
+
+    threads = [threading.Thread(target=first_call, args=(p,)) for p in portals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert texts == ["t0 ", "t0 "]
+        assert len(engine.starts) == 1
+        assert sum(p.owns_loop for p in portals) == 1
+        assert len([t for t in threading.enumerate() if t.name == "fairagents-arbiter"]) == 1
+    finally:
+        for p in portals:
+            p.close()
+    assert not engine.started
+
+
+def test_a_call_while_the_arbiter_starts_on_the_users_loop_waits_for_that_start():
+    arbiter = fa.Arbiter()
+    engine = SlowStart()
+    arbiter.add_model("chat", engine)
+    bot = arbiter.app("a").agent("bot")
+    portal = Portal(arbiter)
+    results = []
+
+    async def main():
+        starting = asyncio.ensure_future(arbiter.start())
+        await asyncio.sleep(0.05)  # the engine is starting now
+        assert not engine.started and arbiter.loop is asyncio.get_running_loop()
+        worker = threading.Thread(target=lambda: results.append(portal.run_sync(bot.chat, "chat", MSG, max_tokens=1)))
+        worker.start()
+        # a second start on the same loop waits for the first, and an in-loop call too
+        await asyncio.gather(starting, arbiter.start())
+        results.append(await portal.run(bot.chat, "chat", MSG, max_tokens=1))
+        await asyncio.to_thread(worker.join)
+        await arbiter.close()
+
+    asyncio.run(main())
+    assert [r.text for r in results] == ["t0 ", "t0 "]
+    assert len(engine.starts) == 1 and not portal.owns_loop
+
+
+def test_a_failed_start_leaves_no_loop_and_the_next_call_tries_again():
+    arbiter = fa.Arbiter()
+    engine = SlowStart()
+    arbiter.add_model("chat", engine)
+    bot = arbiter.app("a").agent("bot")
+
+    async def broken_start():
+        raise RuntimeError("no memory")
+
+    original, engine.start = engine.start, broken_start
+    portal = Portal(arbiter)
+    with pytest.raises(RuntimeError, match="no memory"):
+        portal.run_sync(bot.chat, "chat", MSG, max_tokens=1)
+    assert arbiter.loop is None and not portal.owns_loop
+    engine.start = original
+    try:
+        assert portal.run_sync(bot.chat, "chat", MSG, max_tokens=1).text == "t0 "
+    finally:
+        portal.close()
+
+
+def test_interrupting_a_sync_call_cancels_its_request():
+    arbiter, bot = make(token_time=0.05, tokens_per_reply=100)
+    portal = Portal(arbiter)
+    try:
+        portal.run_sync(bot.chat, "chat", MSG, max_tokens=1)  # started
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C while the call waits
+        with pytest.raises(KeyboardInterrupt):
+            portal.run_sync(bot.chat, "chat", MSG, max_tokens=100)
+        _until(lambda: arbiter.stats().apps["a"].cancelled == 1)
+        assert arbiter.stats().apps["a"].in_flight == 0
+    finally:
+        portal.close()
+
+
+def test_interrupting_a_sync_stream_mid_step_closes_it_on_the_arbiters_loop():
+    arbiter, bot = make(token_time=0.05, tokens_per_reply=100)
+    closed = []
+
+    async def watched(*args, **kwargs):
+        try:
+            async for delta in bot.stream_chat(*args, **kwargs):
+                yield delta
+        finally:
+            closed.append(True)
+
+    portal = Portal(arbiter)
+    try:
+        stream = portal.iterate_sync(watched, "chat", MSG, max_tokens=100)
+        assert next(stream).text == "t0 "
+        threading.Timer(0.02, os.kill, (os.getpid(), signal.SIGINT)).start()  # lands while a next step waits on the loop
+        with pytest.raises(KeyboardInterrupt):
+            for _ in stream:
+                pass
+        stream.close()
+        assert closed == [True]  # the iterator was closed, not left "already running"
+        _until(lambda: arbiter.stats().apps["a"].cancelled == 1)
+        assert arbiter.stats().apps["a"].in_flight == 0
+    finally:
+        portal.close()
+
+
+def test_a_portal_dropped_without_close_still_stops_its_engines_at_exit(tmp_path):
+    """The loop thread a portal started is closed at exit even with no reference left, and
+    an engine's stop that needs a worker thread (as vLLM's does) still gets one."""
+    marker = tmp_path / "stopped"
+    script = f"""
+import asyncio, gc
+import fairagents as fa
+from fairagents.portal import Portal
+from fairagents.testing import FakeEngine
+
+class Engine(FakeEngine):
+    async def stop(self):
+        await asyncio.to_thread(open({str(marker)!r}, "w").close)
+        await super().stop()
+
+arbiter = fa.Arbiter()
+arbiter.add_model("chat", Engine())
+Portal(arbiter).run_sync(arbiter.app("a").agent("b").chat, "chat", [{{"role": "user", "content": "hi"}}], max_tokens=1)
+gc.collect()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert marker.exists(), done.stderr
+
+
+def _until(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)

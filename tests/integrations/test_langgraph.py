@@ -6,6 +6,7 @@ Most tests run on a FakeEngine (a test double); the last ones on the session's r
 import asyncio
 import functools
 import operator
+import threading
 from typing import Annotated
 
 import pytest
@@ -464,3 +465,64 @@ def test_token_counting_uses_the_models_own_tokenizer_and_never_downloads_one():
     remote = ChatFairAgents(base_url="http://127.0.0.1:9/v1", api_key="sk-x", agent="t")
     with pytest.raises(NotImplementedError, match="in process"):
         remote.get_num_tokens("hello")
+
+
+class TokenizerOnStart(FakeEngine):
+    """Like vLLM's engine: its tokenizer is loaded by start(); starts are counted."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.starts = 0
+
+    async def start(self):
+        self.starts += 1
+        await asyncio.sleep(0.2)
+        await super().start()
+
+    def prepare_text(self, text):
+        if not self.started:
+            raise fa.EngineError("the engine is not started")
+        return super().prepare_text(text)
+
+    def prepare_chat(self, messages, tools=None):
+        if not self.started:
+            raise fa.EngineError("the engine is not started")
+        return super().prepare_chat(messages, tools=tools)
+
+
+def test_token_counting_before_any_call_starts_the_arbiter_as_a_call_would():
+    arbiter = fa.Arbiter()
+    engine = TokenizerOnStart()
+    arbiter.add_model("chat", engine)
+    llm = ChatFairAgents(arbiter=arbiter, model="chat", agent=arbiter.app("a").agent("t"))
+    try:
+        assert llm.get_num_tokens("three little words") == 4  # started through the model's portal
+        assert llm.get_num_tokens_from_messages([HumanMessage("two words")]) == 3
+        assert llm.invoke("hi", max_tokens=1).content == "t0 "  # the same arbiter, not a second start
+        assert engine.starts == 1
+    finally:
+        llm._backend().portal.close()
+
+
+def test_first_calls_from_two_threads_share_one_portal_and_one_start():
+    arbiter = fa.Arbiter()
+    engine = TokenizerOnStart()
+    arbiter.add_model("chat", engine)
+    llm = ChatFairAgents(arbiter=arbiter, model="chat", agent=arbiter.app("a").agent("t"), max_tokens=1)
+    barrier = threading.Barrier(2)
+    replies = []
+
+    def first_call():
+        barrier.wait()
+        replies.append(llm.invoke("hi").content)
+
+    threads = [threading.Thread(target=first_call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert replies == ["t0 ", "t0 "] and engine.starts == 1
+        assert len([t for t in threading.enumerate() if t.name == "fairagents-arbiter"]) == 1
+    finally:
+        llm._backend().portal.close()

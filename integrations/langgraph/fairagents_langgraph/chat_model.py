@@ -31,10 +31,11 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
@@ -58,7 +59,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from fairagents.arbiter import AgentHandle, Arbiter
 from fairagents.engines.base import GenerationParams
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Agent, current_agent
 from fairagents.portal import Portal
 from fairagents.tools import OutputSpec, ToolCallDelta
@@ -72,6 +73,8 @@ __all__ = ["ChatFairAgents"]
 _SAMPLING = ("max_tokens", "temperature", "top_p", "seed", "ignore_eos")
 # Everything a call may set: the model, sampling, and (bind_tools, with_structured_output) its output.
 _PER_CALL = ("model", *_SAMPLING, *OUTPUT_PARAMS)
+_BACKEND_LOCK = threading.Lock()
+T = TypeVar("T")
 
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
 StructuredOutputMethod = Literal["function_calling", "json_schema", "json_mode"]
@@ -354,8 +357,9 @@ class ChatFairAgents(BaseChatModel):
             >>> ChatFairAgents(arbiter=arbiter).get_num_tokens("three little words")
             4
         """
-        engine = self._engine_for_counting()
-        return list(engine.prepare_text(text).token_ids) if text else []
+        if not text:
+            return []
+        return list(self._counted(lambda engine: engine.prepare_text(text).token_ids))
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[ToolLike] | None = None) -> int:
         """Prompt tokens of ``messages`` (and ``tools``) as the model reads them: its chat template, its tokenizer.
@@ -371,22 +375,30 @@ class ChatFairAgents(BaseChatModel):
             >>> ChatFairAgents(arbiter=arbiter).get_num_tokens_from_messages([HumanMessage("two words")])
             3
         """
-        engine = self._engine_for_counting()
         if not messages:
             return 0
         converted, _ = to_openai(messages)
-        if not tools:
-            return engine.prepare_chat(converted).n_tokens
-        rendered = OutputSpec.of(tools=[convert_to_openai_tool(t) for t in tools]).template_tools
-        return engine.prepare_chat(converted, tools=rendered).n_tokens
+        rendered = OutputSpec.of(tools=[convert_to_openai_tool(t) for t in tools]).template_tools if tools else None
+        return self._counted(lambda engine: engine.prepare_chat(converted, tools=rendered).n_tokens)
 
-    def _engine_for_counting(self) -> Any:
+    def _counted(self, count: Callable[[Any], T]) -> T:
+        """``count(engine)`` with the model's engine; an engine whose tokenizer comes with its start (vLLM's)
+        is started first, as a call would start it: through the portal."""
         if self.arbiter is None:
             raise NotImplementedError(
                 "token counting needs the model's tokenizer: use ChatFairAgents in process "
                 "(arbiter=...); a server does not expose its tokenizer"
             )
-        return self.arbiter.engine(self.model)
+        engine = self.arbiter.engine(self.model)
+        try:
+            return count(engine)
+        except EngineError:
+            if self.arbiter.loop is not None:  # started, or starting elsewhere: not ours to start
+                raise
+        backend = self._backend()
+        assert isinstance(backend, LocalBackend)
+        backend.portal.start()
+        return count(engine)
 
     # -- internals -------------------------------------------------------------------
 
@@ -420,21 +432,24 @@ class ChatFairAgents(BaseChatModel):
         return self.vision_model
 
     def _backend(self) -> LocalBackend | RemoteBackend:
-        if self._connection is None:  # built on first use: the fields are the configuration
-            if self.arbiter is not None:
-                self._connection = LocalBackend(self.portal or Portal(self.arbiter), timeout=self.timeout)
-            else:
-                assert self.base_url is not None
-                key = self.api_key.get_secret_value() if self.api_key is not None else None
-                self._connection = RemoteBackend(
-                    self.base_url,
-                    key,
-                    timeout=self.timeout,
-                    max_retries=self.max_retries,
-                    http_client=self.http_client,
-                    http_async_client=self.http_async_client,
-                )
-        return self._connection
+        with _BACKEND_LOCK:  # threads' first calls share one backend (and portal), not one each
+            if self._connection is None:
+                self._connection = self._new_backend()  # built on first use: the fields are the configuration
+            return self._connection
+
+    def _new_backend(self) -> LocalBackend | RemoteBackend:
+        if self.arbiter is not None:
+            return LocalBackend(self.portal or Portal(self.arbiter), timeout=self.timeout)
+        assert self.base_url is not None
+        key = self.api_key.get_secret_value() if self.api_key is not None else None
+        return RemoteBackend(
+            self.base_url,
+            key,
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            http_client=self.http_client,
+            http_async_client=self.http_async_client,
+        )
 
 
 def _tool_choice(choice: str | bool | dict[str, Any], tools: list[dict[str, Any]]) -> str | dict[str, Any]:
