@@ -193,8 +193,9 @@ class ModelCalls(abc.ABC):
                     continue
                 content, pieces = reader.feed(delta.text)
                 finish = delta.finish_reason
-                if finish in ("stop", "length"):
-                    pieces = [*pieces, *reader.flush()]
+                if finish in ("stop", "length"):  # what the stream owes, so that it adds up to the reply
+                    rest, owed = reader.flush()
+                    content, pieces = content + rest, [*pieces, *owed]
                     if finish == "stop" and reader.finish()[1]:
                         finish = "tool_calls"
                 yield dataclasses.replace(delta, text=content, finish_reason=finish, tool_calls=tuple(pieces))
@@ -401,6 +402,7 @@ class ModelCalls(abc.ABC):
         arrival: float | None, *, fill: bool,
     ) -> Call:
         """Queue a completion call (``fill``: as :meth:`_chat_call`)."""
+        arrival = self.clock() if arrival is None else arrival  # before the checks off the loop
         if _engine_checks(params):
             self.check_admission(model, who)
             await self._check_params(model, params)

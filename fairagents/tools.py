@@ -228,11 +228,17 @@ class ToolReader:
 
     :meth:`feed` takes each new piece of text and returns the content and tool-call
     deltas to send on; :meth:`finish` returns the whole content and calls once the
-    output ended, and :meth:`flush` the deltas still unsent then. Under ``"auto"`` the
-    model's tool parser (vLLM's ``ToolParser``) does the reading; under ``"required"``
-    the output is a JSON array of ``{"name", "parameters"}`` and its calls are sent
-    when it is complete; under a named function the output is the call's arguments,
-    streamed as they come.
+    output ended, and :meth:`flush` what a stream still owes then (content held back,
+    calls or pieces unsent), so that a stream always adds up to :meth:`finish` — the
+    reply a call without streaming gets — whatever the model wrote.
+
+    Under ``"auto"``, content streams as it comes until the model begins a call (the
+    model's vLLM ``ToolParser`` tells the two apart as the text arrives); the calls are
+    then read from the whole output, as a reply's are, and sent whole at the end. So a
+    call that turns out malformed or cut short is content, in the stream as in the
+    reply. Under ``"required"`` the output is a JSON array of ``{"name", "parameters"}``
+    and its calls are sent when it is complete (cut short, it is content). Under a named
+    function the output is the call's arguments, streamed as they come.
 
     Examples:
         >>> from fairagents.tools import OutputSpec
@@ -258,6 +264,8 @@ class ToolReader:
         self._request = _parser_request(spec) if self._parser is not None else None
         self._id = new_call_id()
         self._sent: dict[int, tuple[str | None, str | None, str]] = {}  # index -> (id, name, arguments) sent
+        self._sent_content = ""
+        self._in_call = False  # under "auto": the model began a call, so nothing more streams before the end
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         """Take ``text``, the output's next piece; return the content and tool-call deltas to send."""
@@ -266,30 +274,27 @@ class ToolReader:
         previous, self.text = self.text, self.text + text
         mode = self.spec.tool_choice if self.spec.calls_tools else "none"
         if mode == "none":
-            return text, []
+            return self._content(text), []
         if mode == "function":
             deltas = [] if 0 in self._sent else [ToolCallDelta(0, self._id, self.spec.function)]
             self._sent[0] = (self._id, self.spec.function, self.text)
             if text:
                 deltas.append(ToolCallDelta(0, arguments=text))
             return "", deltas
-        if mode == "required":
+        if mode == "required" or self._in_call:
             return "", []
         message = self._parser.extract_tool_calls_streaming(
             previous_text=previous, current_text=self.text, delta_text=text, previous_token_ids=[],
             current_token_ids=[], delta_token_ids=[], request=self._request)
-        if message is None:
+        if message is None:  # the parser holds text back (the start of a call's tag, maybe)
             return "", []
-        deltas = []
-        for d in message.tool_calls or []:
-            fn = d.function if isinstance(d.function, Mapping) else (d.function.model_dump() if d.function else {})
-            sent_id, sent_name, sent_args = self._sent.get(d.index, (None, None, ""))
-            if d.id is not None and sent_id is None:  # a call begins: it gets this reader's id, as in finish()
-                sent_id = self._sent_id(d.index)
-            got = ToolCallDelta(d.index, sent_id if d.id is not None else None, fn.get("name"), fn.get("arguments") or "")
-            self._sent[d.index] = (sent_id, sent_name or got.name, sent_args + got.arguments)
-            deltas.append(got)
-        return message.content or "", deltas
+        if message.tool_calls:
+            self._in_call = True
+        return self._content(message.content or ""), []
+
+    def _content(self, text: str) -> str:
+        self._sent_content += text
+        return text
 
     def finish(self, text: str | None = None) -> tuple[str | None, list[ToolCall]]:
         """The whole output as content (``None`` when it is all calls) and the tool calls made.
@@ -315,9 +320,24 @@ class ToolReader:
             ToolCall(self._sent_id(i), c.function.name, c.function.arguments) for i, c in enumerate(info.tool_calls)
         ]
 
-    def flush(self) -> list[ToolCallDelta]:
-        """The tool-call deltas a stream still owes at its end, so they add up to :meth:`finish`'s calls."""
-        _, calls = self.finish()
+    def flush(self) -> tuple[str, list[ToolCallDelta]]:
+        """What a stream still owes at its end: the content held back and the calls' unsent deltas.
+
+        With them, the stream's content and deltas add up to :meth:`finish`'s content and calls.
+
+        Examples:
+            >>> from fairagents.tools import OutputSpec
+            >>> f = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+            >>> reader = OutputSpec.of(tools=[f], tool_choice="required").reader()
+            >>> reader.feed('[{"name": "add", "param')   # cut short here (max_tokens)
+            ('', [])
+            >>> reader.flush()                           # so it is content, as in the reply
+            ('[{"name": "add", "param', [])
+        """
+        content, calls = self.finish()
+        content = content or ""
+        rest = content[len(self._sent_content):] if content.startswith(self._sent_content) else ""
+        self._sent_content += rest
         out: list[ToolCallDelta] = []
         for i, call in enumerate(calls):
             sent_id, sent_name, sent_args = self._sent.get(i, (None, None, ""))
@@ -326,7 +346,7 @@ class ToolReader:
             elif call.arguments.startswith(sent_args) and len(call.arguments) > len(sent_args):
                 out.append(ToolCallDelta(i, arguments=call.arguments[len(sent_args):]))
             self._sent[i] = (call.id, call.name, call.arguments)
-        return out
+        return rest, out
 
     def _sent_id(self, index: int) -> str:
         """The id a streamed call was sent with, or a fresh one (the same on every later ask)."""

@@ -794,3 +794,25 @@ async def test_the_restart_eta_is_the_backoff_plus_the_engines_last_start_time()
         with pytest.raises(fa.EngineError):
             await who.chat("chat", MSG)
         assert 2.05 <= arbiter.restart_eta("chat") < 2.5
+
+
+async def test_a_call_arrives_when_it_is_made_not_after_the_engines_checks():
+    """The engine's own parameter check (a grammar to compile, say) runs before queueing, off the loop:
+    the time it takes is the request's wait, in its place in the queue, for chat and completions alike."""
+    clock = FakeClock(start=100.0)
+
+    class SlowChecks(FakeEngine):
+        def check_params(self, params):
+            clock.advance(5.0)
+
+    arbiter = fa.Arbiter(clock=clock)
+    arbiter.add_model("chat", SlowChecks())
+    bot = arbiter.app("a").agent("bot")
+    records = []
+    arbiter.add_listener(records.append)
+    async with arbiter:
+        await bot.chat("chat", MSG, max_tokens=2, logprobs=True)
+        await bot.complete("chat", "once upon", max_tokens=2, logprobs=True)
+        [_ async for _ in bot.stream_complete("chat", "once upon", max_tokens=2, logprobs=True)]
+    assert [r.arrival for r in records] == [100.0, 105.0, 110.0]  # each made right after the last check
+    assert [r.queue_wait for r in records] == [5.0, 5.0, 5.0]

@@ -94,42 +94,74 @@ def test_the_tool_parser_follows_the_template_then_the_family(template, family, 
 # -- reading output --------------------------------------------------------------------
 
 
-@settings(deadline=None)  # the first example imports vLLM's parsers
-@given(st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=30))
-def test_streamed_call_deltas_add_up_to_the_calls(cuts):
-    """However the text is cut into pieces, the streamed deltas rebuild the final calls and content."""
-    pytest.importorskip("vllm")
-    text = 'Sure. <tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>' \
-           '<tool_call>{"name": "clock", "arguments": {}}</tool_call>'
-    spec = OutputSpec.of(tools=[WEATHER, CLOCK])
-    reader = spec.reader(FakeEngine().tool_parser(spec))
-    content, calls = [], {}
+AUTO = [
+    'Sure. <tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    '<tool_call>{"name": "clock", "arguments": {}}</tool_call>',
+    '<tool_call>{"name":"weather","arguments":{"city":"Oslo"}}</tool_call>',  # compact: the parser re-spaces it
+    'Hm. <tool_call>{"name": "weather", "arguments": {"city": "Os',  # cut short by max_tokens
+    'Hm. <tool_call>{"name": "weather", "arguments": {city: Oslo}}</tool_call>',  # not JSON
+    'A <tool_call>{"name": "clock", "arguments": {}}</tool_call> and after',  # content after the call
+    'No call at all, just <tool words.',
+    '',
+]
+REQUIRED = ['[{"name": "weather", "parameters": {"city": "Oslo"}}]', '[{"name": "weather", "parame', '']
+NAMED = ['{"city": "Oslo"}', '{"city": "Os']
 
-    def take(deltas):
-        for d in deltas:
-            call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
-            call["id"] = call["id"] or d.id
-            call["name"] = call["name"] or d.name
-            call["arguments"] += d.arguments
 
-    pos = 0
-    for cut in cuts * 20:
+def _stream(reader, text, cuts):
+    """Feed ``text`` cut by ``cuts`` and flush: the content and the calls (id, name, arguments) a client rebuilds."""
+    content, calls, pos, i = [], {}, 0, 0
+    while pos < len(text):
+        cut = cuts[i % len(cuts)]
+        i += 1
         piece, deltas = reader.feed(text[pos:pos + cut])
         pos += cut
         content.append(piece)
-        take(deltas)
-        if pos >= len(text):
-            break
-    if pos < len(text):
-        piece, deltas = reader.feed(text[pos:])
-        content.append(piece)
-        take(deltas)
-    take(reader.flush())
-    final_content, final = reader.finish()
-    assert [(c["id"], c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == \
-        [(c.id, c.name, json.loads(c.arguments)) for c in final]
-    assert [c.name for c in final] == ["weather", "clock"]
-    assert "".join(content).strip() == final_content.strip() == "Sure."
+        for d in deltas:
+            calls.setdefault(d.index, []).append(d)
+    piece, deltas = reader.flush()
+    content.append(piece)
+    for d in deltas:
+        calls.setdefault(d.index, []).append(d)
+    rebuilt = [(next(d.id for d in ds if d.id), next(d.name for d in ds if d.name), "".join(d.arguments for d in ds))
+               for _, ds in sorted(calls.items())]
+    return "".join(content), rebuilt
+
+
+@settings(deadline=None)  # the first example imports vLLM's parsers
+@given(st.sampled_from(["auto", "required", "named"]), st.data(),
+       st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=30))
+def test_a_stream_adds_up_to_the_reply_whatever_the_model_wrote(mode, data, cuts):
+    """However the output is cut into pieces, and whether its calls are whole, compact, cut short or
+    not JSON at all, the streamed content and deltas rebuild exactly what a reply reads (content, calls)."""
+    pytest.importorskip("vllm")
+    if mode == "auto":
+        spec = OutputSpec.of(tools=[WEATHER, CLOCK])
+        make = lambda: spec.reader(FakeEngine().tool_parser(spec))  # noqa: E731
+        text = data.draw(st.sampled_from(AUTO))
+    elif mode == "required":
+        spec = OutputSpec.of(tools=[WEATHER, CLOCK], tool_choice="required")
+        make, text = spec.reader, data.draw(st.sampled_from(REQUIRED))
+    else:
+        spec = OutputSpec.of(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}})
+        make, text = spec.reader, data.draw(st.sampled_from(NAMED))
+    reader = make()
+    content, calls = _stream(reader, text, cuts)
+    streamed_content, streamed_calls = reader.finish()
+    assert calls == [(c.id, c.name, c.arguments) for c in streamed_calls]  # ids as the stream sent them
+    reply_content, reply_calls = make().finish(text)  # what a call without streaming gets
+    assert content == (reply_content or "") == (streamed_content or "")
+    assert [(c.name, c.arguments) for c in reply_calls] == [(name, args) for _, name, args in calls]
+
+
+def test_what_the_model_wrote_is_read_as_calls_or_as_content():
+    pytest.importorskip("vllm")
+    spec = OutputSpec.of(tools=[WEATHER, CLOCK])
+    read = [spec.reader(FakeEngine().tool_parser(spec)).finish(text) for text in AUTO]
+    assert [[c.name for c in calls] for _, calls in read] == [["weather", "clock"], ["weather"], [], [], ["clock"],
+                                                              [], []]
+    assert read[1][1][0].arguments == '{"city": "Oslo"}'
+    assert [content for content, _ in read[2:4]] == AUTO[2:4]  # a call cut short, or not JSON, is content
 
 
 def test_a_required_call_cut_short_comes_back_as_text():
@@ -167,6 +199,31 @@ async def test_stream_with_tools_ends_with_tool_calls():
     assert json.loads("".join(p.arguments for p in pieces)) == {"city": "Oslo"}
     assert "".join(d.text for d in deltas).strip() == reply.text.strip()
     assert sum(d.new_tokens for d in deltas) == reply.usage.completion_tokens
+
+
+@pytest.mark.parametrize(("text", "choice", "max_tokens"), [
+    (AUTO[1], "auto", None), (AUTO[2], "auto", None), (AUTO[3], "auto", None), (CALL_TEXT, "auto", 4),
+    (REQUIRED[0], "required", None), (REQUIRED[0], "required", 2),
+])
+async def test_through_the_arbiter_a_stream_adds_up_to_the_reply(text, choice, max_tokens):
+    """Content, calls and finish reason alike, for whole, compact, malformed and cut-short calls."""
+    pytest.importorskip("vllm")
+    arb, bot = arbiter(FakeEngine(reply=text))
+    kwargs = {"tools": [WEATHER, CLOCK], "tool_choice": choice, "max_tokens": max_tokens}
+    async with arb:
+        reply = await bot.chat("chat", MSG, **kwargs)
+        deltas = [d async for d in bot.stream_chat("chat", MSG, **kwargs)]
+    calls = {}
+    for piece in (p for d in deltas for p in d.tool_calls):
+        call = calls.setdefault(piece.index, {"name": None, "arguments": ""})
+        call["name"] = call["name"] or piece.name
+        call["arguments"] += piece.arguments
+    assert "".join(d.text for d in deltas) == reply.text
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == \
+        [(c.name, c.arguments) for c in reply.tool_calls]
+    assert deltas[-1].finish_reason == reply.finish_reason
+    if max_tokens is not None:  # cut short: what came back is text, in the stream too
+        assert reply.finish_reason == "length" and not reply.tool_calls and reply.text
 
 
 async def test_required_and_named_calls_send_the_constraint_and_read_json():

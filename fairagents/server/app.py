@@ -358,9 +358,16 @@ class Gateway:
                 tokens = delta.logprobs if logprobs else None
                 if chat:
                     content = None if delta.tool_calls and not delta.text else delta.text
+                    # Calls, then the finish reason in a chunk of its own, as OpenAI sends them (openai's
+                    # stream helper closes a call's arguments only on a later chunk).
+                    last_call = delta.tool_calls and delta.finish_reason is not None
                     chunk = wire.chat_chunk(rid, model, created, index=i, content=content, tool_calls=delta.tool_calls,
-                                            logprobs=tokens, finish_reason=delta.finish_reason,
+                                            logprobs=tokens, finish_reason=None if last_call else delta.finish_reason,
                                             include_usage=include_usage)
+                    if last_call:
+                        yield wire.sse(chunk)
+                        chunk = wire.chat_chunk(rid, model, created, index=i, finish_reason=delta.finish_reason,
+                                                include_usage=include_usage)
                 else:
                     chunk = wire.completion_chunk(rid, model, created, index=i, text=delta.text, offset=sent[i],
                                                   logprobs=tokens, finish_reason=delta.finish_reason,

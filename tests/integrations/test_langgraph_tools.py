@@ -510,3 +510,25 @@ async def test_agents_run_over_http_through_a_real_fairagents_server():
     assert formatted["structured_response"] == Forecast(**FORECAST)
     assert all(s["json"]["type"] == "array" for s in structured(engine)[-2:])  # required over HTTP too
     assert set(arbiter.stats().agents) >= {"travel/agent", "travel/model"}  # the graphs' nodes, as agents
+
+
+async def test_a_stream_refused_for_what_the_model_cannot_do_prepares_no_prompt():
+    class NoTools(FakeEngine):
+        tool_parser = None
+
+        def __init__(self):
+            super().__init__()
+            self.prepared = 0
+
+        def prepare_chat(self, messages, tools=None):
+            self.prepared += 1
+            return super().prepare_chat(messages, tools=tools)
+
+    arbiter = fa.Arbiter()
+    engine = NoTools()
+    arbiter.add_model("chat", engine)
+    llm = ChatFairAgents(arbiter=arbiter, model="chat", agent=arbiter.app("a").agent("bot"))
+    async with arbiter:
+        with pytest.raises(fa.InvalidParameterError, match="takes no tools"):
+            [c async for c in llm.bind_tools([weather]).astream(ASK)]
+    assert engine.prepared == 0 and not arbiter.ledger.records

@@ -288,3 +288,31 @@ async def test_a_required_call_on_the_real_engine_is_valid(text_engine):
     assert isinstance(parsed.choices[0].message.parsed, ShortCity)
     tokens = answer.choices[0].logprobs.content
     assert len(tokens) == answer.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in tokens)
+
+
+class NoTools(FakeEngine):
+    """A model that takes no tools; counts the prompts it prepares."""
+
+    tool_parser = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.prepared = 0
+
+    def prepare_chat(self, messages, tools=None):
+        self.prepared += 1
+        return super().prepare_chat(messages, tools=tools)
+
+
+async def test_a_stream_refused_for_what_the_model_cannot_do_prepares_no_prompt():
+    arbiter = fa.Arbiter()
+    engine = NoTools()
+    arbiter.add_model("chat", engine)
+    client = AsyncFairOpenAI(arbiter, agent=arbiter.app("a").agent("bot"))
+    async with arbiter:
+        with pytest.raises(fa.InvalidParameterError, match="takes no tools"):
+            await client.chat.completions.create(model="chat", messages=ASK, tools=[WEATHER], stream=True)
+        with pytest.raises(fa.UnknownAgentError):
+            await AsyncFairOpenAI(arbiter, agent=fa.Agent("ghost", fa.App("a"))).chat.completions.create(
+                model="chat", messages=ASK, stream=True)
+    assert engine.prepared == 0 and not arbiter.ledger.records

@@ -26,7 +26,7 @@ from fairagents.arbiter import AgentHandle
 from fairagents.identity import Agent, identity_headers
 from fairagents.portal import Portal
 from fairagents.reply import Reply
-from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta
+from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta, output_reader
 
 __all__ = ["Call", "LocalBackend", "Piece", "RemoteBackend"]
 
@@ -108,6 +108,8 @@ class LocalBackend:
         # tokenizer, off the loop), so its length is known, and sent with the time the call came in.
         arrival = self.arbiter.clock()
         spec = OutputSpec.of(**{name: call.params.get(name) for name in OUTPUT_PARAMS})
+        self.arbiter.check_admission(call.model, call.agent)  # what is refused costs no preparation
+        output_reader(self.arbiter.engine(call.model), spec, call.model)
         async with asyncio.timeout(self.timeout):
             prompt = await self.arbiter.prepare_chat(
                 call.model, call.messages, agent=call.agent, tools=spec.template_tools

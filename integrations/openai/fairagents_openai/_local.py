@@ -37,7 +37,7 @@ from fairagents.identity import Agent, Modality
 from fairagents.images import parse_size
 from fairagents.portal import Portal
 from fairagents.reply import Reply, TokenLogprob
-from fairagents.tools import OutputSpec
+from fairagents.tools import OutputSpec, output_reader
 
 __all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image", "given"]
 
@@ -148,6 +148,8 @@ async def chat_completion(
         arrival = arbiter.clock()
         spec = OutputSpec.of(**{k: params.get(k) for k in ("tools", "tool_choice", "parallel_tool_calls",
                                                             "response_format")})  # bad tools: before any work
+        arbiter.check_admission(model, agent)  # unknown names, a model down, a full queue: before preparing
+        output_reader(arbiter.engine(model), spec, model)  # tools or a format the model cannot serve, too
         tools = spec.template_tools
         prompt = await arbiter.prepare_chat(model, messages, agent=agent, tools=tools)  # type: ignore[arg-type]
         deltas = arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, **params)  # type: ignore[arg-type]
@@ -281,7 +283,10 @@ class ChatCompletionStream:
             delta: Delta | None = first
             while delta is not None:
                 produced += delta.new_tokens
-                if delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs:
+                if delta.tool_calls and delta.finish_reason is not None:  # calls, then the finish in its own chunk
+                    yield self._chunk(_delta(delta), None, delta.logprobs)  # as OpenAI (and openai's helper) has it
+                    yield self._chunk(ChoiceDelta(), delta.finish_reason)
+                elif delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs:
                     yield self._chunk(_delta(delta), delta.finish_reason, delta.logprobs)
                 delta = await anext(self._deltas, None)
         if self._include_usage:
