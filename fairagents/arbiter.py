@@ -302,6 +302,11 @@ class Arbiter(ModelCalls):
         self._closing = False
         log.info("fairagents.arbiter.started", models=self.models, policy=self.policy.name)
 
+    @property
+    def _closed(self) -> bool:
+        """Neither running nor starting (never started, or closed since)."""
+        return not self._started and self._starting is None
+
     async def _until_started(self) -> None:
         """Wait, on the arbiter's loop, for a start under way to end (at once when none is)."""
         if self._starting is not None:

@@ -8,8 +8,8 @@ on. A :class:`Portal` lets code elsewhere call it safely:
   on the arbiter's loop and the caller awaits its result on its own; cancelling the
   caller cancels the call (and its request) on the arbiter's side;
 - from sync code, the call runs on the arbiter's loop and the thread blocks until the
-  result is back. An arbiter not started yet is started on a loop thread of the
-  portal's own, so a script with no event loop at all can use it. :meth:`Portal.close`
+  result is back. An arbiter not running (never started, or closed since) is started on
+  a loop thread of the portal's own, so a script with no event loop at all can use it. :meth:`Portal.close`
   closes it (engines stopped, thread ended); so does the interpreter's exit, before
   Python's own thread pools shut down, so engines still stop cleanly then.
 
@@ -65,7 +65,7 @@ class Portal:
     """Calls into ``arbiter`` from any event loop or thread (see the module docs).
 
     Args:
-        arbiter: the arbiter to call. If it is not started when the first call comes,
+        arbiter: the arbiter to call. If it is not running (not started, or closed) when a call comes,
             the portal starts it on a loop thread of its own.
 
     Examples:
@@ -202,12 +202,13 @@ class Portal:
         """The arbiter's running loop, starting the arbiter on a loop thread of the portal's if needed."""
         with self.arbiter._portal_lock:  # one lock per arbiter: every portal onto it agrees
             loop = self.arbiter.loop
-            if loop is None:
+            if loop is None or (loop.is_closed() and self.arbiter._closed):  # never started, or closed with its loop
                 loop = self._start_thread()
         if loop.is_closed() or not loop.is_running():
             raise ShutdownError(
                 "the arbiter's event loop is not running (it ended, or is between runs): start the arbiter on a "
-                "loop that keeps running, or let the portal start it (pass an arbiter that is not started)")
+                "loop that keeps running, or let the portal start it (pass an arbiter that is not running: never "
+                "started, or closed)")
         return loop
 
     def _start_thread(self) -> asyncio.AbstractEventLoop:

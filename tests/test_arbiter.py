@@ -74,6 +74,7 @@ async def test_identity_from_context_and_decorator():
         (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=0), fa.InvalidParameterError),
         (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=-5), fa.InvalidParameterError),
         (lambda ar, a: ar.chat("chat", MSG, agent=a, temperature=-1), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", MSG, agent=a, temperature=2.5), fa.InvalidParameterError),  # vLLM: [0, 2]
         (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=100), fa.ContextLengthError),
         (lambda ar, a: ar.chat("chat", MSG, agent="planner"), fa.InvalidParameterError),
     ],

@@ -296,3 +296,21 @@ def _until(condition, timeout=5.0):
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def test_an_arbiter_closed_with_its_loop_is_started_again_by_the_next_portal():
+    arbiter, bot = make()
+
+    async def main():
+        async with arbiter:
+            return (await bot.chat("chat", MSG, max_tokens=1)).text
+
+    assert asyncio.run(main()) == "t0 "  # started and closed on a loop that has ended since
+    for _ in range(2):  # two portals (two clients' lifetimes), one after the other
+        portal = Portal(arbiter)
+        try:
+            assert portal.run_sync(bot.chat, "chat", MSG, max_tokens=2).text == "t0 t1 "
+            assert portal.owns_loop
+        finally:
+            portal.close()
+    assert arbiter.stats().apps["a"].done >= 1

@@ -75,7 +75,7 @@ class GenerationParams:
     max_tokens: int
     """Most tokens to generate (≥ 1)."""
     temperature: float = 1.0
-    """Sampling temperature (≥ 0; 0 is greedy)."""
+    """Sampling temperature, in [0, 2] as OpenAI's and vLLM's (0 is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]."""
     seed: int | None = None
@@ -110,8 +110,8 @@ class GenerationParams:
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidParameterError(f"temperature must be a finite number ≥ 0, got {self.temperature!r}")
+        if not isinstance(self.temperature, int | float) or not 0 <= self.temperature <= 2:
+            raise InvalidParameterError(f"temperature must be a number in [0, 2], got {self.temperature!r}")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)

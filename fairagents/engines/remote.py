@@ -42,8 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import functools
 import os
 import re
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,6 +183,7 @@ class OpenAIEngine:
         self._transport = transport
         self._closed = False
         self.vocab_size: int | None = None
+        self._logits_vocab: int | None = None  # the model config's vocab_size: the replicas' bound on token ids
         self._tokenizer: Any = None
         self._streams: dict[str, Any] = {}  # request id -> its open stream (to abort it)
         self._aborted: set[str] = set()
@@ -221,7 +225,7 @@ class OpenAIEngine:
             capacities = await asyncio.gather(*(self._capacity(r) for r in self.replicas if r.healthy))
             self.token_capacity = sum(capacities) if capacities and all(capacities) else None
         if self.model_path is not None and self._tokenizer is None:
-            self._tokenizer, profile = await asyncio.to_thread(_load_tokenizer, self.model_path)
+            self._tokenizer, profile, self._logits_vocab = await asyncio.to_thread(_load_tokenizer, self.model_path)
             if not self._given_profile:
                 self.profile = profile
             self.vocab_size = len(self._tokenizer)
@@ -307,6 +311,102 @@ class OpenAIEngine:
 
     structured_outputs = True
     """``generate`` passes ``GenerationParams.structured`` to the replica (vLLM's ``structured_outputs``)."""
+
+    def check_params(self, params: GenerationParams) -> None:
+        """Refuse, before queueing, parameters a vLLM replica would reject, checked here (no network, no GPU).
+
+        The arbiter calls this off the event loop before a call is queued, so a bad
+        request is refused with a typed error and costs nothing. Checked:
+
+        - ``logit_bias``: a token id outside ``[0, vocab_size)`` is refused with vLLM's
+          message, when the vocabulary size is known here (the model config's
+          ``vocab_size``, vLLM's bound, from ``model_path``; else :attr:`vocab_size`).
+        - the other sampling parameters, by building vLLM's ``SamplingParams`` from them
+          as a replica builds it from the request (its own argument checks).
+        - ``structured`` (the output constraint) as vLLM's engine checks it before it
+          accepts a request (``SamplingParams.verify``, and the server's check of a
+          structural tag) under the replicas' backend ``"auto"``: xgrammar, falling back
+          to guidance (or outlines) for what xgrammar does not support, so a constraint a
+          replica accepts is not refused. The grammars are only parsed, never compiled
+          against a vocabulary: the check needs no tokenizer (the model's own, when its
+          files are here, decides only whether guidance can serve it).
+
+        The first check imports vLLM (seconds, once per process). When vLLM cannot be
+        imported here, only ``logit_bias`` is checked (without xgrammar, all but the
+        constraint): a replica then refuses the rest after dispatch (``generate`` raises
+        ``InvalidParameterError``), once the call was scheduled and charged for its
+        prompt. Bounds known only to the replica (its ``--max-logprobs``, a vocabulary
+        not known here) are left to it.
+
+        Raises:
+            InvalidParameterError: what a replica would reject, naming the parameter.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.engines import GenerationParams
+            >>> from fairagents.engines.remote import OpenAIEngine
+            >>> engine = OpenAIEngine(["http://127.0.0.1:8000/v1"], model="chat",
+            ...                       profile=fa.ModelProfile(d_model=4096, n_layers=32))
+            >>> engine.check_params(GenerationParams(max_tokens=8, structured={"json": {"type": "object"}}))
+            >>> engine.check_params(GenerationParams(max_tokens=8, structured={"json": {"type": "nope"}}))
+            Traceback (most recent call last):
+            ...
+            fairagents.errors.InvalidParameterError: the model's servers would reject the output constraint (structured outputs, json): Grammar error: Invalid type: nope
+        """
+        vocab = self._logits_vocab or self.vocab_size
+        if params.logit_bias and vocab:
+            invalid = [token for token, _ in params.logit_bias if not 0 <= token < vocab]
+            if invalid:  # as vLLM's SamplingParams._validate_logit_bias says it
+                raise InvalidParameterError(
+                    f"the model's servers would reject logit_bias: token_id(s) {invalid} in logit_bias contain "
+                    f"out-of-vocab token ids. Vocabulary size: {vocab}")
+        checks = _vllm_checks()
+        if checks is None:
+            return
+        try:
+            self._check_with_vllm(checks, params, vocab)
+        except InvalidParameterError:
+            raise
+        except Exception as err:  # noqa: BLE001 - not the request's fault (no xgrammar, another vLLM)
+            log.warning("fairagents.remote.params_unchecked", model=self.model, error=repr(err))  # the replica checks
+
+    def _check_with_vllm(self, checks: _VLLMChecks, params: GenerationParams, vocab: int | None) -> None:
+        """vLLM's checks of ``params`` as a replica runs them on the request ``generate`` sends."""
+        structured, bad_constraint = None, ""
+        if params.structured is not None:
+            given = [k for k in _CONSTRAINTS
+                     if isinstance(params.structured, dict) and params.structured.get(k) is not None]
+            bad_constraint = (f"the model's servers would reject the output constraint "
+                              f"(structured outputs, {', '.join(given) or 'none given'})")
+            try:  # a copy: vLLM's checks may rewrite it (a choice becomes a grammar)
+                structured = checks.StructuredOutputsParams(**copy.deepcopy(params.structured))
+            except (checks.ClientError, ValueError, TypeError) as err:  # the request's fault, as vLLM's server says
+                raise InvalidParameterError(f"{bad_constraint}: {err}") from err
+        try:  # as the OpenAI server builds it from the request (its own argument checks)
+            sampling = checks.build_sampling_params(
+                max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                stop=list(params.stop) or None, ignore_eos=params.ignore_eos, logprobs=params.logprobs,
+                presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+                skip_special_tokens=params.skip_special_tokens, structured_outputs=structured,
+                logit_bias={str(token): bias for token, bias in params.logit_bias} or None,  # as generate sends it
+                extra_args=None if params.agent is None else identity_args(params.agent),
+            )
+            # No structured-outputs config: all but the constraint (log probabilities against the vocabulary).
+            sampling.verify(_ReplicaConfig(vocab, self.max_model_len), None, None, None)
+        except (checks.ClientError, ValueError) as err:
+            raise InvalidParameterError(f"the model's servers would reject the request's parameters: {err}") from err
+        if structured is None:
+            return
+        tokenizer = self._tokenizer if self._tokenizer is not None else _any_fast_tokenizer()
+        if tokenizer is None:
+            return  # vLLM's backend choice needs one; none could be made here: the replica checks
+        try:
+            if structured.structural_tag is not None and checks.check_structural_tag is not None:
+                checks.check_structural_tag(structured)  # the OpenAI server's own check (xgrammar alone)
+            sampling.verify(_ReplicaConfig(vocab, self.max_model_len), None,
+                            checks.StructuredOutputsConfig(backend="auto"), tokenizer)
+        except (checks.ClientError, ValueError) as err:
+            raise InvalidParameterError(f"{bad_constraint}: {err}") from err
 
     def prepare_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
         """Apply the chat template (with ``tools``) and tokenize (locally, or by a replica's ``/tokenize``)."""
@@ -504,8 +604,8 @@ def _sleep_first(seconds: float) -> Any:
     return before
 
 
-def _load_tokenizer(path: str) -> tuple[Any, ModelProfile]:
-    """The model's tokenizer and profile, from its files."""
+def _load_tokenizer(path: str) -> tuple[Any, ModelProfile, int | None]:
+    """The model's tokenizer, profile and config vocabulary size (vLLM's ``get_vocab_size``), from its files."""
     from transformers import AutoConfig, AutoTokenizer
 
     from fairagents.engines.base import LOAD_LOCK
@@ -513,4 +613,75 @@ def _load_tokenizer(path: str) -> tuple[Any, ModelProfile]:
     with LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(path)
         config = AutoConfig.from_pretrained(path)
-    return tokenizer, ModelProfile.of_text_config(config.get_text_config())
+    text_config = config.get_text_config()
+    vocab = getattr(text_config, "vocab_size", None)
+    return tokenizer, ModelProfile.of_text_config(text_config), vocab if isinstance(vocab, int) and vocab > 0 else None
+
+
+#: The constraint fields of vLLM's ``StructuredOutputsParams`` (one of them is set).
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class _ReplicaConfig:
+    """What vLLM's ``SamplingParams.verify`` reads of a replica's model config, as far as it is known here.
+
+    A bound not known here is left to the replica: without the vocabulary size none on
+    token ids; its ``--max-logprobs`` (-1 here: the vocabulary bounds log probabilities).
+    """
+
+    is_diffusion = False
+    max_logprobs = -1
+
+    def __init__(self, vocab_size: int | None, max_model_len: int) -> None:
+        self.vocab_size = vocab_size or sys.maxsize
+        self.max_model_len = max_model_len or sys.maxsize
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
+
+
+@dataclass(frozen=True)
+class _VLLMChecks:
+    """vLLM's request checks (what :meth:`OpenAIEngine.check_params` runs)."""
+
+    build_sampling_params: Any  # SamplingParams.from_optional: how the OpenAI server builds them
+    StructuredOutputsParams: Any
+    StructuredOutputsConfig: Any
+    ClientError: type[Exception]
+    check_structural_tag: Any  # the OpenAI server's check of a structural tag (None if this vLLM has none)
+
+
+@functools.cache
+def _vllm_checks() -> _VLLMChecks | None:
+    """vLLM's request checks, imported once; ``None`` when vLLM cannot be imported here."""
+    try:
+        from vllm.config import StructuredOutputsConfig
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+    except Exception as err:  # noqa: BLE001 - not installed (or not importable here): the replicas check
+        log.info("fairagents.remote.no_local_vllm", error=repr(err))
+        return None
+    try:
+        from vllm.entrypoints.generate.base.protocol import validate_structured_outputs_structural_tag
+    except Exception:  # noqa: BLE001 - another vLLM: the engine's check of a structural tag remains
+        validate_structured_outputs_structural_tag = None
+    build = getattr(SamplingParams, "from_optional", SamplingParams)
+    return _VLLMChecks(build, StructuredOutputsParams, StructuredOutputsConfig, VLLMClientError,
+                       validate_structured_outputs_structural_tag)
+
+
+@functools.cache
+def _any_fast_tokenizer() -> Any:
+    """A one-token fast tokenizer: what vLLM's backend choice needs when the model's own is not here.
+
+    vLLM's ``"auto"`` backend asks of the tokenizer only whether it is a fast Hugging Face
+    one (guidance serves only those) or Mistral's: a replica's usual tokenizer is the first.
+    """
+    try:
+        from tokenizers import Tokenizer, models
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    except Exception as err:  # noqa: BLE001 - no tokenizers here: the replicas check the constraint
+        log.info("fairagents.remote.no_local_tokenizer", error=repr(err))
+        return None

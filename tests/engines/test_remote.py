@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 import fairagents as fa
+from fairagents.engines import remote
 from fairagents.engines.base import GenerationParams, Prompt
 from fairagents.engines.remote import OpenAIEngine
 
@@ -44,12 +45,14 @@ class Servers:
     def __init__(self):
         self.down, self.bodies, self.fail_after, self.hold, self.status = set(), [], {}, None, {}
         self.health = {"a": 200, "b": 200}
+        self.paths = []  # every path asked, in order
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         if host in self.down:
             raise httpx.ConnectError("connection refused")
         path = request.url.path
+        self.paths.append(path)
         if path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [
                 {"id": "chat", "object": "model", "created": 0, "owned_by": "vllm", "max_model_len": 512}]})
@@ -270,3 +273,112 @@ async def test_stop_ends_the_health_checks():
     assert task.done() and a.recheck is None
     e._take_out(a, RuntimeError("after stop"))
     assert a.recheck is None  # nothing is started once stopped
+
+
+# -- check_params: what a replica would reject is refused here, before dispatch ----------------------------------
+
+MSG = [{"role": "user", "content": "plan a route"}]
+BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "bogus"}}}
+GOOD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def check(e, **kwargs):
+    e.check_params(GenerationParams(max_tokens=8, **kwargs))
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused_as_vllm_refuses_it():
+    e = engine(Servers())
+    check(e, logit_bias={10**6: 5.0})  # the vocabulary is not known here: the replica checks
+    e.vocab_size = 1000
+    check(e, logit_bias={0: -100, 999: 100})
+    with pytest.raises(fa.InvalidParameterError, match=r"logit_bias: token_id\(s\) \[1000\] in logit_bias contain "
+                                                      r"out-of-vocab token ids. Vocabulary size: 1000"):
+        check(e, logit_bias={5: 1.0, 1000: 1.0})
+
+
+def test_bad_constraints_are_refused_and_good_ones_pass():
+    pytest.importorskip("vllm")
+    e = engine(Servers())
+    for structured in ({"json": {"type": "object", "properties": {"n": {"type": "integer"}}}}, {"json_object": True},
+                       {"regex": "[a-z]+@[a-z]+\\.com"}, {"choice": ["yes", "no"]}, {"grammar": 'root ::= "a" | "b"'},
+                       # xgrammar does not support these; guidance (outlines) does: a replica falls back, as here
+                       {"json": {"type": "integer", "multipleOf": 3}},
+                       {"json": {"type": "object", "patternProperties": {"^a": {"type": "string"}},
+                                 "properties": {"b": {"type": "string"}}}}):
+        check(e, structured=structured)
+    for structured, match in (({"json": {"type": "bogus"}}, r"\(structured outputs, json\): .*bogus"),
+                              ({"json": {"$ref": "#/$defs/missing"}}, "missing"),
+                              ({"regex": "[a-"}, r"(?s)\(structured outputs, regex\): .*unclosed character class"),
+                              ({"regex": "(ab"}, "unclosed group"),
+                              ({"choice": []}, "cannot be an empty list"),
+                              ({"json": {"type": "object"}, "regex": "a"}, "one kind"),
+                              ({}, "none given")):
+        with pytest.raises(fa.InvalidParameterError, match=match):
+            check(e, structured=structured)
+    schema = {"type": "object", "properties": {"c": {"type": "string"}}}
+    check(e, structured={"json": schema})
+    assert schema == {"type": "object", "properties": {"c": {"type": "string"}}}  # left as it was given
+
+
+def test_other_parameters_vllm_rejects_are_refused():
+    pytest.importorskip("vllm")
+    e = engine(Servers())
+    with pytest.raises(fa.InvalidParameterError, match="temperature must be a number in"):
+        check(e, temperature=3.0, logprobs=1)  # vLLM's own bound, which GenerationParams keeps too
+    e.vocab_size = 100
+    with pytest.raises(fa.InvalidParameterError, match="logprobs of 500"):
+        check(e, logprobs=500)
+
+
+def test_without_vllm_here_only_the_vocabulary_is_checked(monkeypatch):
+    monkeypatch.setattr(remote, "_vllm_checks", lambda: None)
+    e = engine(Servers())
+    check(e, structured={"json": {"type": "bogus"}})  # the replica refuses it, after dispatch
+    e.vocab_size = 10
+    with pytest.raises(fa.InvalidParameterError, match="out-of-vocab"):
+        check(e, logit_bias={10: 1.0})
+
+
+async def test_a_bad_schema_through_the_arbiter_is_refused_before_dispatch_and_costs_nothing():
+    pytest.importorskip("vllm")
+    servers = Servers()
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine(servers))
+    async with arbiter:
+        who = arbiter.app("a").agent("t")
+        servers.paths.clear()
+        with pytest.raises(fa.InvalidParameterError, match="would reject the output constraint"):
+            await who.chat("chat", MSG, response_format=BAD_SCHEMA, max_tokens=8)
+        with pytest.raises(fa.InvalidParameterError, match="unclosed"):
+            await who.chat("chat", MSG, tools=[{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"s": {"type": "string", "pattern": "(ab"}}}}}], tool_choice="required",
+                max_tokens=8)
+        assert servers.paths == []  # neither tokenized nor sent: refused before the queue
+        stats = arbiter.stats()
+        assert stats.apps == {} or (stats.apps["a"].service == 0 and stats.apps["a"].failed == 0
+                                    and stats.apps["a"].done == 0)
+        reply = await who.chat("chat", MSG, response_format=GOOD_SCHEMA, max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+    [(_, body)] = servers.bodies
+    assert body["structured_outputs"] == {"json": GOOD_SCHEMA["json_schema"]["schema"]}
+
+
+async def test_the_model_files_give_the_vocabulary_and_tokenizer_of_the_checks():
+    pytest.importorskip("vllm")
+    from transformers import AutoConfig
+
+    from fairagents.models import ensure_default_models
+
+    path = ensure_default_models(["text"])["text"]
+    e = OpenAIEngine(["http://a/v1"], model="chat", model_path=path, transport=httpx.MockTransport(Servers().handler))
+    await e.start()
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    assert e._logits_vocab == vocab
+    check(e, logit_bias={vocab - 1: 1.0})
+    with pytest.raises(fa.InvalidParameterError, match=f"Vocabulary size: {vocab}"):
+        check(e, logit_bias={vocab: 1.0})
+    check(e, structured={"json": {"type": "integer", "multipleOf": 3}})  # guidance serves this model's tokenizer
+    with pytest.raises(fa.InvalidParameterError, match="bogus"):
+        check(e, structured={"json": {"type": "bogus"}})
+    await e.stop()
