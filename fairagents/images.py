@@ -107,8 +107,8 @@ def split_parts(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]
     out: list[dict[str, Any]] = []
     sources: list[Any] = []
     for i, message in enumerate(messages):
-        content = message["content"]
-        if isinstance(content, str):
+        content = message.get("content")
+        if isinstance(content, str) or (content is None and message.get("tool_calls")):  # an assistant's calls
             out.append(dict(message))
             continue
         if not isinstance(content, list | tuple):

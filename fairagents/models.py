@@ -8,6 +8,7 @@ modality, each with a byte-level BPE tokenizer trained here on synthetic text:
 - ``vision``: an Idefics3 VLM (a 2-layer ViT of width 64 on 56-pixel tiles, a
   pixel-shuffle connector, the same tiny Llama): an image becomes up to 4 tiles
   and a global view of 4 image tokens each (vLLM runs Idefics3 without torchvision);
+  its template offers tools as the text model's does, and tool results may carry images;
 - ``image``: a PixArt-α pipeline (a DiT denoiser of width 64 and 2 layers with 2×2
   patches, a 2-layer T5 text encoder, a VAE that downsamples 2×).
 
@@ -59,7 +60,7 @@ log = structlog.get_logger("fairagents.models")
 #: Name of the embedded text model; bump the suffix when the recipe changes.
 DEFAULT_TEXT_MODEL = "tiny-llama-v2"
 #: Name of the embedded vision-language model.
-DEFAULT_VISION_MODEL = "tiny-idefics3-v1"
+DEFAULT_VISION_MODEL = "tiny-idefics3-v2"
 #: Name of the embedded image-generation (diffusion) model.
 DEFAULT_IMAGE_MODEL = "tiny-pixart-v1"
 
@@ -73,14 +74,6 @@ _VISION_SPECIALS = [
     "<global-img>",
     *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
 ]
-# Content is text, or a list of parts: {"type": "text", "text": ...} and {"type": "image"}.
-_VISION_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n"
-    "{% if m['content'] is string %}{{ m['content'] }}"
-    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 # Tools are offered, called and answered in the Hermes syntax (vLLM's "hermes" tool parser reads it).
 _TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|tool|>"]
 _CHAT_TEMPLATE = (
@@ -95,6 +88,25 @@ _CHAT_TEMPLATE = (
     "{% for c in m.get('tool_calls') or [] %}"
     '<tool_call>{"name": "{{ c[\'function\'][\'name\'] }}", "arguments": {{ c[\'function\'][\'arguments\'] | tojson }}}'
     "</tool_call>{% endfor %}{{ eos_token }}\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# Content is text, or a list of parts: {"type": "text", "text": ...} and {"type": "image"}. Tools, calls and tool
+# results (which may carry images) as the text model's template has them, in the Hermes syntax.
+_VISION_CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\nYou may call these functions:\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    'To call one, write <tool_call>{"name": <name>, "arguments": <arguments object>}</tool_call>'
+    "<end_of_utterance>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|tool|>\n<tool_response>{% else %}<|{{ m['role'] }}|>\n{% endif %}"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% elif m['content'] %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "{% for c in m.get('tool_calls') or [] %}"
+    '<tool_call>{"name": "{{ c[\'function\'][\'name\'] }}", "arguments": {{ c[\'function\'][\'arguments\'] | tojson }}}'
+    "</tool_call>{% endfor %}"
+    "{% if m['role'] == 'tool' %}</tool_response>{% endif %}<end_of_utterance>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
@@ -190,6 +202,7 @@ def build_vision_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> P
     tile, patch, shuffle = 56, 14, 2
     with _staging(Path(out)) as staging:
         tok = _train_tokenizer(_VISION_SPECIALS, vocab_size, seed)
+        tok.add_tokens(_TOOL_TOKENS)  # as the text model's: its template offers tools too
         tok.chat_template = _VISION_CHAT_TEMPLATE
         images = Idefics3ImageProcessorPil(
             size={"longest_edge": 2 * tile}, max_image_size={"longest_edge": tile}, do_image_splitting=True

@@ -33,3 +33,18 @@ def test_the_error_for_a_large_file_does_not_reveal_its_size(tmp_path):
     with pytest.raises(fa.InvalidImageError) as err:
         load_image(str(path), ImageLimits(max_bytes=1000))
     assert "5000" not in str(err.value) and "5001" not in str(err.value)
+
+
+def test_split_parts_keeps_an_assistants_calls_and_finds_images_in_tool_results():
+    from fairagents.images import split_parts
+
+    calls = [{"id": "c1", "type": "function", "function": {"name": "chart", "arguments": "{}"}}]
+    messages = [
+        {"role": "user", "content": "plot it"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]},
+    ]
+    parts, sources = split_parts(messages)
+    assert parts[1] == messages[1] and parts[2]["content"] == [{"type": "image"}] and sources == ["data:x"]
+    with pytest.raises(fa.InvalidParameterError, match="content must be text"):
+        split_parts([{"role": "assistant", "content": None}])  # no calls: no content is bad input

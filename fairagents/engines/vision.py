@@ -108,7 +108,8 @@ class VisionEngine(VLLMEngine):
         """Decode, check and shrink the images, render the template, and count tokens with the processor.
 
         ``tools`` are offered when the model's chat template renders them (the embedded
-        model's does not: tools are then refused; a response format still applies).
+        model's does, in the Hermes syntax; a template that renders none refuses them, and
+        a response format still applies).
 
         Raises:
             InvalidImageError: an image that is corrupt, of an unsupported format, or too large.

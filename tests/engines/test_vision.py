@@ -166,3 +166,33 @@ async def test_a_request_keeps_its_arrival_through_preprocessing(vision_engine):
         (record,) = arbiter.ledger.records
         assert record.arrival == clock_reads[0]
         assert reply.timing.queue_wait >= 0.01  # the preprocessing time is inside it
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                                      "required": ["city"], "additionalProperties": False}}}
+
+
+async def test_the_vision_model_calls_tools_and_reads_images_in_tool_results(vision_engine):
+    """An agent that looks: the embedded VLM is offered tools, and a tool's result may be an image."""
+    import jsonschema
+
+    png = data_url(to_png(noise(80, 60)))
+    history = [
+        *ask(image_url(png)),
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [image_url(png)]},  # a chart, say
+    ]
+    assert vision_engine.tool_parser_name == "hermes"  # read from its template, as for the text model
+    async with Pool(vision=vision_engine) as arbiter:
+        bot = arbiter.app("a").agent("eyes")
+        reply = await bot.chat("vision", history, tools=[WEATHER], tool_choice="required",
+                               parallel_tool_calls=False, max_tokens=400, seed=1)
+        plain = await bot.chat("vision", history[:1], max_tokens=4)
+    assert reply.finish_reason == "tool_calls", reply.text
+    [call] = reply.tool_calls
+    assert call.name == "weather"
+    jsonschema.validate(call.parsed_arguments(), WEATHER["function"]["parameters"])
+    with_tools = vision_engine.prepare_chat(history, tools=[WEATHER])
+    assert reply.usage.prompt_tokens == with_tools.n_tokens > plain.usage.prompt_tokens  # both images, the tools

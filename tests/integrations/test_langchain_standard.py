@@ -8,13 +8,18 @@
 The model's text is noise, but its forced tool calls and structured output are valid: fairagents has vLLM enforce
 their JSON schemas while decoding. The tests that need a model that understands language (one that fills a call's
 arguments with what was asked, calls a tool unprompted under ``tool_choice="auto"``, writes the keys a prompt names,
-or ends a string of unbounded length) are expected to fail, each with its reason. Audio, PDF and image inputs stay
-off: the embedded model is a text model. Over HTTP the model cannot be changed per call: the server serves one.
+or ends a string of unbounded length) are expected to fail, each with its reason. Image inputs (in user messages and in
+tool results) go to the embedded vision model (``vision_model``), whose template offers tools too; the suite's image,
+which LangChain's tests download, is made here instead (no network). Audio and PDF inputs stay off: no model of the
+pool reads them. A call may name another model of the pool (``model=``): in process a scripted one, over HTTP
+the vision model.
 """
 
 import importlib.util
+import io
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from fairagents_langgraph import ChatFairAgents
@@ -28,7 +33,7 @@ from tests._vllm_servers import free_port, stop_server, wait_healthy
 
 APP, AGENT, KEY = "standard", "suite", "sk-standard"
 # Every call of the integration suites: a fixed seed, so a run repeats; room for a forced call's JSON.
-CALLS = {"model": "chat", "max_tokens": 128, "seed": 7}
+CALLS = {"model": "chat", "vision_model": "vision", "max_tokens": 128, "seed": 7}
 
 SERVER_CONFIG = f"""
 [server]
@@ -38,6 +43,11 @@ drain_timeout = 5
 api_key = "{KEY}"
 
 [models.chat]
+max_model_len = 1024
+kv_cache_bytes = {64 * 2**20}
+
+[models.vision]
+engine = "vision"
 max_model_len = 1024
 kv_cache_bytes = {64 * 2**20}
 """
@@ -50,13 +60,15 @@ def _needs_vllm():
 
 @pytest.fixture(scope="module")
 def embedded_portal():
-    """The embedded model in process, as "chat", behind a portal that starts it on first use (and a second,
-    scripted model, "echo", for per-call model names)."""
+    """The embedded models in process, as "chat" and "vision", behind a portal that starts them on first use (and
+    a scripted model, "echo", for per-call model names)."""
     _needs_vllm()
+    from fairagents.engines.vision import VisionEngine
     from fairagents.engines.vllm import VLLMEngine
 
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
+    arbiter.add_model("vision", VisionEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
     arbiter.add_model("echo", FakeEngine(tokens_per_reply=4))
     arbiter.app(APP).agent(AGENT)
     portal = fa.Portal(arbiter)
@@ -183,6 +195,33 @@ class EmbeddedModelTests(ChatModelIntegrationTests):
     def supports_anthropic_inputs(self):
         return True
 
+    @property
+    def supports_image_inputs(self):
+        return True
+
+    @property
+    def supports_image_tool_message(self):
+        return True
+
+    @property
+    def supports_image_urls(self):
+        return False  # an image given by URL: fairagents fetches none unless configured to (and here is no network)
+
+    @pytest.fixture(autouse=True)
+    def _offline_image(self, monkeypatch):
+        """LangChain's image tests download a PNG: they get one made here."""
+        import langchain_tests.integration_tests.chat_models as suite
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.new("RGB", (96, 64), (40, 120, 200)).save(buffer, format="PNG")
+
+        def get(url, **kwargs):
+            assert url.endswith(".png"), url  # the suite's image, nothing else
+            return SimpleNamespace(content=buffer.getvalue())
+
+        monkeypatch.setattr(suite, "httpx", SimpleNamespace(get=get))
+
     @ARGUMENTS
     @OUTPUT_VERSIONS
     def test_tool_calling(self, model):
@@ -252,4 +291,8 @@ class TestServer(EmbeddedModelTests):
     @property
     def chat_model_params(self):
         return {"base_url": self.base_url, "api_key": KEY, "agent": AGENT, **CALLS}
+
+    @property
+    def model_override_value(self):
+        return "vision"  # the server's other model (it reads text too)
 
