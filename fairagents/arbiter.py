@@ -41,7 +41,7 @@ from fairagents.admission import Statera, make_admission
 from fairagents.calls import Call, ModelCalls
 from fairagents.dispatcher import Changes, Dispatcher, Ticket
 from fairagents.engines.base import Engine, GenerationParams, Prompt
-from fairagents.errors import EngineError, InvalidParameterError, OverloadedError, ShutdownError
+from fairagents.errors import EngineError, InvalidParameterError, OverloadedError, ProtocolError, ShutdownError
 from fairagents.handles import AgentHandle, AppHandle
 from fairagents.identity import SLO, Agent, App
 from fairagents.metrics import RequestRecord
@@ -182,7 +182,9 @@ class Arbiter(ModelCalls):
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Future[None] | None = None  # done when a start under way ends
+        self._start_failure: BaseException | None = None  # why the last start failed
         self._portal_lock = threading.Lock()  # portals on any thread: one of them starts a loop thread
+        self._send_lock = threading.Lock()  # portals send calls to a loop that keeps running until they run
         self._closing = False
         self._idle = asyncio.Event()
 
@@ -266,7 +268,7 @@ class Arbiter(ModelCalls):
         if self._started:
             return
         if self._starting is not None:
-            await asyncio.shield(self._starting)
+            await self._until_started()
             return
         if self._calls:  # requests of the last run are still ending: they belong to its dispatcher
             raise ShutdownError(f"{len(self._calls)} requests of the arbiter's last run have not ended yet")
@@ -275,8 +277,12 @@ class Arbiter(ModelCalls):
         # start waits for them on this loop (see _until_started) instead of starting another.
         previous, self._loop = self._loop, loop
         self._starting = loop.create_future()
+        self._start_failure = None
         try:
             await self._start()
+        except BaseException as err:
+            self._start_failure = err
+            raise
         finally:
             if not self._started:
                 self._loop = previous
@@ -284,7 +290,11 @@ class Arbiter(ModelCalls):
             self._starting = None
 
     async def _start(self) -> None:
-        await self.pool.start(list(self.pool.models.values()))
+        try:
+            await self.pool.start(list(self.pool.models.values()))
+        except asyncio.CancelledError:  # cancelled half-way (Ctrl-C in a sync caller): nothing is left running
+            await self.pool.stop()
+            raise
         if self.dispatcher.closed:  # started again after a close
             self.dispatcher = self._new_dispatcher(self.policy)
         for m in self.pool.models.values():
@@ -308,9 +318,20 @@ class Arbiter(ModelCalls):
         return not self._started and self._starting is None
 
     async def _until_started(self) -> None:
-        """Wait, on the arbiter's loop, for a start under way to end (at once when none is)."""
-        if self._starting is not None:
-            await asyncio.shield(self._starting)
+        """Wait for a start under way to end (at once when none is); raise if it failed.
+
+        Raises:
+            ProtocolError: the start is under way on another event loop (call through a portal).
+            ShutdownError: the start it waited for failed (that start raised why).
+        """
+        starting = self._starting
+        if starting is None:
+            return
+        if starting.get_loop() is not asyncio.get_running_loop():
+            raise ProtocolError("the arbiter is starting on another event loop: call it through a fairagents.Portal")
+        await asyncio.shield(starting)
+        if not self._started:
+            raise ShutdownError(f"the arbiter failed to start: {self._start_failure!r}") from self._start_failure
 
     async def close(
         self, timeout: float | None = None, *, stop_engines: bool = True, abort_timeout: float = 5.0

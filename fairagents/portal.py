@@ -8,10 +8,14 @@ on. A :class:`Portal` lets code elsewhere call it safely:
   on the arbiter's loop and the caller awaits its result on its own; cancelling the
   caller cancels the call (and its request) on the arbiter's side;
 - from sync code, the call runs on the arbiter's loop and the thread blocks until the
-  result is back. An arbiter not running (never started, or closed since) is started on
-  a loop thread of the portal's own, so a script with no event loop at all can use it. :meth:`Portal.close`
-  closes it (engines stopped, thread ended); so does the interpreter's exit, before
-  Python's own thread pools shut down, so engines still stop cleanly then.
+  result is back.
+
+An arbiter not running — never started, or closed with the loop it ran on — is started
+on a loop thread of the portal's own at its first call, so a script with no event loop
+at all can use it. :meth:`Portal.close` closes it (engines stopped, thread ended); so
+does the program's exit, before Python's own thread pools shut down, so engines still
+stop cleanly then (a thread still calling after that, one the program did not join,
+gets :class:`~fairagents.ShutdownError`).
 
 Portals onto one arbiter agree on who starts it: whichever portal (on whichever thread)
 calls first starts it once, and a call that comes while the arbiter is starting — on a
@@ -59,14 +63,15 @@ T = TypeVar("T")
 
 _owned: set[Portal] = set()  # portals running a loop thread: closed at exit unless closed before
 _owned_lock = threading.Lock()
+_exiting = False
 
 
 class Portal:
     """Calls into ``arbiter`` from any event loop or thread (see the module docs).
 
     Args:
-        arbiter: the arbiter to call. If it is not running (not started, or closed) when a call comes,
-            the portal starts it on a loop thread of its own.
+        arbiter: the arbiter to call. If it is not running (never started, or closed with its loop) when a
+            call comes, the portal starts it on a loop thread of its own.
 
     Examples:
         >>> import asyncio
@@ -88,6 +93,7 @@ class Portal:
         self.arbiter = arbiter
         self._loop: asyncio.AbstractEventLoop | None = None  # a loop thread of the portal's, when it started one
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -97,7 +103,7 @@ class Portal:
         call = _call(self.arbiter, fn, args, kwargs)
         if _running() is loop:
             return await call
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
+        return await asyncio.wrap_future(self._send(call, loop))
 
     async def iterate(self, fn: Callable[..., AsyncIterator[T]], *args: Any, **kwargs: Any) -> AsyncIterator[T]:
         """Iterate ``fn(*args, **kwargs)`` (an async iterator) on the arbiter's loop, from any event loop.
@@ -112,16 +118,16 @@ class Portal:
                 async for item in items:
                     yield item
             return
-        cursor = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_open(self.arbiter, fn, args, kwargs), loop))
+        cursor = await asyncio.wrap_future(self._send(_open(self.arbiter, fn, args, kwargs), loop))
         try:
             while True:
                 try:
-                    item = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cursor.next(), loop))
+                    item = await asyncio.wrap_future(self._send(cursor.next(), loop))
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
-            closing = _submit(cursor.close(), loop)
+            closing = self._send_if_running(cursor.close(), loop)
             if closing is not None:  # shielded: a cancelled caller still closes the stream it leaves
                 await asyncio.shield(asyncio.wrap_future(closing))
 
@@ -129,7 +135,7 @@ class Portal:
         """Run ``fn(*args, **kwargs)`` on the arbiter's loop and block this thread until it is done."""
         loop = self._target()
         self._not_on(loop)
-        return _wait(asyncio.run_coroutine_threadsafe(_call(self.arbiter, fn, args, kwargs), loop))
+        return _wait(self._send(_call(self.arbiter, fn, args, kwargs), loop))
 
     def iterate_sync(self, fn: Callable[..., AsyncIterator[T]], *args: Any, **kwargs: Any) -> Iterator[T]:
         """Iterate ``fn(*args, **kwargs)`` on the arbiter's loop from sync code, an item at a time.
@@ -138,16 +144,16 @@ class Portal:
         """
         loop = self._target()
         self._not_on(loop)
-        cursor = _wait(asyncio.run_coroutine_threadsafe(_open(self.arbiter, fn, args, kwargs), loop))
+        cursor = _wait(self._send(_open(self.arbiter, fn, args, kwargs), loop))
         try:
             while True:
                 try:
-                    item = _wait(asyncio.run_coroutine_threadsafe(cursor.next(), loop))
+                    item = _wait(self._send(cursor.next(), loop))
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
-            closing = _submit(cursor.close(), loop)
+            closing = self._send_if_running(cursor.close(), loop)
             if closing is not None:
                 closing.result()
 
@@ -157,6 +163,9 @@ class Portal:
         """Make sure the arbiter runs, from sync code: if nobody started it, start it on a loop thread of the
         portal's; if it is starting elsewhere, wait for that. Calls do this themselves; this is for code
         that needs the engines up before its first call (their tokenizers, say).
+
+        Raises:
+            ShutdownError: the start failed (its error is the cause), or the arbiter's loop has ended.
 
         Examples:
             >>> import fairagents as fa
@@ -172,7 +181,7 @@ class Portal:
         """
         loop = self._target()
         self._not_on(loop)
-        _wait(asyncio.run_coroutine_threadsafe(self.arbiter._until_started(), loop))
+        _wait(self._send(self.arbiter._until_started(), loop))
 
     @property
     def owns_loop(self) -> bool:
@@ -180,7 +189,17 @@ class Portal:
         return self._thread is not None
 
     def close(self) -> None:
-        """If the portal started the arbiter, close it (engines stopped) and end the loop thread; idempotent."""
+        """Close the portal; if it started the arbiter, close that too (engines stopped) and end its loop thread.
+
+        Idempotent. Calls still arriving meanwhile end with :class:`~fairagents.ShutdownError`
+        (none waits forever), and so do later calls through this portal; a new portal onto
+        the arbiter starts it again.
+
+        Raises:
+            ProtocolError: called on the arbiter's own loop, which it would block.
+        """
+        self._not_on(self._loop)
+        self._closed = True
         with self.arbiter._portal_lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
@@ -190,46 +209,82 @@ class Portal:
             return
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.arbiter.close(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
+        with self.arbiter._send_lock:  # what was sent before the stop runs before it, or in _finish below
+            loop.call_soon_threadsafe(loop.stop)
         thread.join()
-        loop.close()
+        with self.arbiter._send_lock:  # nothing is sent to a stopped loop
+            _finish(loop)
 
     async def _target_async(self) -> asyncio.AbstractEventLoop:
-        # Starting takes as long as the engines do: from a loop, it waits off that loop.
-        return await asyncio.to_thread(self._target) if self.arbiter.loop is None else self._target()
+        self._check_open()
+        loop = self.arbiter.loop
+        if loop is not None and loop.is_running():
+            return loop
+        return await asyncio.to_thread(self._target)  # starting takes as long as the engines: off the caller's loop
 
     def _target(self) -> asyncio.AbstractEventLoop:
         """The arbiter's running loop, starting the arbiter on a loop thread of the portal's if needed."""
-        with self.arbiter._portal_lock:  # one lock per arbiter: every portal onto it agrees
+        self._check_open()
+        loop = self.arbiter.loop
+        if loop is not None and loop.is_running():  # running, or starting there: calls wait for the start
+            return loop
+        with self.arbiter._portal_lock:  # one lock per arbiter: every portal onto it agrees on who starts it
             loop = self.arbiter.loop
             if loop is None or (loop.is_closed() and self.arbiter._closed):  # never started, or closed with its loop
+                if _exiting:
+                    raise ShutdownError("the program is exiting: the arbiter is not started again")
                 loop = self._start_thread()
         if loop.is_closed() or not loop.is_running():
             raise ShutdownError(
                 "the arbiter's event loop is not running (it ended, or is between runs): start the arbiter on a "
                 "loop that keeps running, or let the portal start it (pass an arbiter that is not running: never "
-                "started, or closed)")
+                "started, or closed with its loop)")
         return loop
+
+    def _send(self, coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on ``loop``; :class:`ShutdownError` (``coro`` dropped) when the loop stopped meanwhile."""
+        future = self._send_if_running(coro, loop)
+        if future is None:
+            raise ShutdownError("the arbiter's event loop stopped (the arbiter was closed)")
+        return future
+
+    def _send_if_running(self, coro: Coroutine[Any, Any, T],
+                         loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T] | None:
+        with self.arbiter._send_lock:  # a close stops its loop under this lock: nothing sent is left unrun
+            if loop.is_running():
+                return asyncio.run_coroutine_threadsafe(coro, loop)
+        coro.close()
+        return None
 
     def _start_thread(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="fairagents-arbiter", daemon=True)
         thread.start()
+        started = asyncio.run_coroutine_threadsafe(self.arbiter.start(), loop)
         try:
-            asyncio.run_coroutine_threadsafe(self.arbiter.start(), loop).result()
+            started.result()
         except BaseException:
+            # It failed, or this thread was interrupted (Ctrl-C): the start unwinds on its loop (a start cancelled
+            # half-way stops the engines it started) before the loop ends, so that nothing is left running.
+            started.cancel()
+            with contextlib.suppress(BaseException):
+                asyncio.run_coroutine_threadsafe(_unwind(self.arbiter), loop).result()
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
-            loop.close()
+            _finish(loop)
             raise
         self._loop, self._thread = loop, thread
         with _owned_lock:
             _owned.add(self)
         return loop
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShutdownError("this portal is closed (a new Portal onto the arbiter starts it again)")
+
     @staticmethod
-    def _not_on(loop: asyncio.AbstractEventLoop) -> None:
-        if _running() is loop:
+    def _not_on(loop: asyncio.AbstractEventLoop | None) -> None:
+        if loop is not None and _running() is loop:
             raise ProtocolError("a sync call from the arbiter's own event loop would block it: use the async API")
 
 
@@ -270,16 +325,38 @@ def _wait(future: concurrent.futures.Future[T]) -> T:
         raise
 
 
-def _submit(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T] | None:
-    """Run ``coro`` on ``loop``; ``None`` (and ``coro`` dropped) when the loop has ended."""
-    if loop.is_closed():
-        coro.close()
-        return None
-    try:
-        return asyncio.run_coroutine_threadsafe(coro, loop)
-    except RuntimeError:  # closed since
-        coro.close()
-        return None
+def _finish(loop: asyncio.AbstractEventLoop) -> None:
+    """Run what is left on a stopped ``loop`` to its end, then close it.
+
+    Calls sent just before the loop stopped run now (the arbiter is closed: they end
+    with ShutdownError) rather than wait forever; what is still running after a few
+    seconds is cancelled.
+    """
+    loop.run_until_complete(_settle())
+    loop.close()
+
+
+async def _settle() -> None:
+    loop = asyncio.get_running_loop()
+    for _ in range(3):
+        await asyncio.sleep(0)  # callbacks queued behind the stop make their tasks
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        if not tasks:
+            break
+        await asyncio.wait(tasks, timeout=5)
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    for task in leftover:
+        task.cancel()
+    await asyncio.gather(*leftover, return_exceptions=True)
+    await loop.shutdown_asyncgens()
+
+
+async def _unwind(arbiter: Arbiter) -> None:
+    """After a start was cancelled: wait for it to end, and close the arbiter if it got to start."""
+    with contextlib.suppress(Exception):
+        await arbiter._until_started()
+    if arbiter._started:
+        await arbiter.close()
 
 
 async def _call(arbiter: Arbiter, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
@@ -299,6 +376,8 @@ async def _anext(items: AsyncIterator[T]) -> T:
 
 
 def _close_owned() -> None:
+    global _exiting
+    _exiting = True  # a call still made by a thread that outlives the main one is refused, not a new start
     with _owned_lock:
         portals = list(_owned)
     for portal in portals:

@@ -236,7 +236,9 @@ class ToolReader:
     model's vLLM ``ToolParser`` tells the two apart as the text arrives); the calls are
     then read from the whole output, as a reply's are, and sent whole at the end. So a
     call that turns out malformed or cut short is content, in the stream as in the
-    reply. Under ``"required"`` the output is a JSON array of ``{"name", "parameters"}``
+    reply. Content streams so only with parsers whose streamed content is always the
+    start of what they read in the whole output (``hermes``); with others it comes at
+    the end too. Under ``"required"`` the output is a JSON array of ``{"name", "parameters"}``
     and its calls are sent when it is complete (cut short, it is content). Under a named
     function the output is the call's arguments, streamed as they come.
 
@@ -265,7 +267,10 @@ class ToolReader:
         self._id = new_call_id()
         self._sent: dict[int, tuple[str | None, str | None, str]] = {}  # index -> (id, name, arguments) sent
         self._sent_content = ""
-        self._in_call = False  # under "auto": the model began a call, so nothing more streams before the end
+        self._finished: tuple[str, tuple[str | None, list[ToolCall]]] | None = None  # finish() of this text
+        # Under "auto": the model began a call, so nothing more streams before the end. With a parser whose
+        # streamed content may differ from what it reads in the whole output, content is held back to the end.
+        self._in_call = self._parser is not None and not _streams_content(self._parser)
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         """Take ``text``, the output's next piece; return the content and tool-call deltas to send."""
@@ -303,6 +308,12 @@ class ToolReader:
         """
         if text is not None:
             self.text = _StringEscaper()(text) if self._escape is not None else text
+        if self._finished is None or self._finished[0] != self.text:  # read once (a parser may log its errors)
+            self._finished = (self.text, self._read())
+        content, calls = self._finished[1]
+        return content, list(calls)
+
+    def _read(self) -> tuple[str | None, list[ToolCall]]:
         mode = self.spec.tool_choice if self.spec.calls_tools else "none"
         if mode == "none":
             return self.text, []
@@ -355,6 +366,17 @@ class ToolReader:
             sent_id = self._id if index == 0 else new_call_id()
             self._sent[index] = (sent_id, name, args)
         return sent_id
+
+
+#: vLLM tool parsers whose streamed content is always a prefix of the content they read in the whole output
+#: (tested): a stream may send their content as it comes.
+STREAMS_CONTENT = ("hermes",)
+
+
+def _streams_content(parser: Any) -> bool:
+    from vllm.tool_parsers import ToolParserManager
+
+    return any(type(parser) is ToolParserManager.get_tool_parser(name) for name in STREAMS_CONTENT)
 
 
 def output_reader(engine: Any, spec: OutputSpec, model: str = "the model") -> ToolReader | None:

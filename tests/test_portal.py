@@ -12,6 +12,7 @@ import pytest
 
 import fairagents as fa
 from fairagents.errors import ProtocolError
+from fairagents import portal as portal_module
 from fairagents.portal import Portal
 from fairagents.testing import FakeEngine
 
@@ -156,6 +157,7 @@ def test_portals_on_two_threads_start_the_arbiter_once():
     arbiter.add_model("chat", engine)
     bot = arbiter.app("a").agent("bot")
     portals = [Portal(arbiter), Portal(arbiter)]  # as a chat model and an OpenAI client each make one
+    before = _loop_threads()
     barrier = threading.Barrier(2)
     texts = []
 
@@ -172,7 +174,7 @@ def test_portals_on_two_threads_start_the_arbiter_once():
         assert texts == ["t0 ", "t0 "]
         assert len(engine.starts) == 1
         assert sum(p.owns_loop for p in portals) == 1
-        assert len([t for t in threading.enumerate() if t.name == "fairagents-arbiter"]) == 1
+        assert len(_loop_threads() - before) == 1
     finally:
         for p in portals:
             p.close()
@@ -273,6 +275,7 @@ def test_a_portal_dropped_without_close_still_stops_its_engines_at_exit(tmp_path
     script = f"""
 import asyncio, gc
 import fairagents as fa
+from fairagents import portal as portal_module
 from fairagents.portal import Portal
 from fairagents.testing import FakeEngine
 
@@ -289,6 +292,10 @@ gc.collect()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert marker.exists(), done.stderr
+
+
+def _loop_threads():
+    return {t for t in threading.enumerate() if t.name == "fairagents-arbiter"}
 
 
 def _until(condition, timeout=5.0):
@@ -314,3 +321,145 @@ def test_an_arbiter_closed_with_its_loop_is_started_again_by_the_next_portal():
         finally:
             portal.close()
     assert arbiter.stats().apps["a"].done >= 1
+
+
+def test_ctrl_c_while_the_portal_starts_the_arbiter_leaves_nothing_running_and_the_next_call_starts_it():
+    arbiter = fa.Arbiter()
+    engine = SlowStart()
+    arbiter.add_model("chat", engine)
+    bot = arbiter.app("a").agent("bot")
+    portal = Portal(arbiter)
+    before = _loop_threads()
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # mid-start
+    with pytest.raises(KeyboardInterrupt):
+        portal.run_sync(bot.chat, "chat", MSG, max_tokens=1)
+    assert not engine.started and arbiter.loop is None and not portal.owns_loop
+    assert _loop_threads() == before  # its loop thread ended
+    try:
+        assert portal.run_sync(bot.chat, "chat", MSG, max_tokens=1).text == "t0 "
+    finally:
+        portal.close()
+
+
+def test_calls_racing_a_close_end_with_shutdown_error_and_none_waits_forever():
+    for _ in range(5):
+        arbiter, bot = make()
+        owner = Portal(arbiter)
+        owner.start()
+        stop, outcomes = threading.Event(), []
+
+        def caller():
+            portal = Portal(arbiter)
+            while not stop.is_set():
+                try:
+                    portal.run_sync(bot.chat, "chat", MSG, max_tokens=1)
+                    outcomes.append("ok")
+                except fa.ShutdownError:
+                    outcomes.append("shutdown")
+            portal.close()  # it may have started the arbiter again after the close
+
+        threads = [threading.Thread(target=caller, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)
+        owner.close()
+        stop.set()
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads)  # none stuck in run_sync
+        assert set(outcomes) <= {"ok", "shutdown"} and "ok" in outcomes
+
+
+def test_an_async_caller_keeps_its_loop_while_another_thread_starts_the_arbiter():
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", SlowStart())
+    bot = arbiter.app("a").agent("bot")
+    starter = threading.Thread(target=Portal(arbiter).start)
+    starter.start()
+    while arbiter.loop is None:
+        time.sleep(0.005)
+
+    async def elsewhere():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        reply = await Portal(arbiter).run(bot.chat, "chat", MSG, max_tokens=1)  # waits out the 0.3 s start
+        ticker.cancel()
+        return reply, ticks
+
+    reply, ticks = asyncio.run(elsewhere())
+    starter.join()
+    try:
+        assert reply.text == "t0 " and ticks >= 5  # the caller's loop ran on meanwhile
+    finally:
+        for p in list(portal_module._owned):
+            p.close()
+
+
+async def test_a_second_start_waiting_on_a_failed_one_fails_too():
+    arbiter = fa.Arbiter()
+
+    class Broken(FakeEngine):
+        async def start(self):
+            await asyncio.sleep(0.05)
+            raise fa.EngineError("no memory")
+
+    arbiter.add_model("chat", Broken())
+    first, second = await asyncio.gather(arbiter.start(), arbiter.start(), return_exceptions=True)
+    assert isinstance(first, fa.EngineError)
+    assert isinstance(second, fa.ShutdownError) and "no memory" in str(second)
+    assert arbiter.loop is None
+
+
+def test_closing_a_portal_from_the_arbiters_own_loop_is_refused_not_a_deadlock():
+    arbiter, _ = make()
+    portal = Portal(arbiter)
+    portal.start()
+
+    async def close_there():
+        portal.close()
+
+    try:
+        with pytest.raises(ProtocolError, match="would block"):
+            asyncio.run_coroutine_threadsafe(close_there(), arbiter.loop).result(timeout=5)
+        assert portal.owns_loop
+    finally:
+        portal.close()
+
+
+def test_a_thread_still_calling_at_exit_gets_shutdown_error_and_the_program_ends(tmp_path):
+    script = """
+import threading, time
+import fairagents as fa
+from fairagents import portal as portal_module
+from fairagents.portal import Portal
+from fairagents.testing import FakeEngine
+
+arbiter = fa.Arbiter()
+arbiter.add_model("chat", FakeEngine(token_time=0.02))
+bot = arbiter.app("a").agent("b")
+portal = Portal(arbiter)
+
+def worker():   # not joined by the main thread: Python waits for it at exit
+    for _ in range(20):
+        try:
+            portal.run_sync(bot.chat, "chat", [{"role": "user", "content": "hi"}], max_tokens=2)
+            print("ok", flush=True)
+        except fa.ShutdownError:
+            print("shutdown", flush=True)
+
+portal.start()
+threading.Thread(target=worker).start()
+time.sleep(0.1)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.split() if line in ("ok", "shutdown")]
+    assert len(lines) == 20 and lines[-1] == "shutdown"  # none waits forever
+    assert "ok" not in lines[lines.index("shutdown"):]  # and the arbiter is not started again after the exit's close

@@ -297,3 +297,35 @@ def test_tool_call_round_trips_as_an_openai_message_item():
     call = ToolCall("call_1", "weather", '{"city": "Oslo"}')
     assert call.as_openai() == {"id": "call_1", "type": "function",
                                 "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+
+
+def _tokenizer(*specials):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{s: i + 1 for i, s in enumerate(specials)}}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
+    return tokenizer
+
+
+@settings(deadline=None)
+@given(st.sampled_from([
+    ("llama3_json", ' {"name": "weather", "parameters": {"city": "Oslo"}}'),  # streamed as content, read as a call
+    ("llama3_json", 'Nothing to call.'),
+    ("mistral", '[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}}]'),
+    ("granite", 'ok <|tool_call|>[{"name": "weather", "arguments": {"city": "Oslo"}}]'),
+]), st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=20))
+def test_with_other_tool_parsers_a_stream_adds_up_to_the_reply_too(case, cuts):
+    """Parsers whose streamed content can differ from what they read in the whole output hold it back to the end."""
+    pytest.importorskip("vllm")
+    from fairagents.tools import tool_parser_for
+
+    name, text = case
+    tokenizer = _tokenizer("<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>")
+    spec = OutputSpec.of(tools=[WEATHER, CLOCK])
+    reader = spec.reader(tool_parser_for(name, tokenizer, spec))
+    content, calls = _stream(reader, text, cuts)
+    reply_content, reply_calls = spec.reader(tool_parser_for(name, tokenizer, spec)).finish(text)
+    assert content == (reply_content or "")
+    assert [(name, args) for _, name, args in calls] == [(c.name, c.arguments) for c in reply_calls]

@@ -42,6 +42,7 @@ from fairagents.engines.vllm import VLLMEngine
 from fairagents.errors import EngineError, InvalidImageError, InvalidParameterError
 from fairagents.identity import Modality
 from fairagents.images import ImageLimits, load_image, split_parts
+from fairagents.prompts import template_messages
 
 __all__ = ["VisionEngine"]
 
@@ -119,7 +120,7 @@ class VisionEngine(VLLMEngine):
         processor = self._processor
         if processor is None:
             raise EngineError("the engine is not started")
-        parts, sources = split_parts(messages)
+        parts, sources = split_parts(template_messages(messages))  # calls' arguments as the template writes them
         if len(sources) > self.max_images:
             raise InvalidParameterError(f"{len(sources)} images in one request; this model takes at most {self.max_images}")
         images = tuple(self._shrink(load_image(source, self.limits)) for source in sources)

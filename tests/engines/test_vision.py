@@ -195,4 +195,5 @@ async def test_the_vision_model_calls_tools_and_reads_images_in_tool_results(vis
     assert call.name == "weather"
     jsonschema.validate(call.parsed_arguments(), WEATHER["function"]["parameters"])
     with_tools = vision_engine.prepare_chat(history, tools=[WEATHER])
+    assert '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>' in with_tools.data.text
     assert reply.usage.prompt_tokens == with_tools.n_tokens > plain.usage.prompt_tokens  # both images, the tools

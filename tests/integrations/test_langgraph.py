@@ -510,6 +510,7 @@ def test_first_calls_from_two_threads_share_one_portal_and_one_start():
     arbiter.add_model("chat", engine)
     llm = ChatFairAgents(arbiter=arbiter, model="chat", agent=arbiter.app("a").agent("t"), max_tokens=1)
     barrier = threading.Barrier(2)
+    before = {t for t in threading.enumerate() if t.name == "fairagents-arbiter"}
     replies = []
 
     def first_call():
@@ -523,6 +524,6 @@ def test_first_calls_from_two_threads_share_one_portal_and_one_start():
         t.join()
     try:
         assert replies == ["t0 ", "t0 "] and engine.starts == 1
-        assert len([t for t in threading.enumerate() if t.name == "fairagents-arbiter"]) == 1
+        assert len({t for t in threading.enumerate() if t.name == "fairagents-arbiter"} - before) == 1
     finally:
         llm._backend().portal.close()

@@ -379,11 +379,11 @@ def test_a_call_that_cannot_be_served_raises_instead_of_hanging():
     arbiter, _, concierge = pool()
     llm = ChatFairAgents(arbiter=arbiter, agent=concierge)
 
-    async def run_and_close():
-        async with arbiter:
-            await llm.ainvoke(ASK)
+    async def run_and_leave():
+        await arbiter.start()  # never closed: its engines belong to a loop that ends with asyncio.run
+        await llm.ainvoke(ASK)
 
-    asyncio.run(run_and_close())  # the arbiter's loop has ended
+    asyncio.run(run_and_leave())
     with pytest.raises(fa.ShutdownError):
         llm.invoke(ASK)
     with pytest.raises(fa.ShutdownError):

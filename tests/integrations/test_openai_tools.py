@@ -187,8 +187,20 @@ def test_the_async_client_works_from_a_loop_other_than_the_arbiters():
     finally:
         done.set()
         server.join()
-    with pytest.raises(fa.ShutdownError):  # the arbiter's loop has ended: said, not hung
-        asyncio.run(AsyncFairOpenAI(arbiter, agent=bot).chat.completions.create(model="chat", messages=ASK))
+    with pytest.raises(fa.ShutdownError):  # a closed client says so
+        asyncio.run(_closed_then_called(client))
+
+    async def again():  # the arbiter was closed with its loop: a new client starts it again, on its portal's thread
+        async with AsyncFairOpenAI(arbiter, agent=bot) as fresh:
+            return await fresh.chat.completions.create(model="chat", messages=ASK, max_tokens=2), fresh
+
+    completion, fresh = asyncio.run(again())
+    assert completion.usage.completion_tokens == 2 and not fresh.portal.owns_loop  # and closed it with itself
+
+
+async def _closed_then_called(client):
+    await client.close()
+    await client.chat.completions.create(model="chat", messages=ASK)
 
 
 def test_the_sync_client_needs_no_event_loop():

@@ -149,10 +149,11 @@ class AsyncFairOpenAI(_Client):
         self.images = _Images(self)
 
     async def close(self) -> None:
-        """Close the connection to the server; in process, an arbiter the client's portal started."""
+        """Close the client: with a server, its connection; in process, its portal (later calls raise
+        ShutdownError) and an arbiter the portal started."""
         if self.openai is not None:
             await self.openai.close()
-        if self.portal is not None and self.portal.owns_loop:
+        if self.portal is not None:  # its calls end here too; an arbiter it started is closed
             await asyncio.to_thread(self.portal.close)
 
     async def __aenter__(self) -> AsyncFairOpenAI:
@@ -268,7 +269,8 @@ class FairOpenAI(_Client):
         self.images = _SyncImages(self)
 
     def close(self) -> None:
-        """Close the connection to the server; in process, an arbiter the client's portal started."""
+        """Close the client: with a server, its connection; in process, its portal (later calls raise
+        ShutdownError) and an arbiter the portal started."""
         if self.openai is not None:
             self.openai.close()
         if self.portal is not None:
