@@ -49,6 +49,7 @@ import concurrent.futures
 import concurrent.futures.thread  # its exit hook is registered first, so ours runs before it
 import contextlib
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -64,6 +65,9 @@ T = TypeVar("T")
 _owned: set[Portal] = set()  # portals running a loop thread: closed at exit unless closed before
 _owned_lock = threading.Lock()
 _exiting = False
+_stopping: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()  # loops a close is stopping: send nothing
+_POLL = 0.5  # seconds between checks, while a call waits, that the arbiter's loop has not ended under it
+_SETTLE = 5.0  # seconds a closing loop gives what was sent to it before cancelling it
 
 
 class Portal:
@@ -94,6 +98,7 @@ class Portal:
         self._loop: asyncio.AbstractEventLoop | None = None  # a loop thread of the portal's, when it started one
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._close_lock = threading.Lock()  # one close at a time; a second waits for the first
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -103,7 +108,7 @@ class Portal:
         call = _call(self.arbiter, fn, args, kwargs)
         if _running() is loop:
             return await call
-        return await asyncio.wrap_future(self._send(call, loop))
+        return await _await(self._send(call, loop), loop)
 
     async def iterate(self, fn: Callable[..., AsyncIterator[T]], *args: Any, **kwargs: Any) -> AsyncIterator[T]:
         """Iterate ``fn(*args, **kwargs)`` (an async iterator) on the arbiter's loop, from any event loop.
@@ -118,24 +123,25 @@ class Portal:
                 async for item in items:
                     yield item
             return
-        cursor = await asyncio.wrap_future(self._send(_open(self.arbiter, fn, args, kwargs), loop))
+        cursor = await _await(self._send(_open(self.arbiter, fn, args, kwargs), loop), loop)
         try:
             while True:
                 try:
-                    item = await asyncio.wrap_future(self._send(cursor.next(), loop))
+                    item = await _await(self._send(cursor.next(), loop), loop)
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
             closing = self._send_if_running(cursor.close(), loop)
             if closing is not None:  # shielded: a cancelled caller still closes the stream it leaves
-                await asyncio.shield(asyncio.wrap_future(closing))
+                with contextlib.suppress(ShutdownError):
+                    await asyncio.shield(_await(closing, loop))
 
     def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the arbiter's loop and block this thread until it is done."""
         loop = self._target()
         self._not_on(loop)
-        return _wait(self._send(_call(self.arbiter, fn, args, kwargs), loop))
+        return _wait(self._send(_call(self.arbiter, fn, args, kwargs), loop), loop)
 
     def iterate_sync(self, fn: Callable[..., AsyncIterator[T]], *args: Any, **kwargs: Any) -> Iterator[T]:
         """Iterate ``fn(*args, **kwargs)`` on the arbiter's loop from sync code, an item at a time.
@@ -144,18 +150,19 @@ class Portal:
         """
         loop = self._target()
         self._not_on(loop)
-        cursor = _wait(self._send(_open(self.arbiter, fn, args, kwargs), loop))
+        cursor = _wait(self._send(_open(self.arbiter, fn, args, kwargs), loop), loop)
         try:
             while True:
                 try:
-                    item = _wait(self._send(cursor.next(), loop))
+                    item = _wait(self._send(cursor.next(), loop), loop)
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
             closing = self._send_if_running(cursor.close(), loop)
-            if closing is not None:
-                closing.result()
+            if closing is not None and _running() is not loop:  # finalized on that loop (by the GC): no waiting
+                with contextlib.suppress(ShutdownError):
+                    _wait(closing, loop)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -181,7 +188,7 @@ class Portal:
         """
         loop = self._target()
         self._not_on(loop)
-        _wait(self._send(self.arbiter._until_started(), loop))
+        _wait(self._send(self.arbiter._until_started(), loop), loop)
 
     @property
     def owns_loop(self) -> bool:
@@ -199,27 +206,28 @@ class Portal:
             ProtocolError: called on the arbiter's own loop, which it would block.
         """
         self._not_on(self._loop)
-        self._closed = True
-        with self.arbiter._portal_lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        with _owned_lock:
-            _owned.discard(self)
-        if loop is None or thread is None:
-            return
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self.arbiter.close(), loop).result()
-        with self.arbiter._send_lock:  # what was sent before the stop runs before it, or in _finish below
-            loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        with self.arbiter._send_lock:  # nothing is sent to a stopped loop
-            _finish(loop)
+        with self._close_lock:
+            with self.arbiter._portal_lock:  # a start under way ends first; none begins after
+                self._closed = True
+                loop, thread = self._loop, self._thread
+            if loop is None or thread is None:
+                return
+            try:
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(self.arbiter.close(), loop).result()
+            finally:  # even when interrupted: the loop is stopped and its thread ended
+                _stop(self.arbiter, loop, thread)
+                self._loop = self._thread = None
+                with _owned_lock:
+                    _owned.discard(self)
 
     async def _target_async(self) -> asyncio.AbstractEventLoop:
         self._check_open()
         loop = self.arbiter.loop
         if loop is not None and loop.is_running():
             return loop
+        if _exiting:
+            raise ShutdownError("the program is exiting: the arbiter is not started again")
         return await asyncio.to_thread(self._target)  # starting takes as long as the engines: off the caller's loop
 
     def _target(self) -> asyncio.AbstractEventLoop:
@@ -229,6 +237,7 @@ class Portal:
         if loop is not None and loop.is_running():  # running, or starting there: calls wait for the start
             return loop
         with self.arbiter._portal_lock:  # one lock per arbiter: every portal onto it agrees on who starts it
+            self._check_open()
             loop = self.arbiter.loop
             if loop is None or (loop.is_closed() and self.arbiter._closed):  # never started, or closed with its loop
                 if _exiting:
@@ -250,8 +259,8 @@ class Portal:
 
     def _send_if_running(self, coro: Coroutine[Any, Any, T],
                          loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T] | None:
-        with self.arbiter._send_lock:  # a close stops its loop under this lock: nothing sent is left unrun
-            if loop.is_running():
+        with self.arbiter._send_lock:  # a close marks its loop stopping under this lock: nothing sent is left unrun
+            if loop.is_running() and loop not in _stopping:
                 return asyncio.run_coroutine_threadsafe(coro, loop)
         coro.close()
         return None
@@ -260,23 +269,25 @@ class Portal:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="fairagents-arbiter", daemon=True)
         thread.start()
-        started = asyncio.run_coroutine_threadsafe(self.arbiter.start(), loop)
+        started = None
         try:
+            started = asyncio.run_coroutine_threadsafe(self.arbiter.start(), loop)
             started.result()
+            with _owned_lock:  # the program's exit may have begun during the start: then it is undone here
+                if not _exiting:
+                    _owned.add(self)
+                    self._loop, self._thread = loop, thread
+                    return loop
+            raise ShutdownError("the program is exiting: the arbiter is not started again")
         except BaseException:
-            # It failed, or this thread was interrupted (Ctrl-C): the start unwinds on its loop (a start cancelled
-            # half-way stops the engines it started) before the loop ends, so that nothing is left running.
-            started.cancel()
-            with contextlib.suppress(BaseException):
-                asyncio.run_coroutine_threadsafe(_unwind(self.arbiter), loop).result()
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            _finish(loop)
+            # It failed, this thread was interrupted (Ctrl-C), or the program exits: the start unwinds on its loop
+            # (a start cancelled half-way stops the engines it started) before the loop ends: nothing is left running.
+            if started is not None:
+                started.cancel()
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(_unwind(self.arbiter), loop).result()
+            _stop(self.arbiter, loop, thread)
             raise
-        self._loop, self._thread = loop, thread
-        with _owned_lock:
-            _owned.add(self)
-        return loop
 
     def _check_open(self) -> None:
         if self._closed:
@@ -316,38 +327,79 @@ def _running() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _wait(future: concurrent.futures.Future[T]) -> T:
-    """``future``'s result; a waiter interrupted (``KeyboardInterrupt``) cancels it on the arbiter's loop."""
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        raise
+def _wait(future: concurrent.futures.Future[T], loop: asyncio.AbstractEventLoop) -> T:
+    """``future``'s result, for a sync caller.
 
-
-def _finish(loop: asyncio.AbstractEventLoop) -> None:
-    """Run what is left on a stopped ``loop`` to its end, then close it.
-
-    Calls sent just before the loop stopped run now (the arbiter is closed: they end
-    with ShutdownError) rather than wait forever; what is still running after a few
-    seconds is cancelled.
+    A waiter interrupted (``KeyboardInterrupt``) cancels the call on the arbiter's loop.
+    A call the loop dropped (it ended, or a close cancelled what was left) is a
+    :class:`ShutdownError`, never a wait without end.
     """
+    try:
+        while True:
+            try:
+                return future.result(timeout=_POLL)
+            except TimeoutError:
+                if future.done():  # the call's own TimeoutError
+                    raise
+                if loop.is_closed():
+                    break
+    except concurrent.futures.CancelledError:
+        raise ShutdownError("the arbiter's event loop ended before the call did (it was closed)") from None
+    except BaseException:
+        if not loop.is_closed():
+            future.cancel()
+        raise
+    raise ShutdownError("the arbiter's event loop ended before the call did")
+
+
+async def _await(future: concurrent.futures.Future[T], loop: asyncio.AbstractEventLoop) -> T:
+    """``future``'s result, for a caller on another event loop (cancelling the caller cancels the call).
+
+    As :func:`_wait`: a call the arbiter's loop dropped is a :class:`ShutdownError`.
+    """
+    waiting = asyncio.wrap_future(future)
+    while True:
+        try:
+            done, _ = await asyncio.wait([waiting], timeout=_POLL)
+        except asyncio.CancelledError:  # the caller is cancelled: so is the call, on the arbiter's loop
+            if not loop.is_closed():
+                waiting.cancel()
+            raise
+        if done:
+            break
+        if loop.is_closed():  # (nothing to cancel there any more)
+            raise ShutdownError("the arbiter's event loop ended before the call did")
+    if waiting.cancelled():  # not by this caller (that would have raised above): by the loop's close
+        raise ShutdownError("the arbiter's event loop ended before the call did (it was closed)")
+    return waiting.result()
+
+
+def _stop(arbiter: Arbiter, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop a portal's loop, end its thread, run what was sent to it to an end, and close it."""
+    with arbiter._send_lock:  # nothing is sent after this; what was sent before runs in _settle
+        _stopping.add(loop)
+        loop.call_soon_threadsafe(loop.stop)
+    thread.join()
     loop.run_until_complete(_settle())
     loop.close()
 
 
 async def _settle() -> None:
+    """Give what is left on a stopping loop (calls sent just before it stopped: the arbiter is closed, so they end
+    with ShutdownError) a few seconds to end, then cancel it; never waits without end."""
     loop = asyncio.get_running_loop()
-    for _ in range(3):
+    deadline = loop.time() + _SETTLE
+    while (left := deadline - loop.time()) > 0:
         await asyncio.sleep(0)  # callbacks queued behind the stop make their tasks
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
         if not tasks:
             break
-        await asyncio.wait(tasks, timeout=5)
+        await asyncio.wait(tasks, timeout=left)
     leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     for task in leftover:
         task.cancel()
-    await asyncio.gather(*leftover, return_exceptions=True)
+    if leftover:
+        await asyncio.wait(leftover, timeout=_SETTLE)
     await loop.shutdown_asyncgens()
 
 
@@ -377,8 +429,8 @@ async def _anext(items: AsyncIterator[T]) -> T:
 
 def _close_owned() -> None:
     global _exiting
-    _exiting = True  # a call still made by a thread that outlives the main one is refused, not a new start
     with _owned_lock:
+        _exiting = True  # a call still made by a thread that outlives the main one is refused, not a new start
         portals = list(_owned)
     for portal in portals:
         portal.close()

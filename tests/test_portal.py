@@ -435,7 +435,7 @@ def test_closing_a_portal_from_the_arbiters_own_loop_is_refused_not_a_deadlock()
 
 def test_a_thread_still_calling_at_exit_gets_shutdown_error_and_the_program_ends(tmp_path):
     script = """
-import threading, time
+import sys, threading, time
 import fairagents as fa
 from fairagents import portal as portal_module
 from fairagents.portal import Portal
@@ -450,9 +450,9 @@ def worker():   # not joined by the main thread: Python waits for it at exit
     for _ in range(20):
         try:
             portal.run_sync(bot.chat, "chat", [{"role": "user", "content": "hi"}], max_tokens=2)
-            print("ok", flush=True)
+            print("ok", file=sys.stderr, flush=True)   # stdout has the arbiter's log lines
         except fa.ShutdownError:
-            print("shutdown", flush=True)
+            print("shutdown", file=sys.stderr, flush=True)
 
 portal.start()
 threading.Thread(target=worker).start()
@@ -460,6 +460,91 @@ time.sleep(0.1)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stdout.split() if line in ("ok", "shutdown")]
+    lines = [line for line in done.stderr.split() if line in ("ok", "shutdown")]
     assert len(lines) == 20 and lines[-1] == "shutdown"  # none waits forever
     assert "ok" not in lines[lines.index("shutdown"):]  # and the arbiter is not started again after the exit's close
+
+
+def test_a_closed_portal_refuses_calls_and_starts_nothing():
+    arbiter, bot = make()
+    portal = Portal(arbiter)
+    portal.close()  # before any call: nothing to close, but the portal is closed
+    with pytest.raises(fa.ShutdownError, match="portal is closed"):
+        portal.run_sync(bot.chat, "chat", MSG, max_tokens=1)
+    with pytest.raises(fa.ShutdownError, match="portal is closed"):
+        asyncio.run(portal.run(bot.chat, "chat", MSG, max_tokens=1))
+    assert not arbiter.engine("chat").started and arbiter.loop is None
+
+
+def test_a_call_left_running_by_a_close_ends_with_shutdown_error_within_a_bounded_time(monkeypatch):
+    monkeypatch.setattr(portal_module, "_SETTLE", 0.3)
+    arbiter, _ = make()
+    portal = Portal(arbiter)
+    portal.start()
+    outcome = []
+
+    def caller():  # a call the arbiter's close does not end (not a request: the arbiter cannot abort it)
+        try:
+            portal.run_sync(asyncio.sleep, 100)
+        except BaseException as err:  # noqa: BLE001
+            outcome.append(type(err))
+
+    worker = threading.Thread(target=caller)
+    worker.start()
+    time.sleep(0.1)
+    began = time.monotonic()
+    portal.close()
+    worker.join(5)
+    assert outcome == [fa.ShutdownError] and time.monotonic() - began < 3
+
+
+def test_a_sync_call_whose_loop_ends_under_it_is_a_shutdown_error():
+    arbiter, bot = make(token_time=0.05, tokens_per_reply=200)
+    up = threading.Event()
+
+    async def main():  # the user's loop: it returns without closing the arbiter, while a call runs
+        await arbiter.start()
+        up.set()
+        await asyncio.sleep(0.3)
+
+    owner = threading.Thread(target=asyncio.run, args=(main(),))
+    owner.start()
+    up.wait()
+    with pytest.raises(fa.ShutdownError, match="ended before the call did"):
+        Portal(arbiter).run_sync(bot.chat, "chat", MSG, max_tokens=200)
+    owner.join()
+
+
+def test_ctrl_c_during_close_still_ends_the_loop_and_stops_the_engines():
+    class SlowStop(FakeEngine):
+        async def stop(self):
+            await asyncio.sleep(0.5)
+            await super().stop()
+
+    arbiter = fa.Arbiter()
+    engine = SlowStop()
+    arbiter.add_model("chat", engine)
+    portal = Portal(arbiter)
+    before = _loop_threads()
+    portal.start()
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        portal.close()
+    assert not portal.owns_loop and portal not in portal_module._owned
+    assert arbiter.loop.is_closed() and _loop_threads() == before and not engine.started
+
+
+def test_a_sync_stream_closed_on_the_arbiters_own_loop_does_not_block_it():
+    arbiter, bot = make(token_time=0.01, tokens_per_reply=100)
+    portal = Portal(arbiter)
+    try:
+        stream = portal.iterate_sync(bot.stream_chat, "chat", MSG, max_tokens=100)
+        next(stream)
+
+        async def finalize_there():  # as the garbage collector may, on whichever thread it runs
+            stream.close()
+
+        asyncio.run_coroutine_threadsafe(finalize_there(), arbiter.loop).result(timeout=5)
+        _until(lambda: arbiter.stats().apps["a"].cancelled == 1)
+    finally:
+        portal.close()
