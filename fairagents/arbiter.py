@@ -262,8 +262,10 @@ class Arbiter(ModelCalls):
         """Start every engine (in parallel) and open for requests.
 
         If an engine fails to start, every engine of the pool is stopped again and the
-        first failure is raised: nothing is left running. A second call while a start is
-        under way waits for it.
+        first failure is raised: nothing is left running; so is a start that is cancelled.
+        A second call while a start is under way waits for it, and raises
+        :class:`~fairagents.ShutdownError` if that start fails (from another event loop it
+        raises :class:`~fairagents.errors.ProtocolError`: call through a portal).
         """
         if self._started:
             return

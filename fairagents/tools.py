@@ -368,15 +368,15 @@ class ToolReader:
         return sent_id
 
 
-#: vLLM tool parsers whose streamed content is always a prefix of the content they read in the whole output
-#: (tested): a stream may send their content as it comes.
-STREAMS_CONTENT = ("hermes",)
+# vLLM tool parsers whose streamed content is always a prefix of the content they read in the whole output
+# (tested): a stream may send their content as it comes.
+_STREAMS_CONTENT = ("hermes",)
 
 
 def _streams_content(parser: Any) -> bool:
     from vllm.tool_parsers import ToolParserManager
 
-    return any(type(parser) is ToolParserManager.get_tool_parser(name) for name in STREAMS_CONTENT)
+    return any(type(parser) is ToolParserManager.get_tool_parser(name) for name in _STREAMS_CONTENT)
 
 
 def output_reader(engine: Any, spec: OutputSpec, model: str = "the model") -> ToolReader | None:
