@@ -55,7 +55,11 @@ async def test_two_fair_engines_of_one_pool_share_counters_across_models():
         on_b.append(tag)
 
     async with arbiter:
-        on_a = [busy.chat("a", MSG, max_tokens=200, ignore_eos=True) for _ in range(8)]
+        on_a = [asyncio.ensure_future(busy.chat("a", MSG, max_tokens=200, ignore_eos=True)) for _ in range(8)]
+        counters = arbiter.fair_counters
+        async with asyncio.timeout(60):
+            while counters.charged.get("busy", 0.0) < 200:  # busy is being served on a (prompts charged, and more)
+                await asyncio.sleep(0.01)
         await asyncio.gather(*on_a, *[call_b(busy, "busy") for _ in range(6)],
                              *[call_b(fresh, "fresh") for _ in range(6)])
     assert engines["a"].fair_counters is engines["b"].fair_counters is arbiter.fair_counters
