@@ -375,22 +375,28 @@ async def _await(future: concurrent.futures.Future[T], loop: asyncio.AbstractEve
 
 
 def _stop(arbiter: Arbiter, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Stop a portal's loop, end its thread, run what was sent to it to an end, and close it."""
-    with arbiter._send_lock:  # nothing is sent after this; what was sent before runs in _settle
+    """End a portal's loop: let what was sent to it end (bounded), stop it, end its thread, close it.
+
+    The loop settles on its own thread, so this works from any thread, one running
+    another event loop included.
+    """
+    with arbiter._send_lock:  # nothing is sent after this; what was sent before is settled below
         _stopping.add(loop)
-        loop.call_soon_threadsafe(loop.stop)
+    settling = asyncio.run_coroutine_threadsafe(_settle(), loop)
+    with contextlib.suppress(concurrent.futures.TimeoutError):
+        settling.result(timeout=3 * _SETTLE)
+    loop.call_soon_threadsafe(loop.stop)
     thread.join()
-    loop.run_until_complete(_settle())
     loop.close()
 
 
 async def _settle() -> None:
-    """Give what is left on a stopping loop (calls sent just before it stopped: the arbiter is closed, so they end
+    """Give what is left on a closing loop (calls sent just before the close: the arbiter is closed, so they end
     with ShutdownError) a few seconds to end, then cancel it; never waits without end."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _SETTLE
     while (left := deadline - loop.time()) > 0:
-        await asyncio.sleep(0)  # callbacks queued behind the stop make their tasks
+        await asyncio.sleep(0)  # calls sent just before the close make their tasks
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
         if not tasks:
             break

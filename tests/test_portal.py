@@ -548,3 +548,15 @@ def test_a_sync_stream_closed_on_the_arbiters_own_loop_does_not_block_it():
         _until(lambda: arbiter.stats().apps["a"].cancelled == 1)
     finally:
         portal.close()
+
+
+def test_a_portal_closes_from_code_running_another_event_loop():
+    arbiter, bot = make()
+    portal = Portal(arbiter)
+
+    async def elsewhere():
+        await portal.run(bot.chat, "chat", MSG, max_tokens=1)
+        portal.close()  # sync, from inside this loop (not the arbiter's)
+
+    asyncio.run(elsewhere())
+    assert arbiter.loop.is_closed() and not portal.owns_loop and not arbiter.engine("chat").started
