@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from fairagents.cost import ModelProfile
 from fairagents.errors import InvalidParameterError
-from fairagents.identity import Agent
+from fairagents.identity import Agent, identity_args
 from fairagents.reply import TokenLogprob
 from fairagents.tools import ToolCallDelta
 
@@ -130,6 +130,25 @@ class GenerationParams:
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
                 raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {value!r}")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """These parameters as vLLM's ``SamplingParams`` fields, but for the constraint and the logit bias.
+
+        Those two take a form that depends on where the parameters go: vLLM's objects in
+        this process, JSON to a replica.
+
+        Examples:
+            >>> from fairagents.engines import GenerationParams
+            >>> GenerationParams(max_tokens=8, stop=["\\n"]).sampling_fields()["stop"]
+            ['\\n']
+        """
+        return {
+            "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+            "stop": list(self.stop) or None, "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens, "logprobs": self.logprobs,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "extra_args": None if self.agent is None else identity_args(self.agent),
+        }
 
 
 @dataclass(frozen=True, slots=True)

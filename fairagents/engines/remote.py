@@ -384,12 +384,8 @@ class OpenAIEngine:
                 raise InvalidParameterError(f"{bad_constraint}: {err}") from err
         try:  # as the OpenAI server builds it from the request (its own argument checks)
             sampling = checks.build_sampling_params(
-                max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-                stop=list(params.stop) or None, ignore_eos=params.ignore_eos, logprobs=params.logprobs,
-                presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-                skip_special_tokens=params.skip_special_tokens, structured_outputs=structured,
+                **params.sampling_fields(), structured_outputs=structured,
                 logit_bias={str(token): bias for token, bias in params.logit_bias} or None,  # as generate sends it
-                extra_args=None if params.agent is None else identity_args(params.agent),
             )
             # No structured-outputs config: all but the constraint (log probabilities against the vocabulary).
             sampling.verify(_ReplicaConfig(vocab, self.max_model_len), None, None, None)

@@ -50,7 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from fairagents.cost import ModelProfile  # noqa: E402
 from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
-from fairagents.identity import Modality, identity_args  # noqa: E402
+from fairagents.identity import Modality  # noqa: E402
 from fairagents.prompts import render_chat  # noqa: E402
 from fairagents.reply import TokenLogprob  # noqa: E402
 from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, tool_parser_for  # noqa: E402
@@ -368,20 +368,10 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         return SamplingParams(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=params.seed,
-            stop=list(params.stop) or None,
-            ignore_eos=params.ignore_eos,
+            **params.sampling_fields(),
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=None if params.structured is None else StructuredOutputsParams(**params.structured),
-            skip_special_tokens=params.skip_special_tokens,
-            logprobs=params.logprobs,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
             logit_bias=dict(params.logit_bias) or None,
-            extra_args=None if params.agent is None else identity_args(params.agent),
         )
 
     def _logprobs(self, output: Any, top: int) -> tuple[TokenLogprob, ...]:
