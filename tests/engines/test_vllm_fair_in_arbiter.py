@@ -60,8 +60,10 @@ async def test_two_fair_engines_of_one_pool_share_counters_across_models():
         async with asyncio.timeout(60):
             while counters.charged.get("busy", 0.0) < 200:  # busy is being served on a (prompts charged, and more)
                 await asyncio.sleep(0.01)
-        await asyncio.gather(*on_a, *[call_b(busy, "busy") for _ in range(6)],
-                             *[call_b(fresh, "fresh") for _ in range(6)])
+        # fresh's calls are handed over first: an order by arrival alone (per-model counters) would then
+        # alternate after the first, so "mostly fresh" is the shared counters' doing, not who came first.
+        await asyncio.gather(*on_a, *[call_b(fresh, "fresh") for _ in range(6)],
+                             *[call_b(busy, "busy") for _ in range(6)])
     assert engines["a"].fair_counters is engines["b"].fair_counters is arbiter.fair_counters
     # Per-model counters would split b evenly between two backlogged apps. One set of
     # counters charges busy's service on a too, so fresh takes b while busy is served on a.
