@@ -49,6 +49,7 @@ from fairagents.errors import InvalidParameterError
 __all__ = ["OutputSpec", "ToolCall", "ToolCallDelta", "ToolReader", "infer_tool_parser", "output_reader", "tool_parser_for"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_JSON_SPACE = " \t\n\r"  # the whitespace JSON allows between its tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +241,10 @@ class ToolReader:
     start of what they read in the whole output (``hermes``); with others it comes at
     the end too. Under ``"required"`` the output is a JSON array of ``{"name", "parameters"}``
     and its calls are sent when it is complete (cut short, it is content). Under a named
-    function the output is the call's arguments, streamed as they come.
+    function the output is the call's arguments, streamed as they come: from the first
+    character of the JSON value on, with whitespace held until what follows it, so no
+    piece is whitespace alone and the pieces add up to the reply's arguments (the
+    value without the whitespace around it).
 
     Examples:
         >>> from fairagents.tools import OutputSpec
@@ -281,10 +285,15 @@ class ToolReader:
         if mode == "none":
             return self._content(text), []
         if mode == "function":
+            # The arguments are the JSON value without the whitespace around it: the first piece starts the value
+            # and whitespace waits for what follows it, so no piece is whitespace alone (clients that parse the
+            # arguments so far after every piece, as openai's stream helper does, fail on one).
             deltas = [] if 0 in self._sent else [ToolCallDelta(0, self._id, self.spec.function)]
-            self._sent[0] = (self._id, self.spec.function, self.text)
-            if text:
-                deltas.append(ToolCallDelta(0, arguments=text))
+            sent = self._sent.get(0, (None, None, ""))[2]
+            arguments = self.text.strip(_JSON_SPACE)
+            self._sent[0] = (self._id, self.spec.function, arguments)
+            if len(arguments) > len(sent):
+                deltas.append(ToolCallDelta(0, arguments=arguments[len(sent):]))
             return "", deltas
         if mode == "required" or self._in_call:
             return "", []
@@ -318,7 +327,7 @@ class ToolReader:
         if mode == "none":
             return self.text, []
         if mode == "function":
-            return None, [ToolCall(self._id, self.spec.function or "", self.text)]
+            return None, [ToolCall(self._id, self.spec.function or "", self.text.strip(_JSON_SPACE))]
         if mode == "required":
             calls = _required_calls(self.text)
             if calls is None:  # cut short (max_tokens): what came back is all there is

@@ -105,7 +105,9 @@ AUTO = [
     '',
 ]
 REQUIRED = ['[{"name": "weather", "parameters": {"city": "Oslo"}}]', '[{"name": "weather", "parame', '']
-NAMED = ['{"city": "Oslo"}', '{"city": "Os']
+NAMED = ['{"city": "Oslo"}', '{"city": "Os',
+         '\n \t{\n  "city" :\t"Oslo" \r\n}\n\n',  # a permissive grammar's padding, around and inside the value
+         '\n\n\t']  # padding until max_tokens, before the value began
 
 
 def _stream(reader, text, cuts):
@@ -152,6 +154,24 @@ def test_a_stream_adds_up_to_the_reply_whatever_the_model_wrote(mode, data, cuts
     reply_content, reply_calls = make().finish(text)  # what a call without streaming gets
     assert content == (reply_content or "") == (streamed_content or "")
     assert [(c.name, c.arguments) for c in reply_calls] == [(name, args) for _, name, args in calls]
+
+
+@settings(deadline=None)
+@given(st.sampled_from(NAMED), st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=30))
+def test_a_named_calls_argument_pieces_start_the_json_value_and_none_is_whitespace_alone(text, cuts):
+    """Clients that parse a call's arguments so far after every piece (openai's stream helper) need a first
+    piece that starts the JSON value and no piece of whitespace alone, however the model padded its JSON."""
+    spec = OutputSpec.of(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}})
+    reader = spec.reader()
+    pieces, pos, i = [], 0, 0
+    while pos < len(text):
+        pieces += [d.arguments for d in reader.feed(text[pos:pos + cuts[i % len(cuts)]])[1]]
+        pos, i = pos + cuts[i % len(cuts)], i + 1
+    pieces += [d.arguments for d in reader.flush()[1]]
+    sent = [p for p in pieces if p]
+    assert all(p.strip() for p in sent)
+    assert not sent or sent[0][0] not in " \t\r\n"
+    assert "".join(sent) == text.strip() == reader.finish()[1][0].arguments
 
 
 def test_what_the_model_wrote_is_read_as_calls_or_as_content():

@@ -39,7 +39,7 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
 import structlog
@@ -64,6 +64,10 @@ log = structlog.get_logger("fairagents.engines.vllm")
 _STEP_LOCK = threading.Lock()
 #: KV cache of an engine on a CPU when none is given.
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
+COMPACT_JSON = {"backend": "xgrammar", "disable_any_whitespace": True}
+"""vLLM's ``StructuredOutputsConfig`` for compact constrained JSON (``compact_json=True``); a replica started
+with ``vllm serve`` takes it as ``--structured-outputs-config.backend xgrammar
+--structured-outputs-config.disable_any_whitespace true``."""
 # Engines of this process that have loaded and not yet shut down (by id of their VLLMEngine).
 _live: set[int] = set()
 _names = itertools.count(1)
@@ -117,6 +121,13 @@ class VLLMEngine:
             else the model family (:func:`fairagents.tools.infer_tool_parser`). The
             embedded model writes the Hermes syntax. Required calls, named functions and
             response formats need no parser: vLLM's structured outputs enforce them.
+        compact_json: constrained JSON (tool calls, response formats, JSON mode) without
+            free whitespace, as OpenAI writes it: vLLM's xgrammar backend with
+            ``disable_any_whitespace``. The grammar then allows no padding between JSON
+            tokens, which a model may otherwise fill its ``max_tokens`` with (paid for,
+            and cut off before the object closes). ``False`` keeps vLLM's permissive
+            default (any whitespace; the ``auto`` backend, which falls back to guidance
+            for schemas xgrammar cannot take).
 
     Attributes:
         vocab_size: the model's vocabulary size (``None`` until :meth:`start`); a ready
@@ -158,7 +169,10 @@ class VLLMEngine:
         scheduler: Literal["vllm", "fair"] = "vllm",
         engine_args: dict[str, Any] | None = None,
         tool_parser: str | None = None,
+        compact_json: bool = True,
     ) -> None:
+        if not isinstance(compact_json, bool):
+            raise InvalidParameterError(f"compact_json must be true or false, got {compact_json!r}")
         if kv_cache_bytes is not None and (isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int)
                                            or kv_cache_bytes <= 0):
             raise InvalidParameterError(f"kv_cache_bytes must be an integer > 0, got {kv_cache_bytes!r}")
@@ -171,6 +185,8 @@ class VLLMEngine:
         self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.max_num_seqs = max_num_seqs
+        self.compact_json = compact_json
+        """Constrained JSON is written without free whitespace (see the ``compact_json`` argument)."""
         self.healthy = True
         self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
         self.max_model_len = max_model_len or 0
@@ -201,7 +217,9 @@ class VLLMEngine:
         machine's memory). On a GPU: the model's own dtype (``"auto"``), CUDA graphs,
         and a KV cache sized by ``gpu_memory_utilization`` (vLLM's 0.9 by default; give
         each engine of a pool sharing one GPU its share) unless ``kv_cache_bytes`` is set.
-        ``engine_args`` given to the constructor override any of these.
+        Constrained JSON is compact unless ``compact_json=False`` (the
+        ``structured_outputs_config`` field, as a mapping). ``engine_args`` given to the
+        constructor override any of these.
 
         Examples:
             >>> from fairagents.engines.vllm import VLLMEngine
@@ -210,6 +228,8 @@ class VLLMEngine:
             ('auto', False, 0.4, False)
             >>> VLLMEngine().engine_args(gpu=False)["kv_cache_memory_bytes"] // 2**20
             256
+            >>> VLLMEngine().engine_args(gpu=False)["structured_outputs_config"]
+            {'backend': 'xgrammar', 'disable_any_whitespace': True}
         """
         gpu = _on_gpu() if gpu is None else gpu
         args: dict[str, Any] = {"dtype": self._dtype or ("auto" if gpu else "float32"), "enforce_eager": not gpu}
@@ -217,6 +237,8 @@ class VLLMEngine:
             args["kv_cache_memory_bytes"] = self._kv_cache_bytes or DEFAULT_CPU_KV_BYTES
         elif self._gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = self._gpu_memory_utilization
+        if self.compact_json:  # vLLM takes the whitespace rule per engine, and only with a named backend
+            args["structured_outputs_config"] = dict(COMPACT_JSON)
         return {**args, **self._args}
 
     def share_counters(self, counters: Any, name: str) -> None:
@@ -425,6 +447,10 @@ class VLLMEngine:
                     if self.fair_counters is None:
                         self.fair_counters = FairCounters()
                     args.setdefault("scheduler_cls", FairScheduler.sharing(self.fair_counters, self._fair_name))
+                if isinstance(args.get("structured_outputs_config"), Mapping):  # EngineArgs takes only the object
+                    from vllm.config import StructuredOutputsConfig
+
+                    args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
                 engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args))
                 _live.add(id(self))
         except BaseException as err:  # noqa: BLE001 - any failure to load is reported to start()

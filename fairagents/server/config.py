@@ -234,6 +234,11 @@ class ModelConfig(_Section):
     """The vLLM tool parser that reads the model's tool calls (``"hermes"``, ``"llama3_json"``,
     ``"mistral"`` …); unset, inferred from the model's chat template (see
     :func:`fairagents.tools.infer_tool_parser`). Not for ``diffusion``."""
+    compact_json: bool = True
+    """Constrained JSON (tool calls, response formats, JSON mode) without free whitespace, as
+    OpenAI writes it; ``false`` keeps vLLM's permissive grammar (see ``VLLMEngine(compact_json=...)``).
+    In-process ``vllm`` and ``vision`` engines only: remote replicas set it on their own servers
+    (``--structured-outputs-config.backend xgrammar --structured-outputs-config.disable_any_whitespace true``)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further engine arguments, passed as is: ``vllm.EngineArgs`` fields, or for ``diffusion``
     the :class:`~fairagents.engines.diffusion.DiffusionEngine` options (``max_size``, ``default_steps``…)."""
@@ -242,12 +247,14 @@ class ModelConfig(_Section):
     def _remote_needs_urls(self) -> ModelConfig:
         if (self.engine == "openai") != (self.urls is not None):
             raise ValueError("urls are for engine = \"openai\", which needs them")
-        local = {"scheduler", "kv_cache_bytes", "gpu_memory_utilization"} & self.model_fields_set
+        local = {"scheduler", "kv_cache_bytes", "gpu_memory_utilization", "compact_json"} & self.model_fields_set
         if self.engine == "openai" and local:
             raise ValueError(f"{', '.join(sorted(local))}: settings of an engine in this process, not of remote "
                              "replicas (set them on the replicas' own servers)")
         if self.engine == "diffusion" and self.tool_parser is not None:
             raise ValueError("tool_parser is for chat models; an image model calls no tools")
+        if self.engine == "diffusion" and "compact_json" in self.model_fields_set:
+            raise ValueError("compact_json is for chat models; an image model writes no JSON")
         if self.engine == "openai" and self.path is None and (self.d_model is None or self.n_layers is None):
             raise ValueError("engine = \"openai\" needs the model's files here (path) or its d_model and n_layers, "
                              "to price its tokens")
@@ -283,6 +290,7 @@ class ModelConfig(_Section):
             scheduler=self.scheduler,
             engine_args=self.engine_args,
             tool_parser=self.tool_parser,
+            compact_json=self.compact_json,
         )
 
 

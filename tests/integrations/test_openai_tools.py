@@ -132,6 +132,26 @@ async def test_parse_reads_the_answer_into_a_model_and_strict_calls_into_theirs(
     assert called.choices[0].message.tool_calls[0].function.parsed_arguments == City(city="Bergen")
 
 
+@pytest.mark.parametrize("padded", ['{"city": "Oslo"}', '\n\t {"city":\n "Oslo"}\n'])
+async def test_openais_stream_helper_reads_a_named_strict_call_however_its_json_is_padded(padded):
+    """openai's ``stream()`` parses a strict call's arguments so far after every piece: a piece of whitespace alone
+    (a permissive grammar's padding before the value) made it raise 'EOF while parsing a value'."""
+    arbiter, bot = pool(reply=padded)
+    client = AsyncFairOpenAI(arbiter, agent=bot)
+    tool = openai.pydantic_function_tool(City)
+    async with arbiter:
+        async with client.chat.completions.stream(
+                model="chat", messages=ASK, tools=[tool],
+                tool_choice={"type": "function", "function": {"name": "City"}}) as stream:
+            pieces = [event.arguments_delta async for event in stream if event.type == "tool_calls.function.arguments.delta"]
+            streamed = await stream.get_final_completion()
+        reply = await client.chat.completions.create(model="chat", messages=ASK, tools=[tool],
+                                                     tool_choice={"type": "function", "function": {"name": "City"}})
+    [call] = streamed.choices[0].message.tool_calls
+    assert call.function.parsed_arguments == City(city="Oslo") and all(p.strip() for p in pieces if p)
+    assert call.function.arguments == "".join(pieces) == reply.choices[0].message.tool_calls[0].function.arguments
+
+
 async def test_bad_tools_are_refused_before_anything_is_charged():
     arbiter, bot = pool()
     client = AsyncFairOpenAI(arbiter, agent=bot)
