@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test test-fast bench models docs clean
+.PHONY: demo test test-fast system-tools bench models docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,13 +26,28 @@ endif
 demo: $(STAMP)
 	$(BIN)/fairagents demo
 
+# What some tests start besides Python: redis-server (the shared counters) and Chromium (the dashboard).
+# Installed from Debian's packages when missing and make runs as root with apt-get; else one line says what will skip.
+SYSTEM_TOOLS := redis-server chromium
+
+system-tools:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing (Debian packages) for the tests that start them"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing) >/dev/null 2>&1 \
+			|| echo "could not install$$missing: the tests that need them will skip"; \
+	else \
+		echo "missing$$missing (as root with apt-get, make installs them): the tests that need them will skip"; \
+	fi
+
 # The docs build strictly first (a broken link or reference fails it), then the tests run.
-test: $(STAMP)
+test: $(STAMP) system-tools
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
 
 # Only the tests that start no real vLLM or diffusers engine, with few property examples (and no docs build).
-test-fast: $(STAMP)
+test-fast: $(STAMP) system-tools
 	$(BIN)/python -m pytest -m "not engine" --hypothesis-profile=fast
 
 bench: $(STAMP)

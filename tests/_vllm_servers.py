@@ -12,6 +12,11 @@ from pathlib import Path
 import httpx
 
 
+# Compact constrained JSON, as fairagents' own engines write it (the docs' replica command).
+COMPACT_JSON = ("--structured-outputs-config.backend", "xgrammar",
+                "--structured-outputs-config.disable_any_whitespace", "true")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -26,7 +31,7 @@ def start_server(log: Path, *extra: str, port: int | None = None) -> tuple[subpr
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
            str(ensure_default_models(["text"])["text"]), "--served-model-name", "chat", "--host", "127.0.0.1",
            "--port", str(port), "--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(64 * 2**20), *extra]
+           "--kv-cache-memory-bytes", str(64 * 2**20), *COMPACT_JSON, *extra]
     with log.open("w") as sink:  # a file, not a pipe: nobody drains a pipe, and a full one would block the server
         # Its own process group: vLLM runs its engine in child processes, which must go with it.
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)

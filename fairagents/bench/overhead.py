@@ -244,18 +244,24 @@ async def _pressure_point(
     waited = [dataclasses.replace(r, dispatched=r.first_token) for r in records]
     gap = max_service_gap(waited, charges, {"flood": 1.0, "victim": 1.0})
 
-    def ttft(app: str, q: float = 50) -> float:
-        return percentile([r.ttft for r in records if r.app == app and r.ttft is not None], q)
+    def first_tokens(app: str) -> list[float]:
+        return [r.ttft for r in records if r.app == app and r.ttft is not None]
+
+    def ttft(app: str, q: float = 50) -> float | None:
+        """``None`` when no request of ``app`` had its first token in the window (a result, on a busy machine)."""
+        return percentile(first_tokens(app), q) if first_tokens(app) else None
 
     row = {
         "in_flight": arbiter.in_flight_limit("m"),
         "token_budget": arbiter.token_budget_of("m"),
         "tokens_per_s": produced / elapsed,
-        "victim_over_flood": served["victim"] / served["flood"] if served["flood"] else float("nan"),
+        "victim_over_flood": served["victim"] / served["flood"] if served["flood"] else None,
         "max_gap": gap,
         "victim_ttft_p50_s": ttft("victim"),
         "victim_ttft_p99_s": ttft("victim", 99),
         "flood_ttft_p50_s": ttft("flood"),
+        "victim_first_tokens": len(first_tokens("victim")),
+        "flood_first_tokens": len(first_tokens("flood")),
         "output_tokens": produced,
         "seconds": elapsed,
     }
@@ -358,9 +364,14 @@ def render(result: dict[str, Any]) -> list[Table]:
         third.add_column(column, justify="right")
     for name, p in (("token budget", kv["token_budget"]), ("request count", kv["request_count"])):
         limits = f"in-flight {p['in_flight']}" + (f", {p['token_budget']:,} tokens" if p["token_budget"] is not None else "")
-        third.add_row(f"{name} ({limits})", f"{p['tokens_per_s']:,.0f}", f"{p['victim_over_flood']:.3f}",
-                      f"{p['max_gap']:,.1f}", f"{p['gap_over_2u']:.3f}",
-                      f"{p['victim_ttft_p50_s'] * 1e3:.0f} ms", f"{p['flood_ttft_p50_s'] * 1e3:.0f} ms")
+        ratio = "—" if p["victim_over_flood"] is None else f"{p['victim_over_flood']:.3f}"
+        third.add_row(f"{name} ({limits})", f"{p['tokens_per_s']:,.0f}", ratio, f"{p['max_gap']:,.1f}",
+                      f"{p['gap_over_2u']:.3f}", _ms(p["victim_ttft_p50_s"]), _ms(p["flood_ttft_p50_s"]))
     third.caption = (f"U = {kv['u']:,.1f} for both rows: the bound with the token budget, from the KV capacity "
-                     "(what the engine can really hold)")
+                     "(what the engine can really hold); — : no first token (or no service) in the window")
     return [first, second, third]
+
+
+def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds, or "—" when nothing was measured."""
+    return "—" if seconds is None else f"{seconds * 1e3:.0f} ms"

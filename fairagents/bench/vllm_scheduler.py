@@ -35,7 +35,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fairagents.bench.overhead import MESSAGES, PRESSURE_TOKENS, _direct, _pressure_point, pressure_kv_bytes
+from fairagents.bench.overhead import MESSAGES, PRESSURE_TOKENS, _direct, _ms, _pressure_point, pressure_kv_bytes
 from fairagents.metrics import percentile
 
 __all__ = ["DECISION_APPS", "MODES", "decision_cost", "render", "run"]
@@ -99,12 +99,17 @@ async def _measure(flood_callers: int, victim_callers: int, seconds: float, roun
                            "victim_callers": victim_callers, "seconds": seconds, "rounds": rounds, "u": u}
     for mode in MODES:
         rs = rows[mode]
+
+        def measured(key: str) -> list[float]:  # a round without a first token (or service) measured nothing
+            return [r[key] for r in rs if r[key] is not None]
+
+        ratios, p50s, p99s = measured("victim_over_flood"), measured("victim_ttft_p50_s"), measured("victim_ttft_p99_s")
         out[mode] = {
             "tokens_per_s": sum(r["output_tokens"] for r in rs) / sum(r["seconds"] for r in rs),
             "gap_over_2u": max(r["max_gap"] for r in rs) / (2 * u),
-            "victim_over_flood": sum(r["victim_over_flood"] for r in rs) / len(rs),
-            "victim_ttft_p50_s": percentile([r["victim_ttft_p50_s"] for r in rs], 50),
-            "victim_ttft_p99_s": max(r["victim_ttft_p99_s"] for r in rs),
+            "victim_over_flood": sum(ratios) / len(ratios) if ratios else None,
+            "victim_ttft_p50_s": percentile(p50s, 50) if p50s else None,
+            "victim_ttft_p99_s": max(p99s, default=None),
         }
     for mode in MODES:
         out[mode]["throughput_vs_vllm"] = out[mode]["tokens_per_s"] / out["vllm"]["tokens_per_s"]
@@ -128,9 +133,9 @@ def render(result: dict[str, Any]) -> list[Table]:
         first.add_column(column, justify="right")
     for mode in MODES:
         r = result[mode]
+        ratio = "—" if r["victim_over_flood"] is None else f"{r['victim_over_flood']:.3f}"
         first.add_row(mode, f"{r['tokens_per_s']:,.0f}", f"{r['throughput_vs_vllm']:.3f}", f"{r['gap_over_2u']:.2f}",
-                      f"{r['victim_over_flood']:.3f}", f"{r['victim_ttft_p50_s'] * 1e3:.0f} ms",
-                      f"{r['victim_ttft_p99_s'] * 1e3:.0f} ms")
+                      ratio, _ms(r["victim_ttft_p50_s"]), _ms(r["victim_ttft_p99_s"]))
     first.caption = f"U = {result['u']:,.1f} unified tokens for every row (from the KV capacity)"
     second = Table(title="In-engine queue: one pop + one add")
     second.add_column("apps", justify="right")

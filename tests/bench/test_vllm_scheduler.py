@@ -18,3 +18,12 @@ def test_render_shows_every_mode():
               "u": 100.0, "decision_us": {"10": 3.0}, **{mode: row for mode in vllm_scheduler.MODES}}
     first, second = vllm_scheduler.render(result)
     assert len(first.rows) == 3 and len(second.rows) == 1
+
+
+def test_render_says_when_a_window_measured_no_first_token():
+    row = {"tokens_per_s": 100.0, "throughput_vs_vllm": 1.0, "gap_over_2u": 0.5, "victim_over_flood": None,
+           "victim_ttft_p50_s": None, "victim_ttft_p99_s": None}
+    result = {"token_capacity": 2048, "victim_callers": 3, "flood_callers": 30, "rounds": 1, "seconds": 1.0,
+              "u": 100.0, "decision_us": {}, **{mode: row for mode in vllm_scheduler.MODES}}
+    first, _ = vllm_scheduler.render(result)
+    assert [cell for cell in first.columns[-1].cells] == ["—"] * 3

@@ -29,8 +29,9 @@ from fairagents.testing import FakeEngine
 from tests.integrations.conftest import STANDARD as APP
 from tests.integrations.conftest import STANDARD_AGENT as AGENT
 from tests.integrations.conftest import STANDARD_KEY as KEY
-# Every call of the integration suites: a fixed seed, so a run repeats; room for a forced call's JSON.
-CALLS = {"model": "chat", "vision_model": "vision", "max_tokens": 128, "seed": 7}
+# Every call of the integration suites: a fixed seed, so a run repeats; room for a forced call's JSON; one call per
+# turn (a random model's array of calls has no end: a real model stops where it means to).
+CALLS = {"model": "chat", "vision_model": "vision", "max_tokens": 128, "seed": 7, "parallel_tool_calls": False}
 
 # -- unit suites ---------------------------------------------------------------------------
 
@@ -85,9 +86,9 @@ UNPROMPTED = pytest.mark.xfail(
     reason=RANDOM + "under tool_choice='auto' it does not choose to call a tool", raises=AssertionError
 )
 UNBOUNDED = pytest.mark.xfail(
-    reason=RANDOM + "in JSON of unbounded length (a string without maxLength, an array of calls without maxItems) it "
-    "seldom writes the closing quote or bracket, so the forced call or answer is cut off by max_tokens before its JSON "
-    "is complete (decoding guarantees the shape, not the length)",
+    reason=RANDOM + "in a string without maxLength it seldom writes the closing quote (3 of 12 two-string answers "
+    "closed within 1,024 tokens), so the call or answer is cut off by max_tokens before its JSON is complete "
+    "(decoding guarantees the shape, not the length; compact JSON saves the padding, not the string)",
     raises=(AssertionError, TypeError, OutputParserException),
 )
 KEYS = pytest.mark.xfail(
@@ -165,6 +166,10 @@ class EmbeddedModelTests(ChatModelIntegrationTests):
     @ARGUMENTS
     async def test_tool_calling_async(self, model):
         await super().test_tool_calling_async(model)
+
+    @UNBOUNDED  # under "any" it may call get_weather, whose location is an unbounded string (with seed 7, it does)
+    def test_tool_choice(self, model):
+        super().test_tool_choice(model)
 
     @UNBOUNDED
     def test_unicode_tool_call_integration(self, model, *, tool_choice=None, force_tool_call=True):

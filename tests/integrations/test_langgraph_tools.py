@@ -148,6 +148,18 @@ async def test_a_forced_call_is_constrained_in_decoding_and_read_from_its_json()
     assert named_schema == {"json": convert_to_openai_tool(weather)["function"]["parameters"]}
 
 
+async def test_parallel_tool_calls_off_on_the_model_holds_every_turn_to_one_call_unless_a_binding_says_otherwise():
+    call = '[{"name": "weather", "parameters": {"city": "Oslo"}}]'
+    arbiter, engine, concierge = pool(reply=replies(call, call, "plain text"))
+    llm = ChatFairAgents(arbiter=arbiter, agent=concierge, parallel_tool_calls=False)
+    async with arbiter:
+        await llm.bind_tools([weather], tool_choice="any").ainvoke(ASK)
+        await llm.bind_tools([weather], tool_choice="any", parallel_tool_calls=True).ainvoke(ASK)
+        await llm.ainvoke(ASK)  # no tools: nothing to hold
+    one, several, plain = structured(engine)
+    assert one["json"]["maxItems"] == 1 and "maxItems" not in several["json"] and plain is None
+
+
 async def test_tool_calls_and_results_in_the_history_go_to_the_model_in_openai_form():
     arbiter, engine, concierge = pool(reply="Sunny in Oslo.")
     seen = recording_messages(engine)

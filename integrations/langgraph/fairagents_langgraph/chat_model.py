@@ -133,6 +133,9 @@ class ChatFairAgents(BaseChatModel):
     """Stop sequences of every call (a call's own ``stop`` replaces them)."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token, to exactly ``max_tokens`` (benchmarks, tests)."""
+    parallel_tool_calls: bool | None = None
+    """For calls with tools: ``False``, at most one call per turn (``bind_tools(parallel_tool_calls=...)``
+    overrides it); ``None``: several allowed, as in OpenAI's API."""
     streaming: bool = False
     """Have ``invoke`` stream underneath, so callbacks see each token as it comes."""
     timeout: float | None = None
@@ -413,6 +416,8 @@ class ChatFairAgents(BaseChatModel):
         unset = params["max_tokens"] is None  # the arbiter's rule: the rest of the context
         GenerationParams(**{**params, "max_tokens": 1 if unset else params["max_tokens"]})  # bad values fail here
         output = {name: overrides[name] for name in OUTPUT_PARAMS if overrides.get(name) is not None}
+        if output.get("tools") and self.parallel_tool_calls is not None:
+            output.setdefault("parallel_tool_calls", self.parallel_tool_calls)
         OutputSpec.of(**output)  # so do bad tools and formats
         converted, has_image = to_openai(messages)
         model = overrides.get("model") or self._model_for(has_image)
