@@ -26,20 +26,23 @@ endif
 demo: $(STAMP)
 	$(BIN)/fairagents demo
 
-# What some tests start besides Python: redis-server (the shared counters) and Chromium (the dashboard).
-# Installed from Debian's packages when missing and make runs as root with apt-get; else one line says what will skip.
-SYSTEM_TOOLS := redis-server chromium
-
+# What some tests start besides Python: redis-server (the shared counters) and a Chromium (the dashboard).
+# Each is installed from Debian's packages when missing and make runs as root with apt-get; else one line says what
+# will skip.
 system-tools:
-	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing$$missing (Debian packages) for the tests that start them"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing) >/dev/null 2>&1 \
-			|| echo "could not install$$missing: the tests that need them will skip"; \
-	else \
-		echo "missing$$missing (as root with apt-get, make installs them): the tests that need them will skip"; \
-	fi
+	@need=""; command -v redis-server >/dev/null 2>&1 || need="redis-server"; \
+	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+		|| command -v google-chrome >/dev/null 2>&1 || need="$$need chromium"; \
+	if [ -z "$$need" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "missing:$$need (as root with apt-get, make installs them): the tests that need them will skip"; exit 0; \
+	fi; \
+	apt-get update -qq >/dev/null 2>&1; \
+	for pkg in $$need; do \
+		if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkg >/dev/null 2>&1; \
+		then echo "installed $$pkg (Debian) for the tests that start it"; \
+		else echo "could not install $$pkg: the tests that need it will skip"; fi; \
+	done
 
 # The docs build strictly first (a broken link or reference fails it), then the tests run.
 test: $(STAMP) system-tools

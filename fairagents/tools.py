@@ -32,7 +32,7 @@ Examples:
     >>> _ = reader.feed('[{"name": "weather", "parameters": {"city": "Oslo"}}]')
     >>> content, calls = reader.finish()
     >>> calls[0].name, calls[0].arguments
-    ('weather', '{"city": "Oslo"}')
+    ('weather', '{"city":"Oslo"}')
 """
 
 from __future__ import annotations
@@ -600,4 +600,4 @@ def _required_calls(text: str) -> list[tuple[str, str]] | None:
         return None
     if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
         return None
-    return [(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False)) for i in items]
+    return [(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False, separators=(",", ":"))) for i in items]

@@ -1,4 +1,4 @@
-"""A real ``redis-server`` on loopback for the tests (installed by ``.ci/run`` where missing)."""
+"""A real ``redis-server`` on loopback for the tests (installed by ``make test`` where missing)."""
 
 import contextlib
 import shutil
@@ -23,7 +23,7 @@ class RedisServer:
     def start(self) -> "RedisServer":
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.skip("redis-server is not installed (.ci/run installs it on Debian)")
+            pytest.skip("redis-server is not installed (make test installs it on Debian, as root)")
         with (self.folder / f"redis-{self.port}.log").open("a") as log:
             self.proc = subprocess.Popen(
                 [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -31,6 +31,11 @@ __all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt"]
 #: Held by an engine's thread while it imports its libraries and loads its model:
 #: transformers' lazy imports are not thread-safe, and engines start in parallel.
 LOAD_LOCK = threading.Lock()
+COMPACT_JSON: dict[str, Any] = {"backend": "xgrammar", "disable_any_whitespace": True}
+"""vLLM's ``StructuredOutputsConfig`` for compact constrained JSON, which engines use unless told
+``compact_json=False`` (vLLM takes the whitespace rule per engine, and only with a named backend). A
+replica started with ``vllm serve`` takes it as ``--structured-outputs-config.backend xgrammar
+--structured-outputs-config.disable_any_whitespace true``."""
 
 
 @dataclass(frozen=True, slots=True)

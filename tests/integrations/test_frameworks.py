@@ -77,6 +77,28 @@ def served(where, request, agent):
     return stats.agents[f"{FRAMEWORKS}/{agent}"].done
 
 
+# -- openai's own stream helper ------------------------------------------------------------
+
+
+async def test_openais_stream_helper_reads_a_strict_call_and_a_response_format(connect):
+    """``chat.completions.stream`` parses a strict call's arguments so far after every piece; whitespace alone made it
+    raise. Over HTTP this is the stock client; in process the drop-in, which accumulates with openai's own state."""
+    client = connect("helper").aio
+    tool = openai.pydantic_function_tool(Forecast)
+    async with client.chat.completions.stream(
+            model="chat", messages=[{"role": "user", "content": ASK}], max_tokens=MAX_TOKENS, seed=SEED, tools=[tool],
+            tool_choice={"type": "function", "function": {"name": "Forecast"}}) as stream:
+        pieces = [e.arguments_delta async for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        called = await stream.get_final_completion()
+    [call] = called.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, Forecast) and all(p.strip() for p in pieces if p)
+    assert pieces[0].startswith("{") or (not pieces[0] and pieces[1].startswith("{"))
+    async with client.chat.completions.stream(model="chat", messages=[{"role": "user", "content": ASK}],
+                                              max_tokens=MAX_TOKENS, seed=SEED, response_format=Forecast) as stream:
+        answered = await stream.get_final_completion()
+    assert isinstance(answered.choices[0].message.parsed, Forecast)
+
+
 # -- the OpenAI Agents SDK -----------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 - The unit suites build models and check what needs no model: in process (over a FakeEngine pool) and for a server.
 - The integration suites call the embedded real model (random weights) on vLLM: in process, through one portal the
-  module shares, so the suite's sync and async tests reach the same arbiter; and over HTTP, against a
+  package's tests share, so the suite's sync and async tests reach the same arbiter; and over HTTP, against a
   ``fairagents serve`` subprocess on loopback.
 
 The model's text is noise, but its forced tool calls and structured output are valid: fairagents has vLLM enforce

@@ -10,13 +10,14 @@ import asyncio
 import json
 import threading
 import time
+from typing import Literal
 
 import openai
 import pytest
 from fairagents_openai import AsyncFairOpenAI, ChatCompletionEventStream, ChatCompletionSyncStream, FairOpenAI
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCompletion
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 import fairagents as fa
 from fairagents.errors import ProtocolError
@@ -41,7 +42,10 @@ class City(BaseModel):
 
 
 class ShortCity(BaseModel):
-    city: str = Field(max_length=12)
+    """A bounded answer. An enum, not a short string: the random model writes byte tokens, and a string the grammar
+    counts as 12 characters may decode to more (each incomplete UTF-8 sequence becomes U+FFFD)."""
+
+    city: Literal["Oslo", "Bergen", "Tromsø"]
 
 
 def accumulate(chunks, tools=(WEATHER,)):

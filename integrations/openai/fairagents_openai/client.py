@@ -56,8 +56,8 @@ from fairagents_openai._local import ChatCompletionStream, chat_completion, gene
 
 __all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI", "RawResponse"]
 
-# The base_url of a client serving in process (no HTTP is spoken).
 IN_PROCESS_URL = "fairagents://in-process/v1"
+"""The ``base_url`` of a client that serves through an arbiter in this process (no HTTP is spoken)."""
 # Sent as the key to a server without keys; the Authorization header itself is then omitted.
 _NO_KEY = "fairagents-no-key"
 
@@ -100,10 +100,10 @@ class _Client:
         the server's URL, or ``fairagents://in-process/v1`` for an arbiter in this process.
 
         Examples:
-            >>> str(AsyncFairOpenAI(base_url="http://localhost:8000/v1").base_url)
+            >>> AsyncFairOpenAI(base_url="http://localhost:8000/v1").base_url
             'http://localhost:8000/v1/'
         """
-        return IN_PROCESS_URL if self.openai is None else self.openai.base_url
+        return IN_PROCESS_URL if self.openai is None else str(self.openai.base_url)
 
     def headers(self) -> dict[str, Any]:
         """The identity headers a call made now sends to a server.
@@ -240,6 +240,7 @@ class RawResponse:
         self.headers: dict[str, str] = {}
         """No HTTP headers: the call was served in this process."""
         self.http_response = None
+        """No HTTP response either."""
 
     def parse(self) -> Any:
         """The result: a ``ChatCompletion``, a ``ParsedChatCompletion`` or a stream of chunks."""
