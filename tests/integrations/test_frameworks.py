@@ -3,8 +3,9 @@
 Each framework runs against a live ``fairagents serve`` (the stock ``openai`` client, the app's key and the agent's
 name in a header) and, where it takes a client object, in process through the drop-in (``AsyncFairOpenAI`` /
 ``FairOpenAI`` over an arbiter). Every call asks for at most 64 tokens, and schemas are bounded (booleans and enums):
-with compact JSON the random-weight model still returns a valid call or answer within that budget. It cannot choose
-between tools, so where a framework offers several, one at a time is offered (parallel calls off).
+with compact JSON the random-weight model still returns a valid call or answer within that budget. It never chooses
+to call a tool by itself, so the tests force a call (``tool_choice``) or offer one tool at a time, and turn parallel
+calls off (its array of calls would have no end).
 """
 
 from types import SimpleNamespace
@@ -64,7 +65,7 @@ async def connect(where, request):
         return SimpleNamespace(aio=AsyncFairOpenAI(arbiter, agent=handle), sync=FairOpenAI(arbiter, agent=handle))
 
     yield clients
-    for pools in made:  # the in-process clients share the session's arbiter, which outlives them
+    for pools in made:  # the in-process clients share the package's arbiter, which outlives them
         await pools["http_aio"].aclose()
         pools["http"].close()
 
