@@ -11,10 +11,12 @@ from pathlib import Path
 
 import httpx
 
+from fairagents.engines.base import COMPACT_JSON as ENGINE_COMPACT_JSON
+
 
 # Compact constrained JSON, as fairagents' own engines write it (the docs' replica command).
-COMPACT_JSON = ("--structured-outputs-config.backend", "xgrammar",
-                "--structured-outputs-config.disable_any_whitespace", "true")
+COMPACT_JSON = tuple(arg for key, value in ENGINE_COMPACT_JSON.items()
+                     for arg in (f"--structured-outputs-config.{key}", str(value).lower()))
 
 
 def free_port() -> int:

@@ -244,12 +244,11 @@ async def _pressure_point(
     waited = [dataclasses.replace(r, dispatched=r.first_token) for r in records]
     gap = max_service_gap(waited, charges, {"flood": 1.0, "victim": 1.0})
 
-    def first_tokens(app: str) -> list[float]:
-        return [r.ttft for r in records if r.app == app and r.ttft is not None]
+    first_tokens = {app: [r.ttft for r in records if r.app == app and r.ttft is not None] for app in served}
 
     def ttft(app: str, q: float = 50) -> float | None:
         """``None`` when no request of ``app`` had its first token in the window (a result, on a busy machine)."""
-        return percentile(first_tokens(app), q) if first_tokens(app) else None
+        return percentile(first_tokens[app], q) if first_tokens[app] else None
 
     row = {
         "in_flight": arbiter.in_flight_limit("m"),
@@ -260,8 +259,8 @@ async def _pressure_point(
         "victim_ttft_p50_s": ttft("victim"),
         "victim_ttft_p99_s": ttft("victim", 99),
         "flood_ttft_p50_s": ttft("flood"),
-        "victim_first_tokens": len(first_tokens("victim")),
-        "flood_first_tokens": len(first_tokens("flood")),
+        "victim_first_tokens": len(first_tokens["victim"]),
+        "flood_first_tokens": len(first_tokens["flood"]),
         "output_tokens": produced,
         "seconds": elapsed,
     }
