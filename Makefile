@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test test-fast system-tools bench models docs clean
+.PHONY: demo test test-fast system-tools bench models docs docs-sync clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ models: $(STAMP)
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# The docs' Python blocks are copies of docs/snippets/ (which the tests run): rewrite them after editing a snippet.
+# The script needs only the standard library, so no install first.
+docs-sync:
+	python3 -m tests.docs.sync
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -35,8 +35,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from fairagents._logging import get_logger
 from fairagents.admission import Statera, make_admission
 from fairagents.calls import Call, ModelCalls
 from fairagents.dispatcher import Changes, Dispatcher, Ticket
@@ -51,11 +50,11 @@ from fairagents.preprocessing import Preprocessor
 from fairagents.request import Outcome, Request
 from fairagents.shared import SharedCounters, SharedView
 from fairagents.stats import Ledger, Stats
-from fairagents.tenants import Tenants, check_share
+from fairagents.tenants import Tenants, check_max_tokens, check_share
 
 __all__ = ["DEFAULT_IN_FLIGHT", "AgentHandle", "AppHandle", "Arbiter", "Restart"]
 
-log = structlog.get_logger("fairagents.arbiter")
+log = get_logger("fairagents.arbiter")
 
 # Request ids are unique across every arbiter in the process: arbiters may share an engine,
 # and vLLM merges requests of the same id (an abort meant for one would end the other).
@@ -66,7 +65,8 @@ class Arbiter(ModelCalls):
     """Fair access to a pool of models for the apps and agents that share it.
 
     Args:
-        policy: a policy name (``"hmfs"``, ``"vtc"``, ``"rr"``, ``"fcfs"``) or object. A
+        policy: a policy name (``"hmfs"``, ``"vtc"``, ``"rr"``, ``"fcfs"``), a policy of
+            your own as ``"module:Class"`` (:func:`~fairagents.policies.make_policy`), or an object. A
             policy object that prices in unified tokens (``HMFS()``, ``VTC(UnifiedTokenCost())``)
             lends the arbiter its cost model, so the policy's counters and the ledger price
             alike; ``d_base``/``w_input``/``w_output`` that contradict it are an error.
@@ -90,6 +90,9 @@ class Arbiter(ModelCalls):
             token budget one app may hold at once, for apps declared without their own
             (``None``: no cap). A flood then cannot hold every slot; see
             :mod:`fairagents.dispatcher` for the rule and its cost.
+        default_max_tokens: ``max_tokens`` of a call that sets none, for apps declared
+            without their own; ``None`` (the default): the rest of the model's context.
+            Either way it is clipped to what fits (:meth:`default_max_tokens`).
         admission: ``"statera"`` (or a :class:`~fairagents.admission.Statera`) reserves
             a conformal bound on each request's output instead of ``max_tokens`` and
             steers every model's in-flight limit and token budget from measured
@@ -134,6 +137,7 @@ class Arbiter(ModelCalls):
         token_budget: TokenBudget = "engine",
         pool_in_flight: int | None = None,
         max_in_flight_share: float | None = None,
+        default_max_tokens: int | None = None,
         admission: str | Statera | None = None,
         counters: str | SharedCounters | None = None,
         restart: Restart | None = Restart(),  # noqa: B008 (frozen)
@@ -150,9 +154,11 @@ class Arbiter(ModelCalls):
         if pool_in_flight is not None:
             check_limit(pool_in_flight)
         check_share(max_in_flight_share)
+        check_max_tokens(default_max_tokens)
         if restart is not None and not isinstance(restart, Restart):
             raise InvalidParameterError(f"restart must be a fairagents.Restart or None, got {restart!r}")
         self.max_in_flight_share = max_in_flight_share
+        self._default_max_tokens = default_max_tokens
         self.admission = make_admission(admission)
         self.fair_counters: Any = None
         """The counters the pool's engines with ``scheduler="fair"`` share (created with the first)."""
@@ -217,7 +223,7 @@ class Arbiter(ModelCalls):
 
     def app(
         self, name: str, weight: float = 1.0, slo: SLO | None = None, *, max_queued: int | None = None,
-        max_in_flight_share: float | None = None,
+        max_in_flight_share: float | None = None, default_max_tokens: int | None = None,
     ) -> AppHandle:
         """Declare (or get) an app; re-declaring with other settings is an error.
 
@@ -225,8 +231,11 @@ class Arbiter(ModelCalls):
         raises :class:`~fairagents.errors.OverloadedError` at once instead of queueing
         (``None``: unbounded). ``max_in_flight_share`` caps the share of a model's slots
         and token budget the app may hold (``None``: the arbiter's setting).
+        ``default_max_tokens`` is the ``max_tokens`` of the app's calls that set none
+        (``None``: the arbiter's setting; see :meth:`default_max_tokens`).
         """
-        return AppHandle(self, self.tenants.declare_app(name, weight, slo, max_queued, max_in_flight_share))
+        return AppHandle(self, self.tenants.declare_app(name, weight, slo, max_queued, max_in_flight_share,
+                                                        default_max_tokens))
 
     def _declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> AgentHandle:
         return AgentHandle(self, self.tenants.declare_agent(app, name, weight, slo))
@@ -497,7 +506,7 @@ class Arbiter(ModelCalls):
 
     # -- submitting ----------------------------------------------------------------
 
-    def check_admission(self, model: str, agent: AgentHandle | Agent | None) -> None:
+    def check_admission(self, model: str, agent: AgentHandle | Agent | str | None) -> None:
         """Raise what submitting a request of ``agent`` to ``model`` would raise now, before any work on it.
 
         The cheap checks, in the order a submission makes them: the arbiter runs, the
@@ -512,7 +521,7 @@ class Arbiter(ModelCalls):
         """
         self._admit(model, agent)
 
-    def _admit(self, model: str, who: AgentHandle | Agent | None) -> tuple[PoolModel, Agent]:
+    def _admit(self, model: str, who: AgentHandle | Agent | str | None) -> tuple[PoolModel, Agent]:
         self._check_open()
         m = self.pool.get(model)
         agent = self.tenants.resolve(who)
@@ -534,7 +543,7 @@ class Arbiter(ModelCalls):
     def _submit(
         self,
         model: str,
-        who: AgentHandle | Agent | None,
+        who: AgentHandle | Agent | str | None,
         params: GenerationParams,
         prepare: Callable[[Engine], Prompt],
         *,

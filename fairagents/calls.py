@@ -80,13 +80,14 @@ class ModelCalls(abc.ABC):
     preprocessor: Preprocessor
     text_preprocessor: Preprocessor
     tenants: Tenants
+    _default_max_tokens: int | None  # max_tokens of the calls that set none, of apps without their own
 
     async def chat(
         self,
         model: str,
         messages: Messages | Prompt,
         *,
-        agent: AgentHandle | Agent | None = None,
+        agent: AgentHandle | Agent | str | None = None,
         max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -106,9 +107,13 @@ class ModelCalls(abc.ABC):
     ) -> Reply:
         """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
 
-        ``max_tokens`` left unset is the rest of the model's context after the prompt,
-        as much as the model's token budget can hold (:meth:`default_max_tokens`): the
-        request reserves all of it while it runs, so give a bound when you know one.
+        ``agent`` is a handle (``arbiter.app("a").agent("x")``), an :class:`~fairagents.Agent`,
+        or a declared agent's name: ``"a/x"``, or ``"x"`` when one app declares an ``x``.
+
+        ``max_tokens`` left unset is the app's or the arbiter's ``default_max_tokens``,
+        else the rest of the model's context after the prompt, as much as the model's
+        token budget can hold (:meth:`default_max_tokens`): the request reserves all of
+        it while it runs, so give a bound when you know one.
         ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]) and ``logit_bias``
         (token id → bias in [-100, 100]) work as in OpenAI's API. ``logprobs=True``
         returns each output token's log probability in :attr:`Reply.logprobs`, with
@@ -153,7 +158,7 @@ class ModelCalls(abc.ABC):
         model: str,
         messages: Messages | Prompt,
         *,
-        agent: AgentHandle | Agent | None = None,
+        agent: AgentHandle | Agent | str | None = None,
         max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -205,7 +210,7 @@ class ModelCalls(abc.ABC):
         model: str,
         prompt: str | Prompt,
         *,
-        agent: AgentHandle | Agent | None = None,
+        agent: AgentHandle | Agent | str | None = None,
         max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -238,7 +243,7 @@ class ModelCalls(abc.ABC):
         model: str,
         prompt: str | Prompt,
         *,
-        agent: AgentHandle | Agent | None = None,
+        agent: AgentHandle | Agent | str | None = None,
         max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -265,7 +270,7 @@ class ModelCalls(abc.ABC):
         model: str,
         prompt: str,
         *,
-        agent: AgentHandle | Agent | None = None,
+        agent: AgentHandle | Agent | str | None = None,
         size: tuple[int, int] | None = None,
         steps: int | None = None,
         n: int = 1,
@@ -288,7 +293,8 @@ class ModelCalls(abc.ABC):
         engine = self._engine_for_images(model)
         if engine.profile.modality is not Modality.IMAGE or not hasattr(engine, "prepare_image"):
             raise ModalityError(
-                f"model {model!r} makes no images (it is a {engine.profile.modality.value} model)", model=model
+                f"model {model!r} makes no images (it is a {engine.profile.modality.value} model)", model=model,
+                param="model",
             )
         size = engine.default_size if size is None else size  # type: ignore[attr-defined]
         steps = engine.default_steps if steps is None else steps  # type: ignore[attr-defined]
@@ -313,7 +319,7 @@ class ModelCalls(abc.ABC):
     # -- preparing chat input ----------------------------------------------------------
 
     async def prepare_chat(
-        self, model: str, messages: Messages, *, agent: AgentHandle | Agent | None = None,
+        self, model: str, messages: Messages, *, agent: AgentHandle | Agent | str | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> Prompt:
         """``messages`` made ready for ``model``: chat template applied, tokenized, images decoded.
@@ -334,13 +340,14 @@ class ModelCalls(abc.ABC):
         if isinstance(messages, Sequence) and not isinstance(messages, str | bytes) and has_images(messages):
             if engine.profile.modality is not Modality.VISION:
                 raise ModalityError(
-                    f"model {model!r} takes no images (it is a {engine.profile.modality.value} model)", model=model
+                    f"model {model!r} takes no images (it is a {engine.profile.modality.value} model)", model=model,
+                    param="messages",
                 )
             return await self.preprocessor.run(chat_input(messages, tools), engine, app=app, weight=weight)
         return await self.text_preprocessor.run(chat_input(messages, tools), engine, app=app, weight=weight)
 
     async def prepare_text(
-        self, model: str, prompt: str | Prompt, *, agent: AgentHandle | Agent | None = None
+        self, model: str, prompt: str | Prompt, *, agent: AgentHandle | Agent | str | None = None
     ) -> Prompt:
         """A plain prompt tokenized for ``model`` (a ready :class:`Prompt` checked), off the event loop.
 
@@ -355,7 +362,7 @@ class ModelCalls(abc.ABC):
         app, weight = self._fair_key(agent)
         return await self.text_preprocessor.run(text_input(prompt), engine, app=app, weight=weight)
 
-    def _fair_key(self, agent: AgentHandle | Agent | None) -> tuple[str, float]:
+    def _fair_key(self, agent: AgentHandle | Agent | str | None) -> tuple[str, float]:
         """The app whose share of the preprocessing pools a preparation uses, and its weight."""
         if agent is None:
             return "", 1.0
@@ -363,7 +370,7 @@ class ModelCalls(abc.ABC):
         return app.name, app.weight
 
     async def _chat_call(
-        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, messages: Messages,
+        self, model: str, who: AgentHandle | Agent | str | None, params: GenerationParams, messages: Messages,
         spec: OutputSpec | None = None, arrival: float | None = None, *, fill: bool = False,
     ) -> Call:
         """Queue a chat call: text at once; with images, after preparing them in the pool.
@@ -398,7 +405,7 @@ class ModelCalls(abc.ABC):
         return call
 
     async def _text_call(
-        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams, prompt: str | Prompt,
+        self, model: str, who: AgentHandle | Agent | str | None, params: GenerationParams, prompt: str | Prompt,
         arrival: float | None, *, fill: bool,
     ) -> Call:
         """Queue a completion call (``fill``: as :meth:`_chat_call`)."""
@@ -415,54 +422,59 @@ class ModelCalls(abc.ABC):
             await asyncio.to_thread(check, params)  # may compile a grammar
 
     def _queue(
-        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams,
+        self, model: str, who: AgentHandle | Agent | str | None, params: GenerationParams,
         prepare: Callable[[Engine], Prompt], arrival: float | None, fill: bool,
     ) -> Call:
-        """Submit a call; with ``fill``, its ``max_tokens`` is the rest of the context after its prompt."""
+        """Submit a call; with ``fill``, its ``max_tokens`` is :meth:`default_max_tokens` for its prompt and app."""
         if not fill:
             return self._submit(model, who, params, prepare, arrival=arrival)
         self.check_admission(model, who)  # as the submission would, before preparing
         prompt = prepare(self.pool.get(model).engine)
-        params = dataclasses.replace(params, max_tokens=self.default_max_tokens(model, prompt.n_tokens))
+        app = self.tenants.resolve(who).app.name
+        params = dataclasses.replace(params, max_tokens=self.default_max_tokens(model, prompt.n_tokens, app=app))
         return self._submit(model, who, params, lambda _: prompt, arrival=arrival)
 
-    def default_max_tokens(self, model: str, prompt_tokens: int) -> int:
-        """``max_tokens`` of a call that sets none: the rest of ``model``'s context after ``prompt_tokens``.
+    def default_max_tokens(self, model: str, prompt_tokens: int, *, app: str | None = None) -> int:
+        """``max_tokens`` of a call that sets none: the default of its ``app``, else the arbiter's, else the context.
 
         The one rule of every call (``chat``, ``stream_chat``, ``complete``,
-        ``stream_complete``, and the server's endpoints), as vLLM's OpenAI server has
-        it: the output may run to the end of the context. A request reserves
-        ``prompt + max_tokens`` of the model's token budget while it runs, so the rest
-        is also capped by the budget (in whole KV blocks): such a request never asks for
-        more than the model can hold, and reserves the most it could use. A prompt that
-        leaves no room gets 1, which the context check then refuses.
+        ``stream_complete``, and the server's endpoints). With no default set (the
+        arbiter's ``default_max_tokens`` and the app's are ``None``), the output may run
+        to the end of the context, as vLLM's OpenAI server has it. Either way it is
+        clipped to what fits: a request reserves ``prompt + max_tokens`` of the model's
+        token budget while it runs, so the rest of the context is also capped by the
+        budget (in whole KV blocks): such a request never asks for more than the model
+        can hold. A prompt that leaves no room gets 1, which the context check then refuses.
 
         Examples:
             >>> import fairagents as fa
             >>> from fairagents.testing import FakeEngine
-            >>> arbiter = fa.Arbiter(token_budget=600)
+            >>> arbiter = fa.Arbiter(token_budget=600, default_max_tokens=256)
             >>> arbiter.add_model("chat", FakeEngine(max_model_len=1024))
-            >>> arbiter.default_max_tokens("chat", 100)
-            500
+            >>> _ = arbiter.app("essays", default_max_tokens=2000)
+            >>> arbiter.default_max_tokens("chat", 100), arbiter.default_max_tokens("chat", 100, app="essays")
+            (256, 500)
         """
         m = self.pool.get(model)
         room = m.engine.max_model_len
         budget = self.pool.budget(m)
         if budget is not None:
             room = min(room, budget - budget % self.pool.block(m))
-        return max(1, room - prompt_tokens)
+        default = self.tenants.max_tokens.get(app or "", self._default_max_tokens)
+        rest = room - prompt_tokens
+        return max(1, rest if default is None else min(default, rest))
 
     # -- what the arbiter provides -------------------------------------------------
 
     @abc.abstractmethod
     def _submit(
-        self, model: str, who: AgentHandle | Agent | None, params: GenerationParams,
+        self, model: str, who: AgentHandle | Agent | str | None, params: GenerationParams,
         prepare: Callable[[Engine], Prompt], *, arrival: float | None = None,
     ) -> Call:
         """Validate, prepare and queue a request."""
 
     @abc.abstractmethod
-    def check_admission(self, model: str, agent: AgentHandle | Agent | None) -> None:
+    def check_admission(self, model: str, agent: AgentHandle | Agent | str | None) -> None:
         """Raise what submitting a request of ``agent`` to ``model`` now would, before preparing it."""
 
     @abc.abstractmethod
@@ -577,12 +589,13 @@ def _params(
 ) -> GenerationParams:
     """A call's sampling parameters, checked; ``max_tokens=None`` stands as 1 until the prompt is known."""
     if not isinstance(logprobs, bool):
-        raise InvalidParameterError(f"logprobs must be true or false, got {logprobs!r}")
+        raise InvalidParameterError(f"logprobs must be true or false, got {logprobs!r}", param="logprobs")
     if top_logprobs is not None and not logprobs:
-        raise InvalidParameterError("top_logprobs needs logprobs=True")
+        raise InvalidParameterError("top_logprobs needs logprobs=True", param="top_logprobs")
     if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
                                      or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
-        raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}")
+        raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs!r}",
+                                    param="top_logprobs")
     return GenerationParams(
         1 if max_tokens is None else max_tokens, temperature, top_p, seed, tuple(stop), ignore_eos,
         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias or (),

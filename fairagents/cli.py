@@ -18,6 +18,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import logging
@@ -120,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="a .toml or .yaml configuration (default: the embedded model, keys off)")
     serve.add_argument("--host", help="address to listen on (overrides server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (overrides server.port)")
+    serve.add_argument("--policy", metavar="NAME|MODULE:CLASS",
+                       help=f"scheduling policy: {', '.join(sorted(POLICIES))}, or one of your own as module:Class "
+                            "(overrides policy)")
+    serve.add_argument("--model", help="model folder or Hugging Face name to serve as 'chat' instead of the embedded "
+                                       "one (with --config: the path of its one model)")
 
     models = _command(commands, "models", "manage the embedded default models")
     model_commands = models.add_subparsers(dest="models_command", required=True, metavar="COMMAND")
@@ -266,10 +272,18 @@ def _add_suite_commands(benches: argparse._SubParsersAction) -> None:
 
 
 def _console() -> Console:
-    """Where tables go: stdout, 110 columns wide unless it is a terminal."""
+    """Where tables go: stdout, as wide as the terminal, or as wide as each table needs when not a terminal.
+
+    Piped to a file or another program, rich would fit tables into 80 columns and cut
+    cells short (``scen…``); there each table prints at its natural width instead.
+    """
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 110)
+    return Console(width=None if sys.stdout.isatty() else _UNBOUNDED_WIDTH)
+
+
+#: The width of the console when stdout is not a terminal: wider than any table, which prints at its natural width.
+_UNBOUNDED_WIDTH = 10_000
 
 
 def _suite(args: argparse.Namespace) -> int:
@@ -341,7 +355,8 @@ def configure_output(verbose: bool = False) -> None:
     ``torch.set_num_threads`` being skipped, diffusers' T5 truncation notice) and their
     progress bars are off; and ``FutureWarning``, ``DeprecationWarning`` and those
     packages' ``UserWarning`` are ignored. Verbose, they keep their own defaults.
-    vLLM logs to stderr either way, leaving stdout to tables and JSON.
+    vLLM logs to stderr either way, leaving stdout to tables and JSON (a program that
+    uses the library and configures nothing gets no vLLM log handler at all).
 
     Examples:
         >>> from fairagents.cli import QUIET_ENV
@@ -349,6 +364,7 @@ def configure_output(verbose: bool = False) -> None:
         ('ERROR', 'error')
     """
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")  # the library leaves vLLM's logging off; the command has it
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
@@ -413,10 +429,15 @@ def _run(args: argparse.Namespace) -> int:
         from fairagents.server import main as serve
 
         try:
-            return serve(args.config, host=args.host, port=args.port)
+            status = serve(args.config, host=args.host, port=args.port, policy=args.policy, model=args.model)
         except BadInputError as err:  # a bad configuration file or option
             print(f"fairagents serve: {err}", file=sys.stderr)
             return 2
+        # The server has stopped and the process exits next. vLLM unfreezes the heap when its
+        # engines stop; frozen again, the interpreter's exit skips collecting the millions of
+        # objects torch and vLLM hold (seconds on a CPU) only to free them as the process ends.
+        gc.freeze()
+        return status
     if args.command == "models":
         from fairagents.models import ensure_default_models
 
@@ -431,7 +452,8 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fairagents`` command: its exit code.
 
-    A command whose extra is missing prints one line naming it and returns 2.
+    A command whose extra is missing, or a model that cannot load, prints one line naming
+    it and returns 2.
     """
     args = build_parser().parse_args(argv)
     configure_output(args.verbose)
@@ -445,6 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         package = (err.name or "").partition(".")[0]
         print(f"fairagents {args.command}: needs the {name} extra ({package} is not installed): "
               f"{_install_hint(extra)}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from fairagents.errors import ModelLoadError
+
+        if not isinstance(err, ModelLoadError):
+            raise
+        print(f"fairagents {args.command}: {err}", file=sys.stderr)  # a model path or name that cannot load
         return 2
 
 

@@ -24,6 +24,10 @@ METADATA_WEIGHT = "fairagents_weight"
 HEADER_AGENT = "X-Fairagents-Agent"
 #: HTTP header naming the calling app on a request to a fairagents server that runs without API keys.
 HEADER_APP = "X-Fairagents-App"
+#: HTTP header stating the calling agent's weight inside its app (``2.0``); a server declares a new agent with it.
+HEADER_AGENT_WEIGHT = "X-Fairagents-Agent-Weight"
+#: HTTP header stating the calling agent's SLO in seconds (``ttft=0.5, tpot=0.05, e2e=4.0``); as the weight.
+HEADER_AGENT_SLO = "X-Fairagents-Agent-Slo"
 #: Name of the agent a call is charged to when none is given.
 DEFAULT_AGENT = "default"
 #: Reference embedding width ``d_base`` of unified tokens (HMFS eq. 1).

@@ -15,13 +15,15 @@ retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
     │   ├── InvalidImageError                an image that is corrupt, of an unsupported format, or too large
     │   └── ModalityError                    the model does not take or make that modality (an image to a text model)
     ├── EngineError                          the engine serving a model failed
+    │   └── ModelLoadError                   an engine could not load its model (missing files, hub unreachable)
     ├── OverloadedError                      the app's queue is full; retry after ``retry_after`` seconds
     ├── ShutdownError                        the arbiter is closing; the request did not run to the end
     └── ProtocolError (also RuntimeError)    a driver called a policy, dispatcher or engine out of order (a bug)
 
 Every error carries what it is about as attributes, where they apply: ``model``,
-``app``, ``agent``, ``request_id`` (``None`` when not known), and ``retry_after`` on
-:class:`OverloadedError`. Code should branch on these, not on the message.
+``app``, ``agent``, ``request_id``, ``param`` (the request parameter at fault) (each
+``None`` when not known), and ``retry_after`` on :class:`OverloadedError`. Code should
+branch on these, not on the message.
 
 Examples:
     >>> import fairagents as fa
@@ -44,6 +46,7 @@ __all__ = [
     "InvalidImageError",
     "InvalidParameterError",
     "ModalityError",
+    "ModelLoadError",
     "OverloadedError",
     "ProtocolError",
     "ShutdownError",
@@ -62,6 +65,8 @@ class FairAgentsError(Exception):
         app: the calling app, if known.
         agent: the calling agent's name, if known.
         request_id: the request's id, if it had one.
+        param: the request parameter at fault, as an OpenAI error body's ``param`` names it
+            (a body field such as ``"max_tokens"``, or a header), if one is.
 
     Examples:
         >>> import fairagents as fa
@@ -80,12 +85,14 @@ class FairAgentsError(Exception):
         app: str | None = None,
         agent: str | None = None,
         request_id: str | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.model = model
         self.app = app
         self.agent = agent
         self.request_id = request_id
+        self.param = param
 
 
 class BadInputError(FairAgentsError, ValueError):
@@ -195,6 +202,21 @@ class EngineError(FairAgentsError):
         >>> import fairagents as fa
         >>> issubclass(fa.EngineError, ValueError)
         False
+    """
+
+
+class ModelLoadError(EngineError):
+    """An engine could not load its model: no such folder, a name not on the Hub, the Hub out of reach, bad files.
+
+    Raised by ``start`` (so by entering the arbiter); the message names the model's
+    path or name and why, in one line. ``fairagents serve`` reports it as a
+    configuration error.
+
+    Examples:
+        >>> from fairagents.errors import EngineError, ModelLoadError
+        >>> err = ModelLoadError("no folder '/models/llama' (not a Hugging Face name either)", model="chat")
+        >>> isinstance(err, EngineError), err.model
+        (True, 'chat')
     """
 
 

@@ -28,13 +28,16 @@ import enum
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fairagents.constants import (
     DEFAULT_AGENT,
     HEADER_AGENT,
+    HEADER_AGENT_SLO,
+    HEADER_AGENT_WEIGHT,
     HEADER_APP,
     METADATA_AGENT,
     METADATA_APP,
@@ -43,7 +46,10 @@ from fairagents.constants import (
 )
 from fairagents.errors import InvalidParameterError
 
-__all__ = ["SLO", "Agent", "App", "Modality", "acting_as", "agent", "current_agent", "identity_args", "identity_headers"]
+__all__ = [
+    "SLO", "Agent", "App", "Modality", "acting_as", "agent", "agent_from_headers", "current_agent", "identity_args",
+    "identity_headers",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -319,6 +325,11 @@ def agent(
 def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool = False) -> dict[str, str]:
     """The HTTP headers that tell a fairagents server who is calling.
 
+    An agent's own settings that were given (its ``weight``, its ``slo``) go along, in
+    ``X-Fairagents-Agent-Weight`` and ``X-Fairagents-Agent-Slo``: the server declares an
+    agent new to it with them (:func:`agent_from_headers`). Its app's settings do not: an
+    app's weight and SLO are the server's configuration.
+
     Args:
         who: an :class:`Agent`, an arbiter's agent handle, or an agent's name; ``None``:
             the agent bound in context (no agent header when none is).
@@ -334,11 +345,17 @@ def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool 
         {'X-Fairagents-Agent': 'planner', 'X-Fairagents-App': 'driving'}
         >>> identity_headers("writer", app="studio", name_app=True)
         {'X-Fairagents-Agent': 'writer', 'X-Fairagents-App': 'studio'}
+        >>> identity_headers(fa.Agent("critic", fa.App("studio", weight=3.0), weight=2, slo=fa.SLO(ttft=0.5, e2e=4)))
+        {'X-Fairagents-Agent': 'critic', 'X-Fairagents-Agent-Weight': '2.0', 'X-Fairagents-Agent-Slo': 'ttft=0.5, e2e=4.0'}
     """
     who = current_agent() if who is None else getattr(who, "identity", who)  # an AgentHandle carries its Agent
     headers = {}
     if isinstance(who, Agent):
         headers[HEADER_AGENT] = who.name
+        if "weight" in who.declared:
+            headers[HEADER_AGENT_WEIGHT] = repr(who.weight)
+        if "slo" in who.declared and who.slo is not None and (slo := _slo_text(who.slo)):
+            headers[HEADER_AGENT_SLO] = slo
     elif isinstance(who, str) and who:
         headers[HEADER_AGENT] = who
     elif who is not None:
@@ -347,6 +364,71 @@ def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool 
     if name_app and app:
         headers[HEADER_APP] = app
     return headers
+
+
+def agent_from_headers(app: str, name: str, headers: Mapping[str, str]) -> Agent:
+    """Agent ``name`` of ``app`` as a request's headers state it: with the weight and SLO they give, if any.
+
+    The server's reading of :func:`identity_headers`: settings a header leaves out are not
+    stated (:attr:`Agent.declared`), so the agent keeps its declaration's.
+
+    Raises:
+        InvalidParameterError: ``X-Fairagents-Agent-Weight`` is not a number > 0, or
+            ``X-Fairagents-Agent-Slo`` not ``ttft=<s>, tpot=<s>, e2e=<s>`` (any of them, each
+            once) with numbers > 0; the error's ``param`` names the header.
+
+    Examples:
+        >>> from fairagents.identity import agent_from_headers
+        >>> stated = {"X-Fairagents-Agent-Weight": "2", "X-Fairagents-Agent-Slo": "ttft=0.5, e2e=4"}
+        >>> writer = agent_from_headers("studio", "writer", stated)
+        >>> writer.weight, writer.slo, sorted(writer.declared)
+        (2.0, SLO(ttft=0.5, tpot=None, e2e=4.0), ['slo', 'weight'])
+        >>> sorted(agent_from_headers("studio", "writer", {}).declared)
+        []
+        >>> agent_from_headers("studio", "writer", {"X-Fairagents-Agent-Weight": "-1"})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: X-Fairagents-Agent-Weight: the agent weight must be a finite number > 0, got '-1'
+    """
+    about: dict[str, Any] = {"app": app, "agent": name}
+    weight_text = (headers.get(HEADER_AGENT_WEIGHT) or "").strip()
+    slo_text = (headers.get(HEADER_AGENT_SLO) or "").strip()
+    weight = _header_number(weight_text, HEADER_AGENT_WEIGHT, "the agent weight", about) if weight_text else None
+    slo = _parse_slo(slo_text, about) if slo_text else None
+    if weight is None:
+        return Agent(name, App(app), slo=slo)
+    return Agent(name, App(app), weight=weight, slo=slo)
+
+
+_SLO_FIELDS = ("ttft", "tpot", "e2e")
+# A decimal number as a header carries it: 2, 0.5, .5, 1e-3 (no sign, no "inf", no "nan").
+_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _slo_text(slo: SLO) -> str:
+    """``slo`` as ``X-Fairagents-Agent-Slo`` carries it: ``ttft=0.5, e2e=4.0``."""
+    return ", ".join(f"{what}={float(value)!r}" for what in _SLO_FIELDS if (value := getattr(slo, what)) is not None)
+
+
+def _parse_slo(text: str, about: dict[str, Any]) -> SLO:
+    values: dict[str, float] = {}
+    for item in text.split(","):
+        what, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or what not in _SLO_FIELDS or what in values:
+            raise InvalidParameterError(
+                f"{HEADER_AGENT_SLO}: {text!r} is not 'ttft=<seconds>, tpot=<seconds>, e2e=<seconds>' "
+                "(any of them, each once)", param=HEADER_AGENT_SLO, **about,
+            )
+        values[what] = _header_number(value, HEADER_AGENT_SLO, f"SLO {what}", about)
+    return SLO(**values)
+
+
+def _header_number(text: str, header: str, what: str, about: dict[str, Any]) -> float:
+    value = float(text) if _NUMBER.fullmatch(text) else math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError(f"{header}: {what} must be a finite number > 0, got {text!r}", param=header,
+                                    **about)
+    return value
 
 
 def identity_args(agent: Agent) -> dict[str, Any]:

@@ -38,10 +38,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from fairagents._logging import get_logger
 from fairagents.engines.base import LOAD_LOCK
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, ModelLoadError
 
 __all__ = [
     "DEFAULT_IMAGE_MODEL",
@@ -50,12 +49,13 @@ __all__ = [
     "build_image_model",
     "build_text_model",
     "build_vision_model",
+    "check_model_source",
     "ensure_default_models",
     "home",
     "model_path",
 ]
 
-log = structlog.get_logger("fairagents.models")
+log = get_logger("fairagents.models")
 
 #: Name of the embedded text model; bump the suffix when the recipe changes.
 DEFAULT_TEXT_MODEL = "tiny-llama-v2"
@@ -124,6 +124,54 @@ def home() -> Path:
 def model_path(name: str) -> Path:
     """Folder of the built model ``name`` (it may not exist yet)."""
     return home() / "models" / name
+
+
+def check_model_source(source: str, *, timeout: float = 5.0) -> None:
+    """Raise :class:`~fairagents.errors.ModelLoadError`, in one line, if ``source`` cannot be a model to load.
+
+    ``source`` is a model folder here, or a Hugging Face name (``org/model``) found in
+    the local Hugging Face cache or on the Hub. What fails says why: no such folder, a
+    folder without ``config.json`` (or a diffusers ``model_index.json``), a name the Hub
+    does not have, or a Hub out of reach within ``timeout`` seconds (engines would
+    otherwise retry for half a minute before their own, longer error).
+
+    Examples:
+        >>> from fairagents.models import check_model_source
+        >>> check_model_source("/no/such/model")
+        Traceback (most recent call last):
+            ...
+        fairagents.errors.ModelLoadError: no folder '/no/such/model' (a Hugging Face name has the form 'org/model')
+    """
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"{source!r} is a file; a model is a folder with a config.json")
+        if not any((path / marker).is_file() for marker in ("config.json", "model_index.json")):
+            raise ModelLoadError(f"{source!r} has no config.json: not a model folder")
+        return
+    if source.startswith(("/", ".", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source):
+        raise ModelLoadError(f"no folder {source!r} (a Hugging Face name has the form 'org/model')")
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        if any(isinstance(try_to_load_from_cache(source, marker), str) for marker in ("config.json", "model_index.json")):
+            return  # in the local Hugging Face cache
+    except HFValidationError:
+        raise ModelLoadError(f"no folder {source!r}, and it is not a Hugging Face name ('org/model')") from None
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(f"no folder {source!r}, and it is not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+    try:
+        HfApi().model_info(source, timeout=timeout)
+    except GatedRepoError:
+        raise ModelLoadError(f"{source!r} is gated on the Hugging Face Hub: accept its terms, then set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"no folder {source!r}, and no such model on the Hugging Face Hub "
+                             "(or it is private: set HF_TOKEN)") from None
+    except Exception as err:  # noqa: BLE001 - any failure to reach the Hub is the same advice
+        raise ModelLoadError(f"no folder {source!r}, and the Hugging Face Hub could not be reached "
+                             f"({type(err).__name__}, timeout {timeout:g} s): download the model and give its folder, or set "
+                             "HF_HUB_OFFLINE=1 with it in the Hugging Face cache") from None
 
 
 def ensure_default_models(kinds: Iterable[str] = ("text", "vision", "image")) -> dict[str, Path]:

@@ -25,7 +25,7 @@ from typing import Literal
 import tenacity
 
 from fairagents.engines.base import Engine
-from fairagents.errors import InvalidParameterError, UnknownModelError
+from fairagents.errors import InvalidParameterError, ModelLoadError, UnknownModelError
 
 __all__ = ["DEFAULT_IN_FLIGHT", "FAIR_ENGINE_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "schedules_fairly"]
 
@@ -187,10 +187,13 @@ class Pool:
     async def start(self, models: list[PoolModel]) -> None:
         """Start the engines of ``models`` in parallel; if one fails, stop them all and raise its error."""
         results = await asyncio.gather(*(_timed_start(m) for m in models), return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
+        failures = [(m, r) for m, r in zip(models, results, strict=True) if isinstance(r, BaseException)]
         if failures:
             await self.stop(models)
-            raise failures[0]
+            m, failure = failures[0]
+            if isinstance(failure, ModelLoadError) and failure.model is None:
+                raise ModelLoadError(f"model {m.name!r}: {failure}", model=m.name) from failure
+            raise failure
 
     @staticmethod
     async def restart(m: PoolModel, restart: Restart) -> None:

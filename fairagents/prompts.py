@@ -58,7 +58,7 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
     def prepare(engine: Engine) -> Prompt:
         if isinstance(prompt, Prompt):
             if not prompt.n_tokens:
-                raise InvalidParameterError("the prompt has no tokens")
+                raise InvalidParameterError("the prompt has no tokens", param="prompt")
             if engine.max_model_len and prompt.n_tokens > engine.max_model_len:  # before scanning the ids
                 raise ContextLengthError(
                     f"the prompt has {prompt.n_tokens} tokens; the model's context is {engine.max_model_len}"
@@ -66,7 +66,8 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
             vocab = getattr(engine, "vocab_size", None)
             if isinstance(vocab, int) and (min(prompt.token_ids) < 0 or max(prompt.token_ids) >= vocab):
                 bad = next(t for t in prompt.token_ids if not 0 <= t < vocab)
-                raise InvalidParameterError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
+                raise InvalidParameterError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})",
+                                            param="prompt")
             return prompt
         if not isinstance(prompt, str) or not prompt:
             raise InvalidParameterError(f"the prompt must be a non-empty string or a Prompt, got {prompt!r}")
@@ -79,19 +80,24 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
 def check_messages(messages: Messages) -> None:
     """Raise :class:`~fairagents.InvalidParameterError` unless ``messages`` is a list of role/content dicts."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
-        raise InvalidParameterError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        raise InvalidParameterError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts",
+                                    param="messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}")
+            raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}",
+                                        param=f"messages[{i}]")
         calls = message.get("tool_calls")
         if calls is not None:
             if message["role"] != "assistant":
-                raise InvalidParameterError(f"messages[{i}]: only an assistant message carries tool_calls")
+                raise InvalidParameterError(f"messages[{i}]: only an assistant message carries tool_calls",
+                                            param=f"messages[{i}].tool_calls")
             _check_tool_calls(i, calls)
         if "content" not in message and not calls:
-            raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}")
+            raise InvalidParameterError(f"messages[{i}] must be a dict with 'role' and 'content', got {message!r}",
+                                        param=f"messages[{i}].content")
         if message["role"] == "tool" and not isinstance(message.get("content"), str | list):
-            raise InvalidParameterError(f"messages[{i}]: a tool message's content must be the tool's result as text")
+            raise InvalidParameterError(f"messages[{i}]: a tool message's content must be the tool's result as text",
+                                        param=f"messages[{i}].content")
 
 
 def template_messages(messages: Messages) -> list[dict[str, Any]]:
@@ -130,28 +136,30 @@ def render_chat(tokenizer: Any, messages: Messages, tools: Sequence[dict[str, An
         template = getattr(tokenizer, "chat_template", None)
         text = " ".join(template.values()) if isinstance(template, dict) else str(template or "")
         if "tools" not in text:
-            raise InvalidParameterError("the model's chat template does not render tools; it cannot be offered any")
+            raise InvalidParameterError("the model's chat template does not render tools; it cannot be offered any",
+                                        param="tools")
     try:
         ids = tokenizer.apply_chat_template(
             template_messages(messages), tools=list(tools) if tools else None, add_generation_prompt=True,
             tokenize=True, return_dict=False,
         )
     except Exception as err:  # a template that rejects the conversation (roles, order)
-        raise InvalidParameterError(f"the model's chat template rejected the messages: {err}") from err
+        raise InvalidParameterError(f"the model's chat template rejected the messages: {err}",
+                                    param="messages") from err
     if not ids:
-        raise InvalidParameterError("the messages render to an empty prompt")
+        raise InvalidParameterError("the messages render to an empty prompt", param="messages")
     return list(ids)
 
 
 def _check_tool_calls(i: int, calls: Any) -> None:
     if not isinstance(calls, list):
-        raise InvalidParameterError(f"messages[{i}].tool_calls must be a list")
+        raise InvalidParameterError(f"messages[{i}].tool_calls must be a list", param=f"messages[{i}].tool_calls")
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise InvalidParameterError(
                 f"messages[{i}].tool_calls[{j}] must be {{'id': ..., 'type': 'function', "
-                f"'function': {{'name': ..., 'arguments': ...}}}}")
+                f"'function': {{'name': ..., 'arguments': ...}}}}", param=f"messages[{i}].tool_calls[{j}]")
         _arguments(fn.get("arguments"), where=f"messages[{i}].tool_calls[{j}].function.arguments")
 
 
@@ -164,7 +172,7 @@ def _arguments(arguments: Any, where: str = "arguments") -> Any:
     try:
         return json.loads(arguments)
     except json.JSONDecodeError:
-        raise InvalidParameterError(f"{where} must be JSON, got {arguments[:80]!r}") from None
+        raise InvalidParameterError(f"{where} must be JSON, got {arguments[:80]!r}", param=where) from None
 
 
 def check_text_fits(engine: Engine, characters: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from fairagents.errors import InvalidParameterError, UnknownAgentError, UnknownAppError
 from fairagents.identity import SLO, Agent, App, current_agent
 
-__all__ = ["Tenants", "check_share"]
+__all__ = ["Tenants", "check_max_tokens", "check_share"]
 
 
 class Tenants:
@@ -40,28 +40,36 @@ class Tenants:
         self.max_queued: dict[str, int] = {}
         self.share: dict[str, float] = {}
         """Apps declared with their own ``max_in_flight_share``."""
+        self.max_tokens: dict[str, int] = {}
+        """Apps declared with their own ``default_max_tokens``."""
 
     def declare_app(
-        self, name: str, weight: float, slo: SLO | None, max_queued: int | None, share: float | None = None
+        self, name: str, weight: float, slo: SLO | None, max_queued: int | None, share: float | None = None,
+        max_tokens: int | None = None,
     ) -> App:
         """Declare (or get) an app; re-declaring with other settings is an error."""
         new = App(name, weight=weight, slo=slo)
         if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1):
             raise InvalidParameterError(f"max_queued must be an integer ≥ 1 or None, got {max_queued!r}", app=name)
         check_share(share, app=name)
+        check_max_tokens(max_tokens, app=name)
         existing = self.apps.get(name)
         if existing is not None and (
             existing != new or self.max_queued.get(name) != max_queued or self.share.get(name) != share
+            or self.max_tokens.get(name) != max_tokens
         ):
             raise InvalidParameterError(
                 f"app {name!r} is already declared as {existing} with max_queued={self.max_queued.get(name)}, "
-                f"max_in_flight_share={self.share.get(name)}", app=name,
+                f"max_in_flight_share={self.share.get(name)}, default_max_tokens={self.max_tokens.get(name)}",
+                app=name,
             )
         self.apps[name] = existing or new
         if max_queued is not None:
             self.max_queued[name] = max_queued
         if share is not None:
             self.share[name] = share
+        if max_tokens is not None:
+            self.max_tokens[name] = max_tokens
         return self.apps[name]
 
     def declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> Agent:
@@ -78,9 +86,13 @@ class Tenants:
     def resolve(self, who: Any) -> Agent:
         """The declared agent a call is made by: ``who`` (an agent handle or :class:`Agent`), or the one bound in context.
 
+        ``who`` may also be a name: ``"app/agent"``, or an agent's name alone when one app
+        declares an agent of that name.
+
         Raises:
             UnknownAppError: the app is not declared.
-            UnknownAgentError: no agent given or bound, or the agent is not declared.
+            UnknownAgentError: no agent given or bound, the agent is not declared, or its
+                bare name is declared in more than one app.
             InvalidParameterError: the caller's identity states settings (weights, SLOs)
                 other than the declared ones; they are not replaced in silence.
         """
@@ -88,6 +100,8 @@ class Tenants:
             who = current_agent()
             if who is None:
                 raise UnknownAgentError("no agent given and none bound: pass agent=... or use fa.acting_as(...)")
+        if isinstance(who, str):
+            return self._named(who)
         identity = getattr(who, "identity", who)  # an AgentHandle carries its Agent
         if not isinstance(identity, Agent):
             raise InvalidParameterError(f"agent must be an AgentHandle or Agent, got {who!r}")
@@ -111,6 +125,17 @@ class Tenants:
                 )
         return agent
 
+    def _named(self, name: str) -> Agent:
+        by_key = [a for (app, agent), a in self.agents.items() if f"{app}/{agent}" == name]
+        matches = by_key or [a for (_, agent), a in self.agents.items() if agent == name]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            apps = ", ".join(sorted(repr(a.app.name) for a in matches))
+            raise UnknownAgentError(f"agent {name!r} is declared in apps {apps}: name one as 'app/{name}'", agent=name)
+        raise UnknownAgentError(f"no agent {name!r} is declared; give 'app/agent' or declare it with "
+                                f"arbiter.app(...).agent({name!r})", agent=name)
+
 
 def check_share(share: object, **about: str | None) -> None:
     """Raise unless ``share`` is ``None`` or a number in (0, 1].
@@ -126,3 +151,19 @@ def check_share(share: object, **about: str | None) -> None:
         return
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise InvalidParameterError(f"max_in_flight_share must be a number in (0, 1] or None, got {share!r}", **about)
+
+
+def check_max_tokens(max_tokens: object, **about: str | None) -> None:
+    """Raise unless ``max_tokens`` is ``None`` or an integer ≥ 1 (a ``default_max_tokens`` setting).
+
+    Examples:
+        >>> from fairagents.tenants import check_max_tokens
+        >>> check_max_tokens(0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: default_max_tokens must be an integer ≥ 1 or None, got 0
+    """
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidParameterError(f"default_max_tokens must be an integer ≥ 1 or None, got {max_tokens!r}", **about)

@@ -163,7 +163,8 @@ class OutputSpec:
         checked = _check_tools(tools)
         choice, function = _check_choice(tool_choice, checked)
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
-            raise InvalidParameterError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}")
+            raise InvalidParameterError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}",
+                                        param="parallel_tool_calls")
         return cls(
             tools=checked, tool_choice=choice, function=function,
             parallel_tool_calls=True if parallel_tool_calls is None else parallel_tool_calls,
@@ -200,7 +201,8 @@ class OutputSpec:
                 parameters = _parameters(t)
                 for name, schema in (parameters.pop("$defs", None) or {}).items():
                     if defs.setdefault(name, schema) != schema:
-                        raise InvalidParameterError(f"tools define ${{defs}} {name!r} differently; rename one")
+                        raise InvalidParameterError(f"tools define ${{defs}} {name!r} differently; rename one",
+                                                    param="tools")
                 options.append({"properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
                                                "parameters": parameters},
                                 "required": ["name", "parameters"]})
@@ -266,7 +268,8 @@ class ToolReader:
         self._escape = _StringEscaper() if spec.constraint() is not None else None
         self._parser = parser if spec.tool_choice == "auto" and spec.tools else None
         if spec.tool_choice == "auto" and spec.tools and parser is None:
-            raise InvalidParameterError("tool_choice 'auto' needs the model's tool parser; the model has none")
+            raise InvalidParameterError("tool_choice 'auto' needs the model's tool parser; the model has none",
+                                        param="tool_choice")
         self._request = _parser_request(spec) if self._parser is not None else None
         self._id = new_call_id()
         self._sent: dict[int, tuple[str | None, str | None, str]] = {}  # index -> (id, name, arguments) sent
@@ -406,7 +409,7 @@ def output_reader(engine: Any, spec: OutputSpec, model: str = "the model") -> To
     if spec.plain:
         return None
     if spec.tools and not callable(getattr(engine, "tool_parser", None)):
-        raise InvalidParameterError(f"model {model!r} takes no tools")
+        raise InvalidParameterError(f"model {model!r} takes no tools", param="tools")
     if spec.constraint() is not None and not getattr(engine, "structured_outputs", False):
         raise InvalidParameterError(
             f"model {model!r} cannot constrain its output (response_format, or tool_choice 'required' or a function)")
@@ -517,25 +520,31 @@ def _check_tools(tools: Sequence[Mapping[str, Any]] | None) -> tuple[dict[str, A
     if tools is None:
         return ()
     if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Sequence):
-        raise InvalidParameterError("tools must be a list of {'type': 'function', 'function': {...}} objects")
+        raise InvalidParameterError("tools must be a list of {'type': 'function', 'function': {...}} objects",
+                                    param="tools")
     out, names = [], set()
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(fn, Mapping):
-            raise InvalidParameterError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+            raise InvalidParameterError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                                        param=f"tools[{i}]")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise InvalidParameterError(f"tools[{i}].function.name must match [A-Za-z0-9_.-]{{1,64}}, got {name!r}")
+            raise InvalidParameterError(f"tools[{i}].function.name must match [A-Za-z0-9_.-]{{1,64}}, got {name!r}",
+                                        param=f"tools[{i}].function.name")
         if name in names:
-            raise InvalidParameterError(f"tools[{i}]: the function name {name!r} is given twice")
+            raise InvalidParameterError(f"tools[{i}]: the function name {name!r} is given twice",
+                                        param=f"tools[{i}].function.name")
         names.add(name)
         parameters = fn.get("parameters")
         if parameters is not None and (not isinstance(parameters, Mapping)
                                        or parameters.get("type", "object") != "object"):
-            raise InvalidParameterError(f"tools[{i}].function.parameters must be a JSON schema of an object")
+            raise InvalidParameterError(f"tools[{i}].function.parameters must be a JSON schema of an object",
+                                        param=f"tools[{i}].function.parameters")
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
-            raise InvalidParameterError(f"tools[{i}].function.description must be text")
+            raise InvalidParameterError(f"tools[{i}].function.description must be text",
+                                        param=f"tools[{i}].function.description")
         function = {"name": name}
         if description is not None:
             function["description"] = description
@@ -553,17 +562,18 @@ def _check_choice(choice: str | Mapping[str, Any] | None, tools: tuple[dict[str,
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise InvalidParameterError(
-                f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', ...}}, got {choice!r}")
+                f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', ...}}, got {choice!r}",
+                param="tool_choice")
         if choice == "required" and not tools:
-            raise InvalidParameterError("tool_choice 'required' needs tools")
+            raise InvalidParameterError("tool_choice 'required' needs tools", param="tool_choice")
         return choice, None
     fn = choice.get("function") if isinstance(choice, Mapping) else None
     if not isinstance(choice, Mapping) or choice.get("type") != "function" or not isinstance(fn, Mapping):
         raise InvalidParameterError(f"tool_choice must name a function as {{'type': 'function', "
-                                    f"'function': {{'name': ...}}}}, got {choice!r}")
+                                    f"'function': {{'name': ...}}}}, got {choice!r}", param="tool_choice")
     name = fn.get("name")
     if name not in {t["function"]["name"] for t in tools}:
-        raise InvalidParameterError(f"tool_choice names {name!r}, which is not one of the tools")
+        raise InvalidParameterError(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
     return "function", name
 
 
@@ -577,13 +587,16 @@ def _check_response_format(fmt: Mapping[str, Any] | None) -> dict[str, Any] | No
         return {"type": "json_object"}
     if kind != "json_schema":
         raise InvalidParameterError(
-            f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema', ...}}, got {fmt!r}")
+            f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema', ...}}, got {fmt!r}",
+            param="response_format")
     spec = fmt.get("json_schema")
     schema = spec.get("schema") if isinstance(spec, Mapping) else None
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str) or not spec["name"]:
-        raise InvalidParameterError("response_format.json_schema must have a 'name' and a 'schema'")
+        raise InvalidParameterError("response_format.json_schema must have a 'name' and a 'schema'",
+                                    param="response_format.json_schema")
     if not isinstance(schema, Mapping):
-        raise InvalidParameterError("response_format.json_schema.schema must be a JSON schema (an object)")
+        raise InvalidParameterError("response_format.json_schema.schema must be a JSON schema (an object)",
+                                    param="response_format.json_schema.schema")
     return {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": json.loads(json.dumps(schema)),
                                                    "strict": bool(spec.get("strict", False))}}
 

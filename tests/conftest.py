@@ -55,7 +55,7 @@ def unit_cost():
 def _restore_logging_config():
     """The CLI configures structlog and third-party logging as an application does; undo it after a test that ran it."""
     saved, vllm_level = structlog.get_config(), logging.getLogger("vllm").level
-    environ = {name: os.environ.get(name) for name in (*QUIET_ENV, "VLLM_LOGGING_STREAM")}
+    environ = {name: os.environ.get(name) for name in (*QUIET_ENV, "VLLM_LOGGING_STREAM", "VLLM_CONFIGURE_LOGGING")}
     yield
     structlog.configure(**saved)
     logging.getLogger("vllm").setLevel(vllm_level)

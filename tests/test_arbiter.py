@@ -61,6 +61,21 @@ async def test_identity_from_context_and_decorator():
     assert arbiter.stats().agents["driving/planner"].done == 2
 
 
+async def test_an_agent_may_be_named_as_app_slash_agent_or_by_a_name_one_app_declares():
+    arbiter, _ = make()
+    arbiter.app("driving").agent("planner")
+    arbiter.app("driving").agent("writer")
+    arbiter.app("studio").agent("writer")
+    async with arbiter:
+        await arbiter.chat("chat", MSG, agent="planner", max_tokens=2)
+        await arbiter.chat("chat", MSG, agent="studio/writer", max_tokens=2)
+        with pytest.raises(fa.UnknownAgentError, match="declared in apps 'driving', 'studio'"):
+            await arbiter.chat("chat", MSG, agent="writer", max_tokens=2)
+    agents = arbiter.stats().agents
+    assert agents["driving/planner"].done == agents["studio/writer"].done == 1
+    assert agents["driving/writer"].done == 0
+
+
 @pytest.mark.parametrize(
     ("call", "error"),
     [
@@ -76,7 +91,8 @@ async def test_identity_from_context_and_decorator():
         (lambda ar, a: ar.chat("chat", MSG, agent=a, temperature=-1), fa.InvalidParameterError),
         (lambda ar, a: ar.chat("chat", MSG, agent=a, temperature=2.5), fa.InvalidParameterError),  # vLLM: [0, 2]
         (lambda ar, a: ar.chat("chat", MSG, agent=a, max_tokens=100), fa.ContextLengthError),
-        (lambda ar, a: ar.chat("chat", MSG, agent="planner"), fa.InvalidParameterError),
+        (lambda ar, a: ar.chat("chat", MSG, agent="planner"), fa.UnknownAgentError),  # a name nobody declared
+        (lambda ar, a: ar.chat("chat", MSG, agent=42), fa.InvalidParameterError),
     ],
 )
 async def test_bad_input_is_a_typed_value_error_and_costs_nothing(call, error):
@@ -817,3 +833,33 @@ async def test_a_call_arrives_when_it_is_made_not_after_the_engines_checks():
         [_ async for _ in bot.stream_complete("chat", "once upon", max_tokens=2, logprobs=True)]
     assert [r.arrival for r in records] == [100.0, 105.0, 110.0]  # each made right after the last check
     assert [r.queue_wait for r in records] == [5.0, 5.0, 5.0]
+
+
+async def test_a_calls_max_tokens_then_its_apps_default_then_the_arbiters_then_the_rest_of_the_context():
+    arbiter = fa.Arbiter(in_flight=4, default_max_tokens=20)
+    arbiter.add_model("chat", FakeEngine(tokens_per_reply=10_000, max_model_len=64))  # it runs to max_tokens
+    plain = arbiter.app("plain").agent("a")
+    terse = arbiter.app("terse", default_max_tokens=5).agent("a")
+    wordy = arbiter.app("wordy", default_max_tokens=1000).agent("a")  # more than fits: the rest of the context
+    async with arbiter:
+        got = [(await who.chat("chat", MSG, **kw)).usage.completion_tokens
+               for who, kw in [(plain, {}), (terse, {}), (wordy, {}), (terse, {"max_tokens": 12})]]
+        streamed = [d.new_tokens async for d in terse.stream_complete("chat", "once upon a time")]
+        with fa.acting_as(terse):  # the app of the agent bound in context
+            bound = (await arbiter.complete("chat", "once upon a time")).usage.completion_tokens
+    assert got == [20, 5, 64 - 3, 12] and sum(streamed) == 5 and bound == 5
+    unset = fa.Arbiter()
+    unset.add_model("chat", FakeEngine(max_model_len=64))
+    assert unset.default_max_tokens("chat", 3) == 61  # no default anywhere: the rest of the context
+
+
+def test_a_default_max_tokens_is_checked_and_declared_once():
+    with pytest.raises(fa.InvalidParameterError, match="default_max_tokens must be an integer ≥ 1"):
+        fa.Arbiter(default_max_tokens=0)
+    arbiter = fa.Arbiter()
+    with pytest.raises(fa.InvalidParameterError, match="default_max_tokens"):
+        arbiter.app("a", default_max_tokens=True)
+    arbiter.app("b", default_max_tokens=64)
+    assert arbiter.app("b", default_max_tokens=64).identity.name == "b"
+    with pytest.raises(fa.InvalidParameterError, match="default_max_tokens=64"):
+        arbiter.app("b")

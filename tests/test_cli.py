@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from fairagents.cli import main
@@ -83,3 +87,27 @@ def test_the_real_engines_import_from_fairagents_engines_on_use():
     assert engines.OpenAIEngine.__module__ == "fairagents.engines.remote"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         engines.Nope  # noqa: B018
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("/no/such/model", "no folder '/no/such/model'"),
+    ("README.md", "'README.md' is a file"),
+])
+def test_a_model_that_cannot_load_is_one_line_and_exit_2(tmp_path, path, why):
+    config = tmp_path / "pool.toml"
+    config.write_text(f'[server]\nauth = false\n[models.chat]\npath = "{path}"\n')
+    run = subprocess.run([sys.executable, "-m", "fairagents", "serve", "--config", str(config), "--port", "0"],
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 2, run.stderr[-3000:]
+    [line] = run.stderr.splitlines()
+    assert line.startswith("fairagents serve: model 'chat': ") and why in line
+
+
+@pytest.mark.parametrize(("options", "why"), [
+    (["--policy", "no_such_module_here:Fair"], "--policy: policy 'no_such_module_here:Fair': no module named"),
+    (["--policy", "lottery"], "--policy: unknown policy 'lottery'; choose from adaptive"),
+])
+def test_serve_with_a_policy_that_does_not_load_is_one_line_and_exit_2(capsys, options, why):
+    assert main(["serve", *options]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fairagents serve: {why}"), line

@@ -123,3 +123,18 @@ def test_decorator_rejects_generators():
 def test_decorator_validates_eagerly():
     with pytest.raises(fa.InvalidParameterError):
         fa.agent(app="a", name="t", weight=0)
+
+
+@pytest.mark.parametrize("agent", [
+    fa.Agent("t", fa.App("a")),
+    fa.Agent("t", fa.App("a", weight=5.0, slo=fa.SLO(e2e=9.0))),  # the app's settings are the server's: not sent
+    fa.Agent("t", fa.App("a"), weight=2.5),
+    fa.Agent("t", fa.App("a"), slo=fa.SLO(tpot=1e-3)),
+    fa.Agent("t", fa.App("a"), weight=1, slo=fa.SLO(ttft=0.25, tpot=0.05, e2e=30)),
+])
+def test_the_settings_an_agent_states_travel_in_headers_and_are_read_back(agent):
+    from fairagents.identity import agent_from_headers, identity_headers
+
+    read = agent_from_headers("a", "t", identity_headers(agent))
+    assert read.declared == agent.declared - {"app weight", "app slo"}
+    assert read.conflicts(agent) == [] and (read.weight, read.slo) == (agent.weight, agent.slo)

@@ -7,7 +7,6 @@ from fairagents.testing import FakeEngine
 
 
 async def main():
-    # --8<-- [start:statera]
     arbiter = fa.Arbiter(policy="hmfs", admission=fa.Statera(epsilon=0.05, frag=0.05))
     arbiter.add_model("chat", FakeEngine(tokens_per_reply=5, token_time=0.001), token_budget=1000)
     bot = arbiter.app("docs").agent("writer")
@@ -17,7 +16,6 @@ async def main():
             await asyncio.gather(*[bot.chat("chat", messages, max_tokens=200) for _ in range(8)])
     statera = arbiter.admission
     print(statera.covered, "of", statera.calibrated, "within their bound")
-    # --8<-- [end:statera]
     assert statera.calibrated >= 16 and statera.covered == statera.calibrated
     assert statera.states["chat"].budget_max == 950  # 1000 tokens less the 5 % fragmentation margin
 

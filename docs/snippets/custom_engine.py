@@ -6,7 +6,6 @@ import fairagents as fa
 from fairagents.engines import Delta, GenerationParams, Prompt
 
 
-# --8<-- [start:engine]
 class EchoEngine:
     def __init__(self, step_time: float = 0.001):
         self.profile = fa.ModelProfile(d_model=512, n_layers=4)
@@ -43,18 +42,15 @@ class EchoEngine:
 
     async def abort(self, request_id: str):
         self._aborted.add(request_id)
-# --8<-- [end:engine]
 
 
 async def main():
-    # --8<-- [start:use]
     arbiter = fa.Arbiter()
     arbiter.add_model("echo", EchoEngine())
     parrot = arbiter.app("zoo").agent("parrot")
     async with arbiter:
         reply = await parrot.chat("echo", [{"role": "user", "content": "fair share for all"}])
     print(reply.text, reply.usage)  # "fair share for all", 4 prompt + 4 completion tokens
-    # --8<-- [end:use]
     assert reply.text.split() == ["fair", "share", "for", "all"] and reply.usage.completion_tokens == 4
 
 

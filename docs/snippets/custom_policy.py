@@ -8,7 +8,6 @@ from fairagents.policies import BasePolicy
 from fairagents.simulation import Workload, simulate
 
 
-# --8<-- [start:policy]
 class EarliestDeadlineFirst(BasePolicy):
     """Requests run in order of arrival + their agent's TTFT objective (10 s without one)."""
 
@@ -39,10 +38,8 @@ class EarliestDeadlineFirst(BasePolicy):
             heapq.heappop(heap)
         else:
             self._gone.add(req.id)
-# --8<-- [end:policy]
 
 
-# --8<-- [start:compare]
 tight = fa.Agent("pilot", fa.App("driving"), slo=fa.SLO(ttft=0.5))
 bulk = fa.Agent("indexer", fa.App("batch"))
 work = Workload(seed=1)
@@ -57,5 +54,4 @@ def pilot_attainment(policy):
 
 
 print("fcfs", pilot_attainment("fcfs"), "ttft-deadline", pilot_attainment(EarliestDeadlineFirst()))
-# --8<-- [end:compare]
 assert pilot_attainment(EarliestDeadlineFirst()) > 0.9 > pilot_attainment("fcfs")

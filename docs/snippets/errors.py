@@ -13,12 +13,10 @@ async def main():
     planner = arbiter.app("driving").agent("planner")
     messages = [{"role": "user", "content": "plan the route"}]
     async with arbiter:
-        # --8<-- [start:attributes]
         try:
             await planner.chat("chat", messages, max_tokens=100)
         except fa.ContextLengthError as err:  # prompt + max_tokens needs more KV than the model has
             print(f"refused for {err.app}/{err.agent} on {err.model}: {err}")
-        # --8<-- [end:attributes]
         assert not arbiter.ledger.records and not arbiter.ledger.charges  # nothing was queued or charged
 
 

@@ -15,7 +15,6 @@ from fairagents.engines.vllm import VLLMEngine
 from fairagents.server import Config, create_app, running
 
 
-# --8<-- [start:schema]
 class Forecast(BaseModel):
     sunny: bool
     unit: Literal["c", "f"]
@@ -24,7 +23,6 @@ class Forecast(BaseModel):
 def get_weather(metric: bool) -> str:
     """The weather in Oslo now."""
     return "sunny, 21 degrees" if metric else "sunny, 70 degrees"
-# --8<-- [end:schema]
 
 
 async def main():

@@ -7,13 +7,11 @@ from fairagents.testing import FakeEngine
 
 
 async def main():
-    # --8<-- [start:declare]
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", FakeEngine())  # or VLLMEngine(...)
     driving = arbiter.app("driving", weight=2.0, slo=fa.SLO(e2e=5.0))
     planner = driving.agent("planner", weight=2.0, slo=fa.SLO(ttft=0.5))
     perception = driving.agent("perception")  # weight 1, the app's SLO
-    # --8<-- [end:declare]
     messages = [{"role": "user", "content": "where next?"}]
     async with arbiter:
         # --8<-- [start:bind]
@@ -30,6 +28,8 @@ async def main():
         await perceive()
         # --8<-- [end:bind]
     stats = arbiter.stats()
+    for name, agent in stats.agents.items():
+        print(f"{name}: {agent.done} calls, weight {agent.weight:g}")  # driving/planner: 2 calls, weight 2 ...
     assert stats.agents["driving/planner"].done == 2
     assert stats.agents["driving/perception"].done == 2
 

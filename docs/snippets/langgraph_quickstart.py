@@ -1,21 +1,19 @@
-"""The LangGraph guide, runnable end to end on the embedded tiny model."""
+"""The LangGraph guide's quickstart, runnable end to end on the embedded tiny model."""
 
 import asyncio
-import functools
 import operator
 from typing import Annotated
 
 from fairagents_langgraph import ChatFairAgents, fair_graph
 from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import RetryPolicy, Send
+from langgraph.types import Send
 from typing_extensions import TypedDict
 
 import fairagents as fa
 from fairagents.engines.vllm import VLLMEngine
 
 
-# --8<-- [start:graph]
 class State(TypedDict, total=False):
     question: str
     findings: Annotated[list[str], operator.add]
@@ -45,11 +43,9 @@ def build(llm):
     builder.add_edge("searcher", "writer")
     builder.add_edge("writer", END)
     return builder.compile()
-# --8<-- [end:graph]
 
 
 async def main():
-    # --8<-- [start:main]
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", VLLMEngine())  # the embedded tiny model; or VLLMEngine("path/or/name")
     research = arbiter.app("research", weight=2.0)
@@ -57,29 +53,7 @@ async def main():
     graph = fair_graph(build(llm), app=research)  # every node's model calls are charged to the node
     async with arbiter:
         result = await graph.ainvoke({"question": "Should the city build a tram?"})
-        # --8<-- [end:main]
-        print(result["answer"])
-
-        # --8<-- [start:stream]
-        planner = research.agent("planner")
-        with fa.acting_as(planner):  # outside a graph, the agent bound in context calls
-            chunks = [chunk async for chunk in llm.astream("Plan the week.")]
-        message = functools.reduce(operator.add, chunks)
-        print(message.content, message.usage_metadata, message.response_metadata["unified_tokens"])
-        # --8<-- [end:stream]
-
-        # --8<-- [start:retry]
-        async def careless(state):
-            return {"answer": (await llm.ainvoke("hi", max_tokens=0)).content}  # bad input
-
-        builder = StateGraph(State)
-        builder.add_node("careless", careless, retry_policy=RetryPolicy(max_attempts=3))
-        builder.add_edge(START, "careless")
-        try:
-            await fair_graph(builder.compile(), app=research).ainvoke({})
-        except ValueError as err:  # InvalidParameterError: raised once, not retried, nothing charged
-            print(type(err).__name__, err)
-        # --8<-- [end:retry]
+    print(result["answer"])
 
     # --8<-- [start:stats]
     for agent, s in arbiter.stats().agents.items():
@@ -89,17 +63,8 @@ async def main():
     # research/writer      weight 2  calls 1  ...   <- the weight from its node's metadata
     # --8<-- [end:stats]
     agents = arbiter.stats().agents
-    assert [agents[f"research/{n}"].done for n in ("plan", "searcher", "writer", "planner")] == [0, 3, 1, 1]
-    assert agents["research/writer"].weight == 2.0 and agents["research/careless"].done == 0
-    assert remote().config["metadata"]["fairagents_app"] == "research"  # built; no server is called here
-
-
-def remote():
-    # --8<-- [start:remote]
-    llm = ChatFairAgents(base_url="http://localhost:8000/v1", api_key="sk-research", model="chat")
-    graph = fair_graph(build(llm), app="research")  # the server declares the agents it is told of
-    # --8<-- [end:remote]
-    return graph
+    assert [agents[f"research/{n}"].done for n in ("plan", "searcher", "writer")] == [0, 3, 1]
+    assert agents["research/writer"].weight == 2.0
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def sync_script():
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", FakeEngine())  # a stand-in for the sketch; VLLMEngine() works the same
     portal = fa.Portal(arbiter)
-    llm = ChatFairAgents(portal=portal, agent=arbiter.app("travel").agent("concierge"))
+    llm = ChatFairAgents(portal=portal, agent=arbiter.app("travel").agent("concierge"), max_tokens=32)
     try:
         print(llm.invoke("Hello").content)  # no event loop: the portal starts the arbiter on a thread of its own
         print(asyncio.run(llm.ainvoke("Hello")).content)  # any loop reaches it too
@@ -90,7 +90,7 @@ def sync_script():
 
 def remote():
     # --8<-- [start:remote]
-    llm = ChatFairAgents(base_url="http://localhost:8000/v1", api_key="sk-travel", model="chat")
+    llm = ChatFairAgents(base_url="http://localhost:8000/v1", api_key="sk-travel", model="chat", max_tokens=400)
     agent = fair_graph(create_agent(llm, tools=[weather]), app="travel")  # the same agent, over HTTP
     # --8<-- [end:remote]
     return agent

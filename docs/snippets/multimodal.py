@@ -1,5 +1,6 @@
 """The multi-modal guide: an app whose agents paint and critique, on the embedded vision and image models."""
 
+import asyncio
 import base64
 
 import fairagents as fa
@@ -8,7 +9,6 @@ from fairagents.engines.vision import VisionEngine
 from fairagents.errors import InvalidImageError
 
 
-# --8<-- [start:pool]
 async def main():
     arbiter = fa.Arbiter()
     arbiter.add_model("vision", VisionEngine())  # the embedded tiny Idefics3 VLM
@@ -16,7 +16,6 @@ async def main():
     studio = arbiter.app("studio")
     painter, critic = studio.agent("painter"), studio.agent("critic")
     async with arbiter:
-        # --8<-- [end:pool]
         # --8<-- [start:generate]
         art = await painter.generate_image("image", "a lighthouse at dusk", size=(64, 64), steps=4, n=1, seed=0)
         print(art.images[0].size, len(art.png[0]) > 0)  # (64, 64) True: PIL images and PNG bytes
@@ -42,3 +41,7 @@ async def main():
             print(err)
         # --8<-- [end:errors]
         assert review.usage.prompt_tokens > 40
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

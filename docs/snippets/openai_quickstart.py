@@ -9,7 +9,6 @@ from fairagents.engines.vllm import VLLMEngine
 
 
 async def main():
-    # --8<-- [start:main]
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", VLLMEngine())  # the embedded tiny model; or VLLMEngine("path/or/name")
     driving = arbiter.app("driving", weight=2.0)
@@ -22,7 +21,6 @@ async def main():
                 model="chat", messages=[{"role": "user", "content": "Plan a route to the harbour."}], max_tokens=32
             )
         print(completion.choices[0].message.content, completion.usage)
-        # --8<-- [end:main]
 
         # --8<-- [start:stream]
         @fa.agent(app="driving", name="planner")  # or bind it around a whole function

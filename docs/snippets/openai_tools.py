@@ -82,9 +82,10 @@ def sync_script():
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", FakeEngine())  # a stand-in for the sketch; VLLMEngine() works the same
     with FairOpenAI(arbiter, agent=arbiter.app("travel").agent("planner")) as client:  # openai.OpenAI's drop-in
-        completion = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Hi"}])
+        completion = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Hi"}],
+                                                    max_tokens=32)
         for chunk in client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Hi"}],
-                                                    stream=True):
+                                                    max_tokens=32, stream=True):
             print(chunk.choices[0].delta.content or "", end="")
     # leaving `with` closed the arbiter the client had started on a thread of its own
     # --8<-- [end:sync]

@@ -8,7 +8,6 @@ from fairagents.engines.vllm import VLLMEngine
 
 
 async def main():
-    # --8<-- [start:main]
     arbiter = fa.Arbiter(policy="hmfs")
     arbiter.add_model("chat", VLLMEngine())  # the embedded model; or VLLMEngine("path/or/name")
     driving = arbiter.app("driving", weight=2.0)
@@ -18,7 +17,6 @@ async def main():
         reply = await planner.chat("chat", messages, max_tokens=32)
         print(reply.text, reply.usage.unified_tokens, reply.timing.ttft)
         print(arbiter.stats().apps["driving"])
-        # --8<-- [end:main]
 
         # --8<-- [start:stream]
         async with contextlib.aclosing(planner.stream_chat("chat", messages, max_tokens=32)) as stream:

@@ -1,11 +1,12 @@
 """A model served by remote vLLM replicas (here the addresses are placeholders: nothing is contacted)."""
 
+import asyncio
+
 import fairagents as fa
 from fairagents.engines.remote import OpenAIEngine
 
 
 async def main():
-    # --8<-- [start:replicas]
     engine = OpenAIEngine(
         ["http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1"],  # two `vllm serve` replicas of one model
         model="qwen",  # their --served-model-name
@@ -15,5 +16,9 @@ async def main():
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", engine)
     # async with arbiter: ... requests go to the least-loaded healthy replica
-    # --8<-- [end:replicas]
+    print("in flight at most:", arbiter.in_flight_limit("chat"))  # 64
     assert arbiter.in_flight_limit("chat") == 64
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

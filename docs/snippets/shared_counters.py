@@ -25,6 +25,7 @@ async def main():
     light = doors[1].app("light", weight=1.0).agent("bot")  # light through door-b only
     replies = await asyncio.gather(*(who.chat("chat", [{"role": "user", "content": "hi"}], max_tokens=8)
                                      for who in (heavy, light) for _ in range(8)))
+    print(len(replies), "replies; at most", replicas.max_running, "ran at once on the replicas' 4 slots")
     assert all(r.usage.completion_tokens == 8 for r in replies)
     assert replicas.max_running <= 4  # the doors together never hand the replicas more than their slots
     assert doors[0].counters.status()["doors"] == 2

@@ -1,5 +1,6 @@
 """The tools and structured output guide, runnable end to end on the embedded tiny model."""
 
+import asyncio
 import json
 
 import fairagents as fa
@@ -64,3 +65,7 @@ async def main():
                 print(piece.index, piece.name or "", piece.arguments, end=" | ")
         # --8<-- [end:stream]
     assert isinstance(json.loads(json.dumps(forecast.json())), dict)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

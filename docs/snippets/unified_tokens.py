@@ -2,7 +2,6 @@
 
 import fairagents as fa
 
-# --8<-- [start:profiles]
 cost = fa.UnifiedTokenCost(
     {
         "text": fa.ModelProfile(d_model=4096, n_layers=32),
@@ -10,7 +9,6 @@ cost = fa.UnifiedTokenCost(
         "image": fa.ModelProfile(d_model=1152, n_layers=28, modality=fa.Modality.IMAGE),
     }
 )  # d_base=4096, w_input=1, w_output=2
-# --8<-- [end:profiles]
 
 # --8<-- [start:charges]
 text = cost.input_cost("text", 200) + cost.output_cost("text", 100)

@@ -4,7 +4,6 @@ import openai
 
 
 def main(base_url="http://127.0.0.1:8000/v1", app="search", agent="planner", n=1, max_tokens=32):
-    # --8<-- [start:client]
     client = openai.OpenAI(base_url=base_url, api_key="unused")
     replies = []
     for _ in range(n):
@@ -15,5 +14,9 @@ def main(base_url="http://127.0.0.1:8000/v1", app="search", agent="planner", n=1
             extra_body={"vllm_xargs": {"fairagents_app": app, "fairagents_agent": agent}},
         )
         replies.append(reply)
-    # --8<-- [end:client]
     return replies
+
+
+if __name__ == "__main__":
+    for reply in main():
+        print(reply.choices[0].message.content)

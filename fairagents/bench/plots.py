@@ -24,6 +24,13 @@ __all__ = ["PLOTS", "service_gap_over_time", "write_plots"]
 #: The files :func:`write_plots` writes.
 PLOTS = ("service.png", "gap.png", "metrics.png")
 
+#: Apps ``service.png`` draws a line each; past this many, the least served are drawn as one band.
+SERVICE_LINES = 8
+
+#: The bars of ``metrics.png``: ``(metric, title)``; a metric no policy has a value of gets no panel.
+METRIC_BARS = (("slo_violation_rate", "SLO violation rate"), ("ttft_p99", "TTFT p99 (s)"), ("jain", "Jain's index"),
+               ("goodput", "goodput"), ("esg", "ESG (normalised)"))
+
 
 def service_gap_over_time(
     records: Iterable[RequestRecord], charges: Iterable[Charge], weights: Mapping[str, float]
@@ -95,6 +102,9 @@ def write_plots(folder: Path, summary: Mapping[str, Any], results: Mapping[str, 
 
     ``summary`` is :func:`~fairagents.bench.suite.run_scenario`'s result and ``results``
     each policy's run. Drawn on matplotlib's Agg canvas (no display, no global state).
+    ``metrics.png`` has a panel per metric of :data:`METRIC_BARS` that has a value (a
+    scenario without SLOs has no SLO panels); ``service.png`` bands the apps past
+    :data:`SERVICE_LINES`.
 
     Examples:
         >>> import tempfile, fairagents as fa
@@ -113,9 +123,11 @@ def write_plots(folder: Path, summary: Mapping[str, Any], results: Mapping[str, 
     from matplotlib.figure import Figure
 
     written = []
-    for name, draw, size in (("service.png", _plot_service, (5.5 * min(len(results), 3), 3.6 * _rows(results))),
+    panels = max(1, len(_metric_panels(summary, results)))
+    panel = 8.0 if _legend_beside(results) else 5.5
+    for name, draw, size in (("service.png", _plot_service, (panel * min(len(results), 3), 3.6 * _rows(results))),
                              ("gap.png", _plot_gap, (8.0, 4.5)),
-                             ("metrics.png", _plot_metrics, (5 * max(3.2, 0.35 * len(results)), 3.8))):
+                             ("metrics.png", _plot_metrics, (panels * max(3.2, 0.35 * len(results)), 3.8))):
         fig = Figure(figsize=size)
         FigureCanvasAgg(fig)
         draw(fig, summary, results)
@@ -130,27 +142,65 @@ def _rows(results: Mapping[str, SimResult]) -> int:
 
 
 def _plot_service(fig: Any, summary: Mapping[str, Any], results: Mapping[str, SimResult]) -> None:
-    """Each app's cumulative service over its weight, one panel per policy."""
+    """Each app's cumulative service over its weight, one panel per policy, with a legend.
+
+    Up to :data:`SERVICE_LINES` apps get a line each. With more, the ``SERVICE_LINES - 1``
+    most served (service over weight at the end) keep theirs and the others are one band,
+    from the least to the most served of them at each moment, with their mean as a line.
+    """
     for k, (name, result) in enumerate(results.items()):
         ax = fig.add_subplot(_rows(results), min(len(results), 3), k + 1)
-        weights = result.app_weights()
-        per_app: dict[str, list[Charge]] = defaultdict(list)
-        for c in result.charges:
-            per_app[c.app].append(c)
-        for app in sorted(weights):
-            charges = sorted(per_app.get(app, []), key=lambda c: c.time)
-            ys = list(itertools.accumulate(c.amount / weights[app] for c in charges))
-            keep = list(range(0, len(charges), max(1, len(charges) // 2000)))  # a few thousand points draw the curve
-            if charges and keep[-1] != len(charges) - 1:
-                keep.append(len(charges) - 1)
-            ax.step([0.0] + [charges[i].time for i in keep] + [result.end], [0.0] + [ys[i] for i in keep] +
-                    [ys[-1] if ys else 0.0], where="post", label=app, linewidth=1)
+        curves = _service_curves(result)
+        ranked = sorted(curves, key=lambda app: (-curves[app][1][-1], app))
+        drawn = sorted(ranked) if len(ranked) <= SERVICE_LINES else ranked[:SERVICE_LINES - 1]
+        for app in drawn:
+            times, ys = curves[app]
+            keep = list(range(0, len(times), max(1, len(times) // 2000)))  # a few thousand points draw the curve
+            if keep[-1] != len(times) - 1:
+                keep.append(len(times) - 1)
+            ax.step([times[i] for i in keep] + [result.end], [ys[i] for i in keep] + [ys[-1]], where="post",
+                    label=app, linewidth=1)
+        others = [app for app in ranked if app not in drawn]
+        if others:
+            grid = [result.end * i / 400 for i in range(401)]
+            at = [[_value_at(curves[app], t) for t in grid] for app in others]
+            columns = list(zip(*at, strict=True))
+            ax.fill_between(grid, [min(c) for c in columns], [max(c) for c in columns], step="post", color="0.6",
+                            alpha=0.35, linewidth=0, label=f"{len(others)} other apps: least to most served")
+            ax.step(grid, [sum(c) / len(c) for c in columns], where="post", color="0.35", linewidth=1,
+                    linestyle="--", label=f"{len(others)} other apps: mean")
         ax.set_title(f"{name}: service per app")
         ax.set_xlabel("seconds")
         ax.set_ylabel("service / weight (unified tokens)")
         ax.grid(alpha=0.3)
-        if len(weights) <= 10:
-            ax.legend(fontsize="small")
+        if _legend_beside(results):
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        else:
+            ax.legend(fontsize="small", loc="upper left")
+
+
+def _legend_beside(results: Mapping[str, SimResult]) -> bool:
+    """Whether ``service.png``'s legends go beside the panels: more lines than fit over the curves."""
+    return max((len(r.app_weights()) for r in results.values()), default=0) > 4
+
+
+def _service_curves(result: SimResult) -> dict[str, tuple[list[float], list[float]]]:
+    """Each app's cumulative service over its weight: ``(times, values)``, starting at ``(0, 0)``."""
+    weights = result.app_weights()
+    per_app: dict[str, list[Charge]] = defaultdict(list)
+    for c in result.charges:
+        per_app[c.app].append(c)
+    curves = {}
+    for app, weight in weights.items():
+        charges = sorted(per_app.get(app, []), key=lambda c: c.time)
+        curves[app] = ([0.0] + [c.time for c in charges],
+                       [0.0, *itertools.accumulate(c.amount / weight for c in charges)])
+    return curves
+
+
+def _value_at(curve: tuple[list[float], list[float]], t: float) -> float:
+    times, values = curve
+    return values[bisect.bisect_right(times, t) - 1]
 
 
 def _plot_gap(fig: Any, summary: Mapping[str, Any], results: Mapping[str, SimResult]) -> None:
@@ -167,15 +217,24 @@ def _plot_gap(fig: Any, summary: Mapping[str, Any], results: Mapping[str, SimRes
     ax.legend(fontsize="small")
 
 
+def _metric_panels(summary: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str, str]]:
+    """The bars of :data:`METRIC_BARS` that some policy has a value of (no SLOs: no SLO panels)."""
+    names = list(names)
+    return [(key, title) for key, title in METRIC_BARS
+            if any(summary["policies"][n].get(key) is not None for n in names)]
+
+
 def _plot_metrics(fig: Any, summary: Mapping[str, Any], results: Mapping[str, SimResult]) -> None:
-    """A bar chart per metric, a bar per policy."""
-    bars = (("slo_violation_rate", "SLO violation rate"), ("ttft_p99", "TTFT p99 (s)"), ("jain", "Jain's index"),
-            ("goodput", "goodput"), ("esg", "ESG (normalised)"))
+    """A bar chart per metric that has a value, a bar per policy."""
     names = list(results)
-    for k, (key, title) in enumerate(bars):
-        ax = fig.add_subplot(1, len(bars), k + 1)
+    panels = _metric_panels(summary, names)
+    if not panels:
+        fig.text(0.5, 0.5, "no metric has a value", ha="center", va="center")
+    for k, (key, title) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
         values = [summary["policies"][n].get(key) for n in names]
-        ax.bar(names, [math.nan if v is None else v for v in values], color="tab:blue")
+        bars = ax.bar(names, [math.nan if v is None else v for v in values], color="tab:blue")
+        ax.bar_label(bars, labels=["—" if v is None else f"{v:.3g}" for v in values], fontsize="small")  # 0 shows
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=90)
         ax.grid(axis="y", alpha=0.3)

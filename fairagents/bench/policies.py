@@ -11,8 +11,8 @@ more than the engines serve (the text model's queue grows through the run):
 It runs on :class:`~fairagents.engines.SimEngine` (the simulator, deterministic for a
 seed), so the numbers compare policies, not machines. Per policy:
 
-- ``slo_attainment``: the share of requests that met every SLO they had;
-- ``goodput``: the share that met both TTFT and TPOT (H-MAS eq. 8–9; unset = met);
+- ``slo_attainment``: the share of requests with an SLO that met every SLO they had;
+- ``goodput``: the share of requests with a TTFT or TPOT SLO that met both (H-MAS eq. 8–9; unset = met);
 - ``jain_safi``: Jain's index (standard) over the apps' SAFI (ExFairS eq. 4:
   ``0.7 · SLO-miss rate + 0.3 · service / max service``, service in unified tokens);
 - ``gap_over_2u``: the largest service gap between two backlogged apps over ``2U``;
@@ -20,6 +20,9 @@ seed), so the numbers compare policies, not machines. Per policy:
 - ``esg``: H-MAS eq. 6, ``Σ V_base · min(1, SLO_ttlt / TTLT)`` with ``V_base = input +
   2 · output`` and α = 1, reported normalised by ``Σ V_base`` (1 = every request in time).
   ``SLO_ttlt`` is the end-to-end SLO, or ``SLO_ttft + L_o · SLO_tpot`` without one.
+
+A request without the SLO a metric checks is left out of it; with no such request the
+metric is undefined (NaN from the functions here, ``None`` in tables and JSON).
 
 Examples:
     >>> from fairagents.bench import policies
@@ -43,7 +46,7 @@ from fairagents.metrics import RequestRecord, jain_index, percentile
 from fairagents.request import Outcome
 from fairagents.simulation import SimResult, Workload, simulate
 
-__all__ = ["esg", "goodput", "render", "run", "safi", "scenario"]
+__all__ = ["esg", "goodput", "render", "run", "safi", "scenario", "slo_attainment"]
 
 #: SAFI's weight of the SLO-miss rate (ExFairS eq. 4, α = 0.7).
 SAFI_ALPHA = 0.7
@@ -81,8 +84,26 @@ def scenario(
     return work, engines
 
 
+def slo_attainment(records: Sequence[RequestRecord]) -> float:
+    """The share of requests with an SLO that finished and met every SLO they had (NaN: none had an SLO).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.bench.policies import slo_attainment
+        >>> from fairagents.metrics import RequestRecord
+        >>> late = RequestRecord("r", "a", "t", "m", 0.0, 0.0, 1.5, 2.0, 10, 4, fa.Outcome.FINISHED, fa.SLO(ttft=1.0))
+        >>> free = RequestRecord("s", "a", "t", "m", 0.0, 0.0, 1.5, 2.0, 10, 4, fa.Outcome.FINISHED)
+        >>> slo_attainment([late, free]), slo_attainment([free])   # a request without an SLO is left out
+        (0.0, nan)
+    """
+    met = [_met(r) for r in records if _checks(r.slo, "ttft", "tpot", "e2e")]
+    return sum(met) / len(met) if met else math.nan
+
+
 def goodput(records: Sequence[RequestRecord]) -> float:
-    """The share of requests meeting both their TTFT and TPOT SLOs (H-MAS eq. 8–9); an unset SLO is met.
+    """The share of requests with a TTFT or TPOT SLO meeting both (H-MAS eq. 8–9); an unset one of the two is met.
+
+    NaN when no request had a TTFT or TPOT SLO.
 
     Examples:
         >>> import fairagents as fa
@@ -93,18 +114,22 @@ def goodput(records: Sequence[RequestRecord]) -> float:
         >>> goodput([ok, late])
         0.5
     """
-    good = 0
+    good = counted = 0
     for r in records:
         slo, ttft, tpot = r.slo, r.ttft, r.tpot
+        if slo is None or not _checks(slo, "ttft", "tpot"):
+            continue
+        counted += 1
         ok = r.outcome is Outcome.FINISHED and ttft is not None
-        if ok and slo is not None:
-            ok = (slo.ttft is None or ttft <= slo.ttft) and (slo.tpot is None or tpot is None or tpot <= slo.tpot)
-        good += ok
-    return good / len(records) if records else math.nan
+        good += ok and (slo.ttft is None or ttft <= slo.ttft) and (slo.tpot is None or tpot is None or tpot <= slo.tpot)
+    return good / counted if counted else math.nan
 
 
 def esg(records: Sequence[RequestRecord], *, w_input: float = 1.0, w_output: float = 2.0, alpha: float = 1.0) -> float:
     """Expected Service Gain (H-MAS eq. 6), normalised by the total base value (1 = everything in time).
+
+    Over the requests with a time-to-last-token target (an end-to-end SLO, or TTFT and
+    TPOT SLOs); NaN when no request had one.
 
     Examples:
         >>> import fairagents as fa
@@ -116,18 +141,16 @@ def esg(records: Sequence[RequestRecord], *, w_input: float = 1.0, w_output: flo
     """
     gained = total = 0.0
     for r in records:
+        slo = r.slo
+        if slo is None or (slo.e2e is None and (slo.ttft is None or slo.tpot is None)):
+            continue  # no target to gain against
         base = w_input * r.prompt_tokens + w_output * r.output_tokens
         total += base
         if r.outcome is not Outcome.FINISHED:
             continue
-        slo = r.slo
-        target = None
-        if slo is not None:
-            target = slo.e2e
-            if target is None and slo.ttft is not None and slo.tpot is not None:
-                target = slo.ttft + r.output_tokens * slo.tpot
+        target = slo.e2e if slo.e2e is not None else slo.ttft + r.output_tokens * slo.tpot
         ttlt = r.finished - r.arrival
-        gained += base if target is None or ttlt <= 0 else base * min(1.0, (target / ttlt) ** alpha)
+        gained += base if ttlt <= 0 else base * min(1.0, (target / ttlt) ** alpha)
     return gained / total if total else math.nan
 
 
@@ -157,18 +180,23 @@ def _met(r: RequestRecord) -> bool:
         r.slo is None or r.slo.met(ttft=r.ttft, tpot=r.tpot, e2e=r.finished - r.arrival))
 
 
-def _row(result: SimResult) -> dict[str, float]:
+def _checks(slo: SLO | None, *objectives: str) -> bool:
+    """Whether ``slo`` sets any of ``objectives`` (``"ttft"``, ``"tpot"``, ``"e2e"``)."""
+    return slo is not None and any(getattr(slo, o) is not None for o in objectives)
+
+
+def _row(result: SimResult) -> dict[str, float | None]:
     records = result.records
-    met = [_met(r) for r in records]
     ttfts = [r.ttft for r in records if r.ttft is not None]
-    return {
-        "slo_attainment": sum(met) / len(met),
+    row = {
+        "slo_attainment": slo_attainment(records),
         "jain_safi": jain_index(safi(result).values()),
         "gap_over_2u": result.max_app_gap() / (2 * result.bound),
         "ttft_p99": percentile(ttfts, 99),
         "goodput": goodput(records),
         "esg": esg(records),
     }
+    return {k: v if math.isfinite(v) else None for k, v in row.items()}  # JSON has no NaN
 
 
 def run(policies: Sequence[str] | None = None, seconds: float = 60.0, seed: int = 0) -> dict[str, Any]:
@@ -188,7 +216,8 @@ def render(result: dict[str, Any]) -> Table:
     table = Table(title="Policies on a mixed-SLO overload (simulator: 4 apps on a text and a vision model)")
     for column in ("policy", "SLO attainment", "goodput", "Jain (SAFI)", "gap / 2U", "TTFT p99", "ESG"):
         table.add_column(column, justify="right")
+    formats = (("slo_attainment", "{:.1%}"), ("goodput", "{:.1%}"), ("jain_safi", "{:.3f}"), ("gap_over_2u", "{:.2f}"),
+               ("ttft_p99", "{:.2f} s"), ("esg", "{:.3f}"))
     for name, row in result.items():
-        table.add_row(name, f"{row['slo_attainment']:.1%}", f"{row['goodput']:.1%}", f"{row['jain_safi']:.3f}",
-                      f"{row['gap_over_2u']:.2f}", f"{row['ttft_p99']:.2f} s", f"{row['esg']:.3f}")
+        table.add_row(name, *("—" if row[key] is None else fmt.format(row[key]) for key, fmt in formats))
     return table

@@ -36,14 +36,14 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fairagents._logging import get_logger
 from fairagents.arbiter import Arbiter
 from fairagents.bench.plots import write_plots
-from fairagents.bench.policies import _met, esg, goodput, safi
+from fairagents.bench.policies import _met, esg, goodput, safi, slo_attainment
 from fairagents.errors import BadInputError, EngineError, InvalidParameterError, OverloadedError
 from fairagents.metrics import RequestRecord, exfairs_jain_index, jain_index, percentile
 from fairagents.request import Outcome
@@ -59,7 +59,7 @@ __all__ = [
     "summary_markdown",
 ]
 
-log = structlog.get_logger("fairagents.bench.suite")
+log = get_logger("fairagents.bench.suite")
 
 #: The metrics of one policy's run, in the order tables show them (stable keys of the JSON output).
 METRICS: tuple[str, ...] = (
@@ -90,6 +90,8 @@ def policy_metrics(result: SimResult, *, duration: float, wall_seconds: float = 
 
     ``duration`` is the scenario's seconds of arrivals: ``jain`` counts the service delivered
     until then. Definitions are in the benchmarks guide; each reuses the existing metric.
+    A metric over SLOs counts only the requests that had the SLO it checks, so it is
+    ``None`` when none had (``slo_attainment``, ``slo_violation_rate``, ``goodput``, ``esg``).
 
     Examples:
         >>> import fairagents as fa
@@ -104,13 +106,12 @@ def policy_metrics(result: SimResult, *, duration: float, wall_seconds: float = 
     """
     records = result.records
     finished = [r for r in records if r.outcome is Outcome.FINISHED]
-    met = [_met(r) for r in records]
     ttfts = [r.ttft for r in records if r.ttft is not None]
     tpots = [r.tpot for r in records if r.tpot is not None]
     end = max((r.finished for r in records), default=0.0)
     shares = safi(result).values()
     gap = result.max_app_gap()
-    attained = sum(met) / len(met) if met else math.nan
+    attained = slo_attainment(records)
     row: dict[str, float | int | None] = {
         "requests": len(records),
         "finished": len(finished),
@@ -446,7 +447,7 @@ def _timeline(r: RequestRecord) -> dict[str, Any]:
     return {"id": r.id, "app": r.app, "agent": r.agent, "model": r.model, "arrival": r.arrival,
             "dispatched": r.dispatched, "first_token": r.first_token, "finished": r.finished,
             "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "outcome": r.outcome.value,
-            "slo": slo, "slo_met": _met(r)}
+            "slo": slo, "slo_met": None if slo is None else _met(r)}
 
 
 def _write(folder: Path, scenario: Scenario, summary: dict[str, Any], results: Mapping[str, SimResult],
@@ -471,7 +472,7 @@ def summary_markdown(summary: Mapping[str, Any], *, description: str = "", comma
         >>> from fairagents.bench.suite import summary_markdown
         >>> md = summary_markdown({"scenario": "s", "engine": "sim", "seed": 0, "scale": 1.0, "machine": {},
         ...                        "policies": {"fcfs": {"finished": 3}}}, command="fairagents bench run s")
-        >>> md.splitlines()[0], "| fcfs | – | 3 |" in md
+        >>> md.splitlines()[0], "| fcfs | — | 3 |" in md
         ('# Scenario `s`: simulator', True)
     """
     m = summary.get("machine") or {}
@@ -482,7 +483,8 @@ def summary_markdown(summary: Mapping[str, Any], *, description: str = "", comma
     lines += [f"Seed {summary['seed']}, scale {summary['scale']:g}; fairagents {m.get('fairagents', '?')}, "
               f"Python {m.get('python', '?')} on {m.get('platform', '?')} ({m.get('cpu_count', '?')} CPUs).", ""]
     lines += _markdown_table(["policy"], [([name], row) for name, row in summary["policies"].items()])
-    lines += ["", "Metrics as defined in the guide *Running benchmarks and writing scenarios* (`fairagents bench run`)."]
+    lines += ["", "Metrics as defined in the guide *Running benchmarks and writing scenarios* "
+                  "(`fairagents bench run`); —: undefined (no request had the SLO the metric checks, say)."]
     if command:
         lines += ["", "Regenerate with:", "", "```bash", command, "```"]
     return "\n".join(lines) + "\n"
@@ -497,7 +499,7 @@ def _markdown_table(keys: list[str], rows: list[tuple[list[str], Mapping[str, An
 
 
 def _cell(value: Any, fmt: str) -> str:
-    return "–" if value is None else fmt.format(value)
+    return "—" if value is None else fmt.format(value)  # undefined: no request had the SLO it measures, say
 
 
 # -- reading and comparing -------------------------------------------------------------------------------------------
@@ -568,7 +570,8 @@ def render(result: Mapping[str, Any]) -> list[Table]:
     _add_metric_columns(table)
     for name, row in result["policies"].items():
         table.add_row(name, *(_cell(row.get(k), fmt) for k, _, fmt, shown in _COLUMNS if shown))
-    table.caption = "SLO met: finished within every SLO; gap / 2U: largest service gap of backlogged apps over 2U"
+    table.caption = ("SLO met: finished within every SLO, of the requests with one; gap / 2U: largest service gap of "
+                     "backlogged apps over 2U; —: undefined (no request had the SLO it checks)")
     return [table]
 
 

@@ -38,6 +38,18 @@ replica started with ``vllm serve`` takes it as ``--structured-outputs-config.ba
 --structured-outputs-config.disable_any_whitespace true``."""
 
 
+def one_line(err: BaseException, limit: int = 400) -> str:
+    """``err``'s message on one line (whitespace collapsed, at most ``limit`` characters), for a load failure.
+
+    Examples:
+        >>> from fairagents.engines.base import one_line
+        >>> one_line(ValueError("bad config:\\n  field x\\n  must be > 0"))
+        'bad config: field x must be > 0'
+    """
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """A request made ready for an engine: its prompt tokens, and engine-specific data.
@@ -114,26 +126,29 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}",
+                                        param="max_tokens")
         if not isinstance(self.temperature, int | float) or not 0 <= self.temperature <= 2:
-            raise InvalidParameterError(f"temperature must be a number in [0, 2], got {self.temperature!r}")
+            raise InvalidParameterError(f"temperature must be a number in [0, 2], got {self.temperature!r}",
+                                        param="temperature")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
-            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             # Samplers seed a 64-bit generator: a larger seed overflows inside the engine's step.
-            raise InvalidParameterError(f"seed must be a 64-bit signed integer, got {self.seed!r}")
+            raise InvalidParameterError(f"seed must be a 64-bit signed integer, got {self.seed!r}", param="seed")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+            raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {self.stop!r}",
+                                        param="stop")
         object.__setattr__(self, "stop", tuple(self.stop))
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or self.logprobs < 0):
             raise InvalidParameterError(f"logprobs must be an integer ≥ 0 (alternatives per token) or None, "
-                                        f"got {self.logprobs!r}")
+                                        f"got {self.logprobs!r}", param="logprobs")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
-                raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {value!r}")
+                raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {value!r}", param=name)
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     def sampling_fields(self) -> dict[str, Any]:
@@ -185,20 +200,21 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     """``bias`` as sorted ``(token_id, bias)`` pairs, checked: ids ≥ 0, biases finite in [-100, 100]."""
     pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
     if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence):
-        raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}")
+        raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}", param="logit_bias")
     out: dict[int, float] = {}
     for item in pairs:
         if not isinstance(item, Sequence) or isinstance(item, str | bytes) or len(item) != 2:
-            raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}")
+            raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}", param="logit_bias")
         token, value = item
         if isinstance(token, str) and token.isascii() and token.isdigit():
             token = int(token)
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise InvalidParameterError(f"logit_bias: {token!r} is not a token id (an integer ≥ 0)")
+            raise InvalidParameterError(f"logit_bias: {token!r} is not a token id (an integer ≥ 0)",
+                                        param="logit_bias")
         if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
                 or not -100 <= value <= 100):
             raise InvalidParameterError(f"logit_bias: the bias of token {token} must be a number in [-100, 100], "
-                                        f"got {value!r}")
+                                        f"got {value!r}", param="logit_bias")
         out[token] = float(value)
     return tuple(sorted(out.items()))
 

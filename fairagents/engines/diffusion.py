@@ -44,18 +44,18 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from fairagents._logging import get_logger  # noqa: E402
 from fairagents.cost import ModelProfile  # noqa: E402
-from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
-from fairagents.errors import EngineError, InvalidParameterError, ModalityError, ProtocolError  # noqa: E402
+from fairagents.engines.base import LOAD_LOCK, Delta, GenerationParams, Prompt, one_line  # noqa: E402
+from fairagents.errors import EngineError, InvalidParameterError, ModalityError, ModelLoadError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 
 __all__ = ["DiffusionEngine", "ImageSpec"]
 
-log = structlog.get_logger("fairagents.engines.diffusion")
+log = get_logger("fairagents.engines.diffusion")
 
 _names = itertools.count(1)
 
@@ -155,6 +155,14 @@ class DiffusionEngine:
             from fairagents.models import ensure_default_models
 
             self.model = str((await asyncio.to_thread(ensure_default_models, ["image"]))["image"])
+        else:
+            from fairagents.models import check_model_source
+
+            try:
+                await asyncio.to_thread(check_model_source, self.model)
+            except ModelLoadError:
+                self.healthy = False
+                raise
         self._loop = asyncio.get_running_loop()
         ready: asyncio.Future[Any] = self._loop.create_future()
         self._thread = threading.Thread(target=self._own, args=(ready,), name=f"fairagents-diffusion-{next(_names)}", daemon=True)
@@ -285,7 +293,7 @@ class DiffusionEngine:
             ):
                 raise TypeError(f"{type(pipe).__name__} has no patched transformer denoiser (a DiT)")
         except BaseException as err:  # noqa: BLE001 - any failure to load is reported to start()
-            failure = EngineError(f"diffusers could not load {self.model!r}: {err}")
+            failure = ModelLoadError(f"diffusers could not load {self.model!r}: {one_line(err)}")
             failure.__cause__ = err
             self.healthy = False
             self._failure = failure

@@ -14,7 +14,11 @@ plain ``Scheduler``, as on a CPU — it updates requests as that one does) for
   "agents": {"planner": 3}}}}``) when it is set — then a request's own weight
   arguments are ignored, since over plain ``vllm serve`` anyone can send them — or else
   from ``fairagents_app_weight`` / ``fairagents_agent_weight`` in ``extra_args``
-  (default 1; an invalid one is ignored, with a warning).
+  (default 1). A request with invalid ones is refused with a 400 by
+  :class:`~fairagents.engines.fair_args.FairArgsValidator`, served next to this class;
+  without it, an invalid weight is ignored, with a warning.
+- **Metrics**: service per app and agent, queued and running requests, and weights
+  join vLLM's own ``/metrics`` (:mod:`fairagents.engines.fair_metrics`).
 - **The waiting queue** is HMFS (Zhang & Hu, Alg. 1, via
   :class:`~fairagents.policies.HMFS`): the app with the lowest counter first, then its
   agent with the lowest counter, then the earliest arrival; a client that becomes
@@ -52,7 +56,6 @@ Examples:
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import tomllib
@@ -60,15 +63,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import structlog
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus
 
+from fairagents._logging import get_logger
 from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT
 from fairagents.cost import ModelProfile, UnifiedTokenCost
+from fairagents.engines.fair_args import FairArgsValidator, check_weight
+from fairagents.engines.fair_metrics import SchedulerMetrics
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, App, Modality
 from fairagents.policies.hmfs import HMFS
@@ -77,7 +82,7 @@ from fairagents.request import Request as FairRequest
 
 __all__ = ["CONFIG_ENV", "FairCounters", "FairQueue", "FairScheduler", "Weights", "identity"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Environment variable naming the weights file (TOML or JSON) of :class:`FairScheduler`.
 CONFIG_ENV = "FAIRAGENTS_SCHEDULER_CONFIG"
@@ -107,9 +112,9 @@ class Weights:
         for name, spec in apps.items():
             if not isinstance(spec, Mapping) or set(spec) - {"weight", "agents"}:
                 raise InvalidParameterError(f'app {name!r} of a weights file takes "weight" and "agents", got {spec!r}')
-            self._apps[name] = _weight(spec.get("weight", 1.0), f"app {name!r}")
+            self._apps[name] = check_weight(spec.get("weight", 1.0), f"weight of app {name!r}")
             for agent, w in (spec.get("agents") or {}).items():
-                self._agents[(name, agent)] = _weight(w, f"agent {agent!r} of app {name!r}")
+                self._agents[(name, agent)] = check_weight(w, f"weight of agent {agent!r} of app {name!r}")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Weights:
@@ -124,18 +129,13 @@ class Weights:
         return self._agents.get((app, name), 1.0)
 
 
-def _weight(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise InvalidParameterError(f"weight of {what} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def identity(extra_args: Mapping[str, Any] | None, weights: Weights | None = None) -> Agent:
     """The agent a request's ``extra_args`` name (app and agent ``default`` when absent).
 
     With ``weights`` (a weights file), weights come from it alone; without, from the
-    ``fairagents_app_weight`` / ``fairagents_agent_weight`` arguments (an invalid one
-    counts as 1).
+    ``fairagents_app_weight`` / ``fairagents_agent_weight`` arguments. Served with
+    :class:`~fairagents.engines.fair_args.FairArgsValidator`, a request with invalid
+    ones never gets here; without it, an invalid weight counts as 1.
     """
     args = extra_args or {}
     app = str(args.get(METADATA_APP) or DEFAULT)
@@ -149,7 +149,7 @@ def _arg_weight(args: Mapping[str, Any], key: str) -> float:
     if key not in args:
         return 1.0
     try:
-        return _weight(args[key], key)
+        return check_weight(args[key], key)
     except InvalidParameterError as err:
         log.warning("fairagents.vllm.bad_weight", error=str(err))
         return 1.0
@@ -179,6 +179,8 @@ class FairCounters:
         self.lock = threading.RLock()
         self.charged: dict[str, float] = {}
         """Service charged per app so far, in unified tokens (not divided by weight)."""
+        self.service: dict[tuple[str, str, str], float] = {}
+        """Service charged per ``(model, app, agent)`` so far, in unified tokens (not divided by weight)."""
 
     def register(self, model: str, profile: ModelProfile) -> None:
         """Price ``model``'s tokens by ``profile`` (an engine's model joins the pool)."""
@@ -198,18 +200,20 @@ class FairCounters:
             self.cost.output_cost(model, output) if output else 0.0)
         if amount > 0:
             with self.lock:
-                self._add(agent, amount)
+                self._add(agent, amount, model)
 
     def charge_outputs(self, model: str, outputs: Iterable[tuple[Agent, int]]) -> None:
         """Charge a step's output tokens, ``(agent, tokens)`` each, under one hold of the lock."""
         with self.lock:
             for agent, tokens in outputs:
-                self._add(agent, self.cost.output_cost(model, tokens))
+                self._add(agent, self.cost.output_cost(model, tokens), model)
 
-    def _add(self, agent: Agent, amount: float) -> None:
-        """Charge ``amount`` unified tokens to ``agent`` (the lock held)."""
+    def _add(self, agent: Agent, amount: float, model: str) -> None:
+        """Charge ``amount`` unified tokens of ``model`` to ``agent`` (the lock held)."""
         self.policy.charge_to(agent, amount)
         self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
+        key = (model, agent.app.name, agent.name)
+        self.service[key] = self.service.get(key, 0.0) + amount
 
 
 class FairQueue(RequestQueue):
@@ -330,6 +334,8 @@ class FairScheduler(AsyncScheduler):
     """Counters bound by :meth:`sharing` (``None``: this scheduler makes its own)."""
     model: ClassVar[str] = "engine"
     """This engine's name among the counters' models."""
+    metrics: SchedulerMetrics | None = None
+    """This engine's series in vLLM's ``/metrics`` (``None`` from :meth:`sharing`: the pool's server reports)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -337,6 +343,11 @@ class FairScheduler(AsyncScheduler):
         self.weights = Weights.load(path) if path else None
         self.counters = self.shared if self.shared is not None else FairCounters()
         self.counters.register(self.model, _profile(self.vllm_config))
+        if self.shared is None:  # served on its own, as by `vllm serve`
+            self.metrics = SchedulerMetrics.for_engine(self.vllm_config)
+            if not FairArgsValidator.configured(self.vllm_config):
+                log.warning("fairagents.vllm.args_unchecked", fix="--logits-processors fairagents.vllm:FairArgsValidator",
+                            reason="requests with invalid fairagents_* arguments are served, not refused")
         self._agents: dict[str, Agent] = {}  # request id -> its agent, while the engine holds it
         self._prefilled: dict[str, int] = {}  # request id -> prompt tokens charged so far
         self._outputs: dict[tuple[str, str], tuple[Agent, int]] = {}  # (app, agent) -> this step's output tokens
@@ -371,6 +382,8 @@ class FairScheduler(AsyncScheduler):
             params = request.sampling_params
             agent = identity(params.extra_args if params is not None else None, self.weights)
             self._agents[request.request_id] = agent
+            if self.metrics is not None:
+                self.metrics.observe(agent)
         return agent
 
     def _settle_pops(self) -> None:
@@ -448,6 +461,24 @@ class FairScheduler(AsyncScheduler):
             if self._outputs:
                 outputs, self._outputs = self._outputs, {}
                 self.counters.charge_outputs(self.model, outputs.values())
+            self._publish()
+
+    def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's (aborts, from outside the engine loop), then the metrics if the engine has emptied."""
+        finished = super().finish_requests(*args, **kwargs)
+        self._publish()
+        return finished
+
+    def _publish(self) -> None:
+        """Publish the metrics when due, and whenever the engine has run out of requests (its gauges then read 0)."""
+        metrics = self.metrics
+        if metrics is None or not (metrics.due() or not self.has_unfinished_requests()):
+            return
+        with self.counters.lock:
+            service = [(app, agent, total) for (model, app, agent), total in self.counters.service.items()
+                       if model == self.model]
+        metrics.publish(service, [(self._agent_of(r), r.status == RequestStatus.RUNNING)
+                                  for r in self.requests.values() if not r.is_finished()])
 
     def _free_request(self, request: VllmRequest, *args: Any, **kwargs: Any) -> Any:
         self._agents.pop(request.request_id, None)

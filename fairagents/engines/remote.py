@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import structlog
 import tenacity
 
+from fairagents._logging import get_logger
 from fairagents.cost import ModelProfile
 from fairagents.engines.base import COMPACT_JSON, Delta, GenerationParams, Prompt
 from fairagents.errors import EngineError, InvalidParameterError
@@ -65,7 +65,7 @@ from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, t
 
 __all__ = ["OpenAIEngine", "Replica"]
 
-log = structlog.get_logger("fairagents.engines.remote")
+log = get_logger("fairagents.engines.remote")
 
 #: Server errors (5xx) in a row after which a replica is taken out (one bad request must not empty the pool).
 STRIKES = 3
@@ -423,7 +423,8 @@ class OpenAIEngine:
         for i, message in enumerate(messages):
             content = message.get("content")
             if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
-                raise InvalidParameterError(f"messages[{i}].content must be text for a text model")
+                raise InvalidParameterError(f"messages[{i}].content must be text for a text model",
+                                            param=f"messages[{i}].content")
         if self._tokenizer is not None:
             return Prompt(token_ids=tuple(render_chat(self._tokenizer, messages, tools)))
         body: dict[str, Any] = {"messages": [dict(m) for m in messages], "add_generation_prompt": True}  # OpenAI's form

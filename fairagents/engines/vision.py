@@ -35,8 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
+from fairagents._logging import get_logger
 from fairagents.engines.base import LOAD_LOCK, Prompt
 from fairagents.engines.vllm import VLLMEngine
 from fairagents.errors import EngineError, InvalidImageError, InvalidParameterError
@@ -46,7 +45,7 @@ from fairagents.prompts import template_messages
 
 __all__ = ["VisionEngine"]
 
-log = structlog.get_logger("fairagents.engines.vision")
+log = get_logger("fairagents.engines.vision")
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,14 +42,14 @@ import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
-import structlog
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from fairagents._logging import get_logger  # noqa: E402
 from fairagents.cost import ModelProfile  # noqa: E402
-from fairagents.engines.base import COMPACT_JSON, LOAD_LOCK, Delta, GenerationParams, Prompt  # noqa: E402
-from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
+from fairagents.engines.base import COMPACT_JSON, LOAD_LOCK, Delta, GenerationParams, Prompt, one_line  # noqa: E402
+from fairagents.errors import EngineError, InvalidParameterError, ModelLoadError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
 from fairagents.prompts import render_chat  # noqa: E402
 from fairagents.reply import TokenLogprob  # noqa: E402
@@ -57,7 +57,7 @@ from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, t
 
 __all__ = ["VLLMEngine", "max_token_bytes"]
 
-log = structlog.get_logger("fairagents.engines.vllm")
+log = get_logger("fairagents.engines.vllm")
 
 # vLLM's forward context is a module-level global (vllm.forward_context._forward_context),
 # not a per-thread one, on every device: two engines of one process must not step at once.
@@ -259,6 +259,8 @@ class VLLMEngine:
 
             kind = self.modality.value
             self.model = str((await asyncio.to_thread(ensure_default_models, [kind]))[kind])
+        else:
+            await self._check_source()
         self._loop = asyncio.get_running_loop()
         ready: asyncio.Future[Any] = self._loop.create_future()
         self._thread = threading.Thread(target=self._own, args=(ready,), name=f"fairagents-vllm-{next(_names)}", daemon=True)
@@ -284,6 +286,15 @@ class VLLMEngine:
             profile=str(self.profile),
         )
 
+    async def _check_source(self) -> None:
+        from fairagents.models import check_model_source
+
+        try:
+            await asyncio.to_thread(check_model_source, str(self.model))
+        except ModelLoadError:
+            self.healthy = False
+            raise
+
     async def stop(self) -> None:
         """Stop the engine thread and release the model."""
         thread, self._thread = self._thread, None
@@ -305,7 +316,8 @@ class VLLMEngine:
         for i, message in enumerate(messages):
             content = message.get("content")
             if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
-                raise InvalidParameterError(f"messages[{i}].content must be text for a text model")
+                raise InvalidParameterError(f"messages[{i}].content must be text for a text model",
+                                            param=f"messages[{i}].content")
         return Prompt(token_ids=tuple(render_chat(self._tokenizer, messages, tools)))
 
     def tool_parser(self, spec: OutputSpec) -> Any:
@@ -447,10 +459,15 @@ class VLLMEngine:
                     from vllm.config import StructuredOutputsConfig
 
                     args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
+                if "logging_config" not in args and "VLLM_CONFIGURE_LOGGING" not in os.environ:
+                    from vllm.config.logging import LoggingConfig
+
+                    # a library leaves logging to the application: vLLM's own config would print INFO on stdout
+                    args["logging_config"] = LoggingConfig(configure_logging=False)
                 engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args))
                 _live.add(id(self))
         except BaseException as err:  # noqa: BLE001 - any failure to load is reported to start()
-            failure = EngineError(f"vLLM could not load {self.model!r}: {err}")
+            failure = ModelLoadError(f"vLLM could not load {self.model!r}: {one_line(err)}")
             failure.__cause__ = err
             self.healthy = False
             self._failure = failure

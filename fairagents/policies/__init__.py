@@ -24,6 +24,8 @@ Examples:
 
 from __future__ import annotations
 
+import importlib
+
 from fairagents.constants import DEFAULT_D_BASE
 from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
@@ -52,20 +54,33 @@ POLICIES: dict[str, type[BasePolicy]] = {
 
 
 def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
-    """A policy from its name (or the policy itself, returned as is).
+    """A policy from its name, from ``"module:Class"``, or the policy itself (returned as is).
 
     ``cost`` is the pool's unified-token cost model; a policy built by name gets it
     if it charges unified tokens (``hmfs``) and keeps raw tokens otherwise (``vtc``
     as in its paper; ``fcfs`` and ``rr`` do not count service). Build a policy
     yourself for another combination, e.g. ``VTC(cost)`` for VTC on unified tokens.
 
+    ``"module:Class"`` (or ``"module:factory"``) imports ``module`` and calls what it
+    names with no arguments, as uvicorn's ``module:app`` names an app: that is how a
+    configuration file or a command line names a policy of your own. It must return a
+    policy (subclass :class:`BasePolicy`).
+
     Examples:
         >>> import fairagents as fa
+        >>> fa.policies.make_policy("fairagents.policies:FCFS").name
+        'fcfs'
         >>> fa.policies.make_policy("nope")
         Traceback (most recent call last):
         ...
         fairagents.errors.InvalidParameterError: unknown policy 'nope'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, rr, sjf, two_lane, vtc, wfq
+        >>> fa.policies.make_policy("fairagents.policies:Nope")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: policy 'fairagents.policies:Nope': module 'fairagents.policies' has no attribute 'Nope'
     """
+    if isinstance(policy, str) and ":" in policy:
+        return _import_policy(policy)
     if isinstance(policy, str):
         try:
             cls = POLICIES[policy]
@@ -125,3 +140,45 @@ def priced_policy(
 
 
 _PROTOCOL = tuple(name for name, member in vars(Policy).items() if not name.startswith("_") and callable(member))
+
+
+def _import_policy(spec: str) -> Policy:
+    """The policy ``"module:attr"`` names: ``attr`` of ``module``, called with no arguments.
+
+    Every failure is one :class:`~fairagents.InvalidParameterError` line naming ``spec``
+    and what failed: the import, the attribute, the call, or what the call returned.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        names = ", ".join(sorted(POLICIES))
+        raise InvalidParameterError(f"policy {spec!r}: a policy is a name ({names}) or 'module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module_name + ".").startswith(err.name + "."):  # the module (or its package)
+            raise InvalidParameterError(f"policy {spec!r}: no module named {err.name!r}") from None
+        raise InvalidParameterError(f"policy {spec!r}: importing {module_name!r} failed: {_one_line(err)}") from None
+    except Exception as err:
+        raise InvalidParameterError(f"policy {spec!r}: importing {module_name!r} failed: {_one_line(err)}") from None
+    target: object = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            owner = module_name if target is module else f"{module_name}:{attr.rpartition('.')[0]}"
+            raise InvalidParameterError(f"policy {spec!r}: module {owner!r} has no attribute {part!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise InvalidParameterError(f"policy {spec!r}: {attr} is not a class or factory, it is {target!r}")
+    try:
+        policy = target()
+    except Exception as err:
+        raise InvalidParameterError(f"policy {spec!r}: {attr}() failed: {_one_line(err)}") from None
+    if not isinstance(policy, Policy) or not isinstance(getattr(policy, "name", None), str):
+        raise InvalidParameterError(
+            f"policy {spec!r}: {attr}() returned {type(policy).__name__}, not a policy "
+            "(subclass fairagents.policies.BasePolicy)"
+        )
+    return policy
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"

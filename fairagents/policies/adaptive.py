@@ -255,6 +255,7 @@ class Adaptive(BasePolicy):
 
     name: ClassVar[str] = "adaptive"
     charges_unified_tokens: ClassVar[bool] = True
+    reads_slos: ClassVar[bool] = True  # its rules read SLO attainment, and its pool holds edf and two_lane
 
     def __init__(
         self,

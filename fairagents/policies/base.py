@@ -105,6 +105,9 @@ class BasePolicy(abc.ABC):
     name: ClassVar[str]
     #: Whether :func:`~fairagents.policies.make_policy` hands it the pool's unified cost model.
     charges_unified_tokens: ClassVar[bool] = False
+    #: Whether the order it serves depends on the agents' SLOs (deadlines, SLO attainment). An SLO
+    #: then weighs against other apps' requests, so a server takes agents' SLOs from its configuration only.
+    reads_slos: ClassVar[bool] = False
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost

@@ -73,6 +73,7 @@ class EDF(PredictivePolicy):
     """
 
     name: ClassVar[str] = "edf"
+    reads_slos: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -287,6 +287,7 @@ class ExFairS(BasePolicy):
     """
 
     name: ClassVar[str] = "exfairs"
+    reads_slos: ClassVar[bool] = True
 
     def __init__(
         self,

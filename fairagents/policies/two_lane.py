@@ -123,6 +123,7 @@ class TwoLane(PredictivePolicy):
     """
 
     name: ClassVar[str] = "two_lane"
+    reads_slos: ClassVar[bool] = True
 
     def __init__(
         self,

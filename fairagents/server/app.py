@@ -36,13 +36,11 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-import math
 import time
 from collections import defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Annotated, Any, TypeVar
 
-import structlog
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -51,14 +49,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from fairagents._logging import get_logger
 from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
-from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_APP
+from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
 from fairagents.engines.base import Delta, Engine, Prompt
 from fairagents.errors import (
-    BadInputError,
     ContextLengthError,
     EngineError,
     FairAgentsError,
+    InvalidImageError,
     InvalidParameterError,
     OverloadedError,
     ShutdownError,
@@ -66,7 +65,8 @@ from fairagents.errors import (
     UnknownAppError,
     UnknownModelError,
 )
-from fairagents.identity import Modality
+from fairagents.http_errors import http_error
+from fairagents.identity import Agent, Modality, agent_from_headers
 from fairagents.server import wire
 from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
 from fairagents.server.dashboard import page
@@ -78,7 +78,7 @@ from fairagents.tools import output_reader
 
 __all__ = ["DEFAULT_APP", "Gateway", "create_app"]
 
-log = structlog.get_logger("fairagents.server")
+log = get_logger("fairagents.server")
 
 #: App of a request that names none when keys are off.
 DEFAULT_APP = "default"
@@ -90,18 +90,8 @@ INLINE_PARSE_BYTES = 64 * 2**10
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
-# error type -> (HTTP status, OpenAI error type, code); the first match in this order wins
-_ERRORS: list[tuple[type[FairAgentsError], int, wire.ErrorType, str]] = [
-    (UnknownModelError, 404, "invalid_request_error", "model_not_found"),
-    (ContextLengthError, 400, "invalid_request_error", "context_length_exceeded"),
-    (UnknownAppError, 400, "invalid_request_error", "unknown_app"),
-    (UnknownAgentError, 400, "invalid_request_error", "unknown_agent"),
-    (BadInputError, 400, "invalid_request_error", "invalid_parameter"),
-    (OverloadedError, 429, "rate_limit_error", "queue_full"),
-    (EngineError, 503, "server_error", "engine_unavailable"),
-    (ShutdownError, 503, "server_error", "shutting_down"),
-    (FairAgentsError, 500, "server_error", "internal_error"),
-]
+# The header that states each of an agent's settings a request may state.
+_SETTING_HEADERS = {"weight": HEADER_AGENT_WEIGHT, "slo": HEADER_AGENT_SLO}
 
 
 class _ClientGone(Exception):
@@ -138,8 +128,9 @@ class Gateway:
         self._agents: dict[tuple[str, str], AgentHandle] = {}
         self._observer = None if config.server.observer_key is None else _digest(config.server.observer_key.get_secret_value())
         for name, app in config.apps.items():
+            own_max_tokens = app.default_max_tokens if isinstance(app.default_max_tokens, int) else None
             handle = arbiter.app(name, app.weight, app.slo.build() if app.slo else None, max_queued=app.max_queued,
-                                 max_in_flight_share=app.max_in_flight_share)
+                                 max_in_flight_share=app.max_in_flight_share, default_max_tokens=own_max_tokens)
             self._apps[name] = handle
             for agent, settings in app.agents.items():
                 self._agents[(name, agent)] = handle.agent(agent, settings.weight, settings.slo.build() if settings.slo else None)
@@ -185,12 +176,30 @@ class Gateway:
         return app
 
     async def identify(self, request: Request) -> AgentHandle:
-        """The calling agent (a FastAPI dependency): app from :meth:`authenticate`, agent from its header."""
+        """The calling agent (a FastAPI dependency): app from :meth:`authenticate`, agent from its header.
+
+        An agent new to its app is declared with the weight and SLO its request states
+        (``X-Fairagents-Agent-Weight``, ``X-Fairagents-Agent-Slo``; else weight 1 and the
+        app's SLO), as ``app.agent(name, weight, slo)`` declares one in process. Later
+        requests may state the same settings, or none; other ones are a 400 naming the
+        header, as declaring an agent again with other settings is an error in process.
+        """
         app = await self.authenticate(request)
         agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent")
-        return self._agents.get((app, agent)) or self._declare(app, agent)
+        stated = agent_from_headers(app, agent, request.headers)
+        handle = self._agents.get((app, agent))
+        if handle is None:
+            return self._declare(app, agent, stated)
+        conflicts = stated.conflicts(handle.identity)
+        if conflicts:
+            what, given, declared = conflicts[0]
+            raise InvalidParameterError(f"agent {agent!r} of app {app!r} is declared with {what}={declared}; a request "
+                                        f"cannot change it (it states {what}={given})", app=app, agent=agent,
+                                        param=_SETTING_HEADERS[what])
+        return handle
 
-    def _declare(self, app: str, agent: str) -> AgentHandle:
+    def _declare(self, app: str, agent: str, stated: Agent) -> AgentHandle:
+        self._check_within_app(stated)
         handle = self._apps.get(app)
         if handle is None:  # keys off: apps are declared on first use
             if len(self._apps) >= self.config.server.max_apps:
@@ -201,8 +210,30 @@ class Gateway:
         if sum(1 for a, _ in self._agents if a == app) >= limit:
             raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents",
                                     app=app, agent=agent)
-        self._agents[(app, agent)] = handle.agent(agent)
+        self._agents[(app, agent)] = handle.agent(agent, stated.weight, stated.slo)
         return self._agents[(app, agent)]
+
+    def _check_within_app(self, stated: Agent) -> None:
+        """Refuse the settings a request states for a new agent where they would weigh against other apps.
+
+        An agent's weight is its share of its app (HMFS charges the app's counter by the app's
+        weight alone), unless the policy makes every agent a client of the pool (VTC or WFQ
+        with ``client="agent"``). An SLO is a time, not a share: where the order of service
+        reads SLOs (``reads_slos`` policies, Statera admission), a tighter one goes ahead of
+        other apps' requests. Those settings are then the configuration's to give.
+        """
+        policy, app, agent = self.arbiter.policy, *stated.key
+        if "weight" in stated.declared and getattr(policy, "client", "app") != "app":
+            raise InvalidParameterError(
+                f"policy {policy.name!r} shares the pool between agents, not apps: an agent's weight is set in the "
+                f"server's configuration (apps.{app}.agents.{agent}.weight), not by a request",
+                app=app, agent=agent, param=HEADER_AGENT_WEIGHT)
+        if "slo" in stated.declared and (getattr(policy, "reads_slos", True) or self.arbiter.admission is not None):
+            reader = f"policy {policy.name!r}" if getattr(policy, "reads_slos", True) else "Statera admission"
+            raise InvalidParameterError(
+                f"{reader} weighs the requests of all apps by their agents' SLOs: an agent's SLO is set in the "
+                f"server's configuration (apps.{app}.agents.{agent}.slo), not by a request",
+                app=app, agent=agent, param=HEADER_AGENT_SLO)
 
     async def observe(self, request: Request) -> None:
         """Check the observer key, if one is configured (a FastAPI dependency of the read-only views)."""
@@ -228,24 +259,28 @@ class Gateway:
             }
         return out
 
-    def default_max_tokens(self, model: str, prompt: Prompt) -> int:
-        """Output tokens of a request that sets no ``max_tokens``: :meth:`~fairagents.Arbiter.default_max_tokens`.
+    def default_max_tokens(self, model: str, prompt: Prompt, app: str) -> int:
+        """Output tokens of a request of ``app`` that sets no ``max_tokens``.
 
-        That is the rest of the context after the prompt, within the model's token budget
-        (the rule of every call, in process too), capped by ``server.default_max_tokens``
-        when it is set: the request reserves ``prompt + max_tokens`` of the budget while
-        it runs, and the cap keeps such requests from each holding the whole KV cache.
+        The app's ``default_max_tokens`` if its configuration sets one, else
+        ``server.default_max_tokens``; ``"context"`` is the rest of the context after the
+        prompt. Either is clipped to what fits the context and the model's token budget
+        (:meth:`~fairagents.Arbiter.default_max_tokens`, the rule of every call, in process
+        too): the request reserves ``prompt + max_tokens`` of the budget while it runs.
         """
-        most = self.arbiter.default_max_tokens(model, prompt.n_tokens)
+        most = self.arbiter.default_max_tokens(model, prompt.n_tokens, app=app)
+        configured = self.config.apps.get(app)
+        if configured is not None and configured.default_max_tokens is not None:
+            return most  # the app's own, declared on the arbiter
         cap = self.config.server.default_max_tokens
-        return most if cap is None else min(most, cap)
+        return most if cap == "context" else min(most, cap)
 
     def engine(self, model: str) -> Engine:
         """The engine of text-generating ``model``: 404 if it is not in the pool, 400 for an image model."""
         engine = self.arbiter.engine(model)
         if engine.profile.modality is Modality.IMAGE:
             raise InvalidParameterError(f"model {model!r} generates images; it takes no chat or completion requests",
-                                        model=model)
+                                        model=model, param="model")
         return engine
 
     # -- one request ---------------------------------------------------------------
@@ -547,19 +582,23 @@ async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 def _error(err: FairAgentsError, arbiter: Arbiter | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
-    status, kind, code = next((s, k, c) for cls, s, k, c in _ERRORS if isinstance(err, cls))
-    headers: dict[str, str] = {}
-    if isinstance(err, OverloadedError):
-        headers = {"Retry-After": str(max(1, math.ceil(err.retry_after))), "retry-after-ms": str(int(err.retry_after * 1000))}
-    elif isinstance(err, EngineError):
-        eta = arbiter.restart_eta(err.model) if arbiter is not None and err.model in arbiter.models else None
-        if eta is not None:
-            wait = max(1.0, eta)  # the model is coming back (backoff + its engine's last start): worth a retry
-            headers = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(int(wait * 1000)),
-                       "x-should-retry": "true"}
-        else:
-            headers = {"x-should-retry": "false"}  # down until restarted by hand (or given up)
-    return status, wire.error_body(str(err), kind, code), headers
+    told = http_error(err, arbiter)
+    return told.status, wire.error_body(str(err), told.type, told.code, told.param), told.headers
+
+
+#: The request field that holds each endpoint's input, which an error about the input names as its ``param``.
+_INPUT_FIELD = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/images/generations": "prompt"}
+
+
+def _param(err: FairAgentsError, path: str) -> str | None:
+    """The request field ``err`` is about: its own ``param``, else what its kind says (the model, or the input)."""
+    if err.param is not None:
+        return err.param
+    if isinstance(err, UnknownModelError):
+        return "model"
+    if isinstance(err, ContextLengthError | InvalidImageError):  # the prompt (with max_tokens) is too long; an image
+        return _INPUT_FIELD.get(path)
+    return None
 
 
 def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "fairagents") -> FastAPI:
@@ -596,6 +635,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
 
     @app.exception_handler(FairAgentsError)
     async def _fairagents_error(request: Request, err: FairAgentsError) -> JSONResponse:
+        err.param = _param(err, request.url.path)
         status, body, headers = _error(err, arbiter)
         labels = getattr(request.state, "labels", None)
         if isinstance(err, OverloadedError) and labels is not None:
@@ -615,7 +655,9 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        return JSONResponse(wire.error_body(f"{where}: {first['msg']}", "invalid_request_error", "invalid_parameter"), 400)
+        param = str(first["loc"][-1]) if first["loc"] else None  # ("query", "history"): the query parameter
+        return JSONResponse(wire.error_body(f"{where}: {first['msg']}", "invalid_request_error", "invalid_parameter",
+                                            param), 400)
 
     @app.exception_handler(_ClientGone)
     async def _gone(request: Request, err: _ClientGone) -> Response:
@@ -636,7 +678,8 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             messages = await _until_disconnected(request, gateway.fetcher.inline(messages))
         prompt = await _until_disconnected(
             request, arbiter.prepare_chat(body.model, messages, agent=who, tools=spec.template_tools))
-        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt)
+        app_name = who.identity.app.name
+        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt, app_name)
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/completions")
@@ -650,7 +693,8 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         text = body.single_prompt()
         ready = text if isinstance(text, str) else Prompt(token_ids=tuple(text))
         prompt = await _until_disconnected(request, arbiter.prepare_text(body.model, ready, agent=who))
-        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt)
+        app_name = who.identity.app.name
+        max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt, app_name)
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/images/generations")
@@ -664,9 +708,10 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         modality = arbiter.engine(model).profile.modality
         if modality is not Modality.IMAGE:
             raise InvalidParameterError(f"model {model!r} is a {modality.value} model and does not generate images",
-                                        model=model)
+                                        model=model, param="model")
         if body.response_format not in (None, "b64_json"):
-            raise InvalidParameterError("response_format: images are returned as b64_json (no image URLs are hosted)")
+            raise InvalidParameterError("response_format: images are returned as b64_json (no image URLs are hosted)",
+                                        param="response_format")
         request.state.labels = (who.identity.app.name, who.identity.name, model)
         reply = await _until_disconnected(
             request, arbiter.generate_image(model, body.prompt, agent=who, size=body.dimensions(), n=body.n)

@@ -54,7 +54,7 @@ from fairagents.cost import ModelProfile
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO
-from fairagents.policies import POLICIES
+from fairagents.policies import POLICIES, make_policy
 
 __all__ = [
     "AgentConfig", "AppConfig", "Config", "CountersConfig", "ImageFetchConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
@@ -68,6 +68,14 @@ NAME_PATTERN = re.compile(r"^[!-.0-~](?:[ -.0-~]{0,62}[!-.0-~])?$")
 
 #: Most agents an app may have when its configuration does not say.
 DEFAULT_MAX_AGENTS = 64
+
+#: Output tokens of a request that sets no ``max_tokens``, unless ``server.default_max_tokens`` says
+#: otherwise: most chat answers fit, and a request reserves ``prompt + max_tokens`` of its model's
+#: token budget while it runs, where the rest of a long context would let few run at once.
+DEFAULT_MAX_TOKENS = 1024
+
+#: A default ``max_tokens``: a number of tokens, or ``"context"``: the rest of the context after the prompt.
+DefaultMaxTokens = Annotated[int, Field(ge=1)] | Literal["context"]
 
 
 def check_name(name: str, what: str) -> str:
@@ -131,7 +139,9 @@ class AgentConfig(_Section):
 class AppConfig(_Section):
     """An app: its API key, weight, queue bound and agents.
 
-    Agents not listed here are declared on first use with weight 1, up to ``max_agents``.
+    Agents not listed here are declared on first use, up to ``max_agents``, with the weight
+    and SLO their request states (``X-Fairagents-Agent-Weight``, ``X-Fairagents-Agent-Slo``;
+    weight 1 otherwise). Listed ones keep the settings given here.
 
     Examples:
         >>> from fairagents.server import AppConfig
@@ -150,6 +160,9 @@ class AppConfig(_Section):
     """Most requests the app may have waiting for one model; past it, 429 (``None``: unbounded)."""
     max_in_flight_share: float | None = Field(default=None, gt=0, le=1)
     """Largest share of a model's slots and token budget the app may hold (unset: the top-level setting)."""
+    default_max_tokens: DefaultMaxTokens | None = None
+    """Output tokens of the app's requests that set no ``max_tokens`` (a number, or ``"context"``:
+    the rest of the context); unset, ``server.default_max_tokens``."""
     slo: SLOConfig | None = None
     """Default SLO of the app's agents."""
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
@@ -441,12 +454,13 @@ class ServerSettings(_Section):
     """If set, ``/metrics``, ``/v1/fairness`` need it as a bearer key (the dashboard reads it from ``#key=``)."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds SIGTERM waits for accepted requests before aborting the rest."""
-    default_max_tokens: int | None = Field(default=None, ge=1)
-    """Most output tokens of a request (chat or completion) that sets no ``max_tokens``.
-    Unset, it may fill the context, capped to fit the model's token budget (the rule of
-    every call, :meth:`fairagents.Arbiter.default_max_tokens`); since each request
-    reserves ``prompt + max_tokens`` of that budget while it runs, a cap lets more such
-    requests run at once."""
+    default_max_tokens: DefaultMaxTokens = DEFAULT_MAX_TOKENS
+    """Output tokens of a request (chat or completion) that sets no ``max_tokens``, for apps
+    that set none (1024 by default); ``"context"``: the rest of the context, as vLLM's
+    server has it. Either way it is clipped to what fits the context and the model's token
+    budget (:meth:`fairagents.Arbiter.default_max_tokens`). Each request reserves
+    ``prompt + max_tokens`` of that budget while it runs, so a smaller default lets more
+    such requests run at once."""
     max_queued: int | None = Field(default=256, ge=1)
     """Queue bound of apps declared on first use (keys off)."""
     max_apps: int = Field(default=64, ge=1)
@@ -485,7 +499,9 @@ class Config(_Section):
     """
 
     policy: str = "hmfs"
-    """Scheduling policy: any name of :data:`fairagents.policies.POLICIES` (``hmfs``, ``vtc``, ``edf``, ``adaptive``, …)."""
+    """Scheduling policy: any name of :data:`fairagents.policies.POLICIES` (``hmfs``, ``vtc``, ``edf``,
+    ``adaptive``, …), or a policy of your own as ``"module:Class"`` (or ``"module:factory"``), imported
+    and built when the configuration is read (see :func:`fairagents.policies.make_policy`)."""
     in_flight: int | None = Field(default=None, ge=1)
     """Default in-flight limit of the models that set none."""
     pool_in_flight: int | None = Field(default=None, ge=1)
@@ -513,7 +529,9 @@ class Config(_Section):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, policy: str) -> str:
-        if policy not in POLICIES:
+        if ":" in policy:
+            make_policy(policy)  # import and build it now: a bad one fails here, saying what failed
+        elif policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
         return policy
 
@@ -575,7 +593,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         return Config.model_validate(data)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors(include_url=False)
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors(include_url=False)
         )
         raise InvalidParameterError(f"{path}: {problems}") from None
 

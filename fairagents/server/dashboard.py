@@ -1,13 +1,17 @@
 """The live fairness page, ``GET /dashboard``: one self-contained HTML file, no network but the server.
 
 It polls ``/v1/fairness`` every two seconds and draws, per app: its share of service
-over the last 30 seconds against the share its weight entitles it to (and its share
-since start), the shares over the last five minutes as a stacked area with the
-entitlements as dashed lines, each app's agents against their weights, and a table of
-queues and latencies. An app or agent whose demand is met (nothing of it waits for
-dispatch) is drawn muted and labelled "demand met": a share below its entitlement is
-then all it asked for. One with requests waiting is labelled "backlogged", in red when
-its share is below its entitlement, the case a fair scheduler must correct. The page
+over the last 30 seconds against the share its weight entitles it to among the active
+apps (and its share since start), the shares over the last five minutes as a stacked
+area with the entitlements as dashed lines, each app's agents against their weights
+among the active agents, and a table of queues and latencies. An app or agent that is
+idle (nothing queued, running or served in the last 30 seconds) is muted and labelled
+"idle"; one whose demand is met (nothing of it waits for dispatch) is muted and
+labelled "demand met": a share below its entitlement is then all it asked for. One with
+requests waiting is labelled "backlogged", or, when its share falls more than 10 %
+short of its entitlement, "▼ below entitlement" in red with its bar outlined in red:
+the case a fair scheduler must correct. Red means only that (and, in the header, a
+model or the server down); the apps' colours never use it. The page
 keeps working when the server goes away (the status turns red, the last data stays)
 and picks up again when it returns. With an observer key configured, open it as
 ``/dashboard#key=<key>``: the fragment never leaves the browser.
@@ -67,10 +71,11 @@ _PAGE = r"""<!doctype html>
   tr.agent td:first-child { padding-left:26px; color:var(--dim); }
   .empty { color:var(--dim); padding:20px 0; }
   svg .demand { font-size:11px; }
-  svg .met { fill:var(--dim); font-style:italic; }
   svg .backlogged { fill:var(--text); font-weight:600; }
+  svg .met, svg .idle { fill:var(--dim); font-style:italic; }
   svg .under { fill:var(--bad); font-weight:600; }
-  td.met { color:var(--dim); font-style:italic; } td.backlogged { font-weight:600; } td.under { color:var(--bad); font-weight:600; }
+  svg rect.short { stroke:var(--bad); stroke-width:2; }
+  td.met, td.idle { color:var(--dim); font-style:italic; } td.backlogged { font-weight:600; } td.under { color:var(--bad); font-weight:600; }
 </style>
 </head>
 <body>
@@ -84,19 +89,20 @@ _PAGE = r"""<!doctype html>
 <main>
   <section class="card">
     <h2>Share of service</h2>
-    <p class="sub">bar: last 30 s · ◆ since start · dashed: entitled by weight · muted: demand met (nothing waiting) ·
-      red: backlogged below its entitlement</p>
+    <p class="sub">bar: last 30 s · ◆ since start · dashed: entitled by weight among the active apps · muted: idle, or
+      demand met (nothing waiting) · red ▼ and outline: backlogged more than <span id="tolerance">10 %</span> below its
+      entitlement</p>
     <svg id="shares" height="40"></svg>
   </section>
   <section class="card">
     <h2>Shares over time</h2>
-    <p class="sub">each app's share of the service delivered (unified tokens, 5 s windows) · dashed: entitlements</p>
+    <p class="sub">each app's share of the service delivered (unified tokens, 5 s windows) · dashed: entitlements now</p>
     <svg id="timeline" height="220"></svg>
     <div class="legend" id="legend"></div>
   </section>
   <section class="card full">
     <h2>Agents within each app</h2>
-    <p class="sub">share of the app's service vs share of the app's agent weights · muted: demand met</p>
+    <p class="sub">share of the app's service in the last 30 s vs share of its active agents' weights · muted: idle or demand met</p>
     <div class="agents" id="agents"></div>
   </section>
   <section class="card full">
@@ -107,8 +113,9 @@ _PAGE = r"""<!doctype html>
 </main>
 <script>
 "use strict";
-const REFRESH_MS = 2000, RECENT_S = 30, HISTORY_S = 300, SMOOTH_S = 5;
-const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+const REFRESH_MS = 2000, HISTORY_S = 300, SMOOTH_S = 5;
+// The apps' colours: no red or pink (red marks a shortfall, and a model or the server down) and no green (healthy).
+const PALETTE = ["#4e79a7", "#f28e2b", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#a0cbe8", "#ffbe7d", "#d4a6c8", "#bab0ac"];
 const KEY = new URLSearchParams(location.hash.slice(1)).get("key");
 const colors = new Map();
 const $ = (id) => document.getElementById(id);
@@ -118,30 +125,20 @@ const secs = (x) => x == null ? "–" : x < 1 ? (1000 * x).toFixed(0) + " ms" : 
 const num = (x) => x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(x < 10 ? 2 : 0);
 const dur = (s) => s < 120 ? s.toFixed(0) + " s" : s < 7200 ? (s / 60).toFixed(0) + " min" : (s / 3600).toFixed(1) + " h";
 
-// Demand: met (nothing waiting: the share is all it asked for), or backlogged (below its entitlement: "under").
-// A fair share is owed only to a backlogged client.
-function demand(s, share) {
+// Idle (left out of the entitlements), demand met (nothing waiting: the share is all it asked for), backlogged, or
+// backlogged below its entitlement ("under", decided by the server with its tolerance). A fair share is owed only to a
+// backlogged client.
+function demand(s) {
+  if (!s.active) return {cls: "idle", text: "idle", opacity: 0.35, tip: "nothing queued, running or served in the last 30 s"};
   if (s.demand_met) return {cls: "met", text: "demand met", opacity: 0.35, tip: "nothing waiting: it got all it asked for"};
-  const under = share < s.weight_share;
-  return {cls: under ? "under" : "backlogged", text: "backlogged", opacity: 1,
-    tip: under ? "requests waiting, and below its entitlement" : "requests waiting"};
+  if (s.below_entitlement) return {cls: "under", text: "▼ below entitlement", opacity: 1,
+    tip: `requests waiting, and its share of the last 30 s more than ${$("tolerance").textContent} short of its entitlement`};
+  return {cls: "backlogged", text: "backlogged", opacity: 1, tip: "requests waiting"};
 }
 
 function color(app) {
   if (!colors.has(app)) colors.set(app, PALETTE[colors.size % PALETTE.length]);
   return colors.get(app);
-}
-
-// Service each series gained over the last `seconds` of samples, and the time it spans.
-function gained(history, series, seconds) {
-  const t = history.time, n = t.length;
-  if (n < 2) return null;
-  let i = n - 1;
-  while (i > 0 && t[n - 1] - t[i - 1] <= seconds) i--;
-  if (i === n - 1) i = n - 2;
-  const out = {};
-  for (const [k, v] of Object.entries(series)) out[k] = v[n - 1] - v[i];
-  return out;
 }
 
 function shareOf(delta, keys) {
@@ -152,19 +149,22 @@ function shareOf(delta, keys) {
 function drawShares(data) {
   const apps = Object.keys(data.apps).sort();
   apps.forEach(color);
-  const recent = data.history ? shareOf(gained(data.history, data.history.apps, RECENT_S) || {}, apps) : null;
-  const W = $("shares").clientWidth || 400, label = 110, right = 130, bw = Math.max(40, W - label - right), row = 34;
+  const W = $("shares").clientWidth || 400, label = 110, right = 150, bw = Math.max(40, W - label - right), row = 34;
   let svg = "";
   apps.forEach((name, i) => {
     const a = data.apps[name], y = i * row + 6;
-    const share = recent ? recent[name] : a.share, x0 = label, d = demand(a, share);
+    const share = a.recent_share ?? 0, x0 = label, d = demand(a), muted = d.opacity < 1;
     svg += `<text x="0" y="${y + 15}">${esc(name)}</text>`;
     svg += `<rect x="${x0}" y="${y}" width="${bw}" height="20" rx="3" fill="currentColor" opacity="0.07"></rect>`;
-    svg += `<rect class="bar" data-app="${esc(name)}" data-share="${share.toFixed(4)}" data-demand="${d.cls}" x="${x0}" y="${y}" width="${(bw * share).toFixed(1)}" height="20" rx="3" fill="${color(name)}" opacity="${d.opacity}"></rect>`;
-    const ex = x0 + bw * a.weight_share, cx = x0 + bw * a.share;
-    svg += `<line x1="${ex}" x2="${ex}" y1="${y - 3}" y2="${y + 23}" stroke="currentColor" stroke-width="2" stroke-dasharray="3 2"></line>`;
+    svg += `<rect class="bar${d.cls === "under" ? " short" : ""}" data-app="${esc(name)}" data-share="${share.toFixed(4)}" data-demand="${d.cls}" x="${x0}" y="${y}" width="${(bw * share).toFixed(1)}" height="20" rx="3" fill="${color(name)}" opacity="${d.opacity}"></rect>`;
+    const cx = x0 + bw * a.share;
+    if (a.entitled_share != null) {
+      const ex = x0 + bw * a.entitled_share;
+      svg += `<line class="entitled" data-app="${esc(name)}" x1="${ex}" x2="${ex}" y1="${y - 3}" y2="${y + 23}" stroke="currentColor" stroke-width="2" stroke-dasharray="3 2"></line>`;
+    }
     svg += `<path d="M${cx} ${y + 4} l5 6 l-5 6 l-5 -6 z" fill="currentColor" opacity="0.8"></path>`;
-    svg += `<text x="${x0 + bw + 8}" y="${y + 9}" class="${d.cls === "met" ? "dim" : ""}">${pct(share)} <tspan class="dim">of ${pct(a.weight_share)}</tspan></text>`;
+    const of = a.entitled_share == null ? "" : ` <tspan class="dim">of ${pct(a.entitled_share)}</tspan>`;
+    svg += `<text x="${x0 + bw + 8}" y="${y + 9}" class="${muted ? "dim" : ""}" data-app="${esc(name)}" data-entitled="${a.entitled_share ?? ""}">${pct(a.recent_share)}${of}</text>`;
     svg += `<text x="${x0 + bw + 8}" y="${y + 23}" class="demand ${d.cls}" data-app="${esc(name)}">${d.text}<title>${d.tip}</title></text>`;
   });
   if (!apps.length) svg = `<text x="0" y="20" class="dim">no apps yet</text>`;
@@ -204,8 +204,8 @@ function drawTimeline(data) {
       svg += `<polygon class="area" data-app="${esc(a)}" points="${d}" fill="${color(a)}" opacity="0.85"></polygon>`;
     }
     let cum = 0;
-    for (const a of apps.slice(0, -1)) {
-      cum += data.apps[a].weight_share;
+    for (const a of apps.filter((x) => data.apps[x].entitled_share != null).slice(0, -1)) {  // idle apps: no share
+      cum += data.apps[a].entitled_share;
       svg += `<line x1="${left}" x2="${W}" y1="${Y(cum)}" y2="${Y(cum)}" stroke="currentColor" stroke-width="1.5" stroke-dasharray="6 4"></line>`;
     }
     svg += `<text x="${left}" y="${H - 4}" class="dim">−${dur(t1 - t0)}</text><text x="${W - 24}" y="${H - 4}" class="dim">now</text>`;
@@ -222,11 +222,11 @@ function drawAgents(data) {
   $("agents").innerHTML = apps.map((name) => {
     const agents = Object.entries(data.apps[name].agents).sort(([a], [b]) => a.localeCompare(b));
     const rows = agents.map(([agent, s], i) => {
-      const y = i * 26 + 4, d = demand(s, s.share);
+      const y = i * 26 + 4, d = demand(s), share = s.recent_share ?? 0, entitled = s.entitled_share;
       return `<text x="0" y="${y + 13}">${esc(agent)}</text>` +
-        `<rect x="90" y="${y}" width="${(200 * s.share).toFixed(1)}" height="16" rx="2" fill="${color(name)}" opacity="${d.opacity}" class="agent-bar" data-app="${esc(name)}" data-agent="${esc(agent)}" data-demand="${d.cls}"></rect>` +
-        `<line x1="${90 + 200 * s.weight_share}" x2="${90 + 200 * s.weight_share}" y1="${y - 2}" y2="${y + 18}" stroke="currentColor" stroke-dasharray="3 2"></line>` +
-        `<text x="298" y="${y + 13}">${pct(s.share)} <tspan class="dim">of ${pct(s.weight_share)}</tspan> <tspan class="demand ${d.cls}">· ${d.text}<title>${d.tip}</title></tspan></text>`;
+        `<rect x="90" y="${y}" width="${(200 * share).toFixed(1)}" height="16" rx="2" fill="${color(name)}" opacity="${d.opacity}" class="agent-bar${d.cls === "under" ? " short" : ""}" data-app="${esc(name)}" data-agent="${esc(agent)}" data-demand="${d.cls}"></rect>` +
+        (entitled == null ? "" : `<line x1="${90 + 200 * entitled}" x2="${90 + 200 * entitled}" y1="${y - 2}" y2="${y + 18}" stroke="currentColor" stroke-dasharray="3 2"></line>`) +
+        `<text x="298" y="${y + 13}">${pct(s.recent_share)}${entitled == null ? "" : ` <tspan class="dim">of ${pct(entitled)}</tspan>`} <tspan class="demand ${d.cls}">· ${d.text}<title>${d.tip}</title></tspan></text>`;
     }).join("");
     return `<div><h2><span class="swatch" style="background:${color(name)}"></span>${esc(name)}</h2>` +
       `<svg height="${agents.length * 26 + 8}" viewBox="0 0 520 ${agents.length * 26 + 8}" style="color:var(--text); max-width:520px">${rows}</svg></div>`;
@@ -234,10 +234,10 @@ function drawAgents(data) {
 }
 
 function drawTable(data) {
-  const head = ["", "weight", "share", "entitled", "demand", "backlogged", "service", "queued", "in flight", "done", "cancelled",
-    "failed", "rejected", "wait p50", "wait p99", "TTFT p50", "TTFT p99"];
-  const row = (cls, name, s, d = demand(s, s.share)) => `<tr class="${cls}"><td>${esc(name)}</td><td>${s.weight}</td><td>${pct(s.share)}</td>` +
-    `<td>${pct(s.weight_share)}</td><td class="${d.cls}" title="${d.tip}">${d.text}</td><td>${pct(s.backlogged)}</td>` +
+  const head = ["", "weight", "share 30 s", "entitled", "demand", "backlogged", "service", "queued", "in flight", "done",
+    "cancelled", "failed", "rejected", "wait p50", "wait p99", "TTFT p50", "TTFT p99"];
+  const row = (cls, name, s, d = demand(s)) => `<tr class="${cls}"><td>${esc(name)}</td><td>${s.weight}</td><td>${pct(s.recent_share)}</td>` +
+    `<td>${pct(s.entitled_share)}</td><td class="${d.cls}" title="${d.tip}">${d.text}</td><td>${pct(s.backlogged)}</td>` +
     `<td>${num(s.service)}</td><td>${s.queued}</td><td>${s.in_flight}</td><td>${s.done}</td>` +
     `<td>${s.cancelled}</td><td>${s.failed}</td><td>${s.rejected}</td><td>${secs(s.wait_seconds.p50)}</td>` +
     `<td>${secs(s.wait_seconds.p99)}</td><td>${secs(s.ttft_seconds.p50)}</td><td>${secs(s.ttft_seconds.p99)}</td></tr>`;
@@ -269,6 +269,7 @@ async function tick() {
     const response = await fetch(`/v1/fairness?history=${HISTORY_S}`, {cache: "no-store", headers: KEY ? {Authorization: `Bearer ${KEY}`} : {}});
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const data = await response.json();
+    $("tolerance").textContent = (100 * data.entitlement.tolerance).toFixed(0) + " %";
     drawHeader(data); drawShares(data); drawTimeline(data); drawAgents(data); drawTable(data);
     status(true, "updated " + new Date().toLocaleTimeString());
     document.body.dataset.ready = "1";

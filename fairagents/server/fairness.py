@@ -10,7 +10,15 @@ app and agent also says whether its demand is met (``demand_met``: nothing of it
 for dispatch now; running requests are being served) and, over the sampled window,
 the fraction of samples in which it was backlogged (``backlogged``). A share below the
 entitlement with ``demand_met`` true is a client that asked for less, not a starved
-one. The snapshot reads
+one.
+
+Entitlements are shared among the *active* clients only: an app (or an agent, among
+its app's agents) is active while it has requests queued or running, or if it had
+requests waiting or received service in the last ``window`` seconds (30). Its
+``entitled_share`` is its weight over the active peers' weights (``None`` when idle),
+and its ``recent_share`` its share of the service delivered in that window. It is
+``below_entitlement`` when it has requests waiting and its recent share falls short of
+its entitlement by more than :data:`BELOW_TOLERANCE` of it. The snapshot reads
 :meth:`~fairagents.Arbiter.stats`, whose percentiles sort the recent records: it is
 cached for ``max_age`` seconds, so many viewers cost the event loop no more than one.
 
@@ -29,6 +37,8 @@ Examples:
     [0.0]
     >>> body["apps"]["driving"]["demand_met"], body["apps"]["driving"]["backlogged"]
     (True, 0.0)
+    >>> body["apps"]["driving"]["active"], body["apps"]["driving"]["entitled_share"]   # declared, never used
+    (False, None)
 """
 
 from __future__ import annotations
@@ -43,7 +53,11 @@ from fairagents.arbiter import Arbiter
 from fairagents.server.wire import finite
 from fairagents.stats import ClientSnapshot, Stats
 
-__all__ = ["FairnessView"]
+__all__ = ["BELOW_TOLERANCE", "FairnessView"]
+
+#: How far (a fraction of its entitlement) a backlogged client's recent share may fall short before it counts as
+#: below its entitlement: 50.0 % or 46 % against 50.0 % is the noise of a 30-second window, not a shortfall.
+BELOW_TOLERANCE = 0.1
 
 _Key = tuple[str, str]
 _Sample = tuple[float, dict[_Key, float], frozenset[_Key]]
@@ -56,6 +70,7 @@ class FairnessView:
         arbiter: the arbiter to watch.
         interval: seconds between service samples.
         keep: seconds of samples kept.
+        window: seconds over which a client counts as active and its ``recent_share`` is measured.
         max_age: seconds a stats snapshot is reused.
         clients: the ``(app, agent)`` pairs to sample; by default those in the arbiter's
             stats (costlier: give it when the caller keeps its own list).
@@ -77,6 +92,7 @@ class FairnessView:
         *,
         interval: float = 1.0,
         keep: float = 600.0,
+        window: float = 30.0,
         max_age: float = 0.5,
         clients: Callable[[], Iterable[tuple[str, str]]] | None = None,
         extra: Callable[[], Mapping[tuple[str, str], Mapping[str, int]]] | None = None,
@@ -85,6 +101,7 @@ class FairnessView:
     ) -> None:
         self.arbiter = arbiter
         self.interval = interval
+        self.window = window
         self.max_age = max_age
         self.clock = clock
         self.started = clock()
@@ -134,10 +151,12 @@ class FairnessView:
 
         Each app and agent has, besides its counts, ``demand_met``: true when none of
         its requests waits for dispatch now (its running requests are being served),
-        so a share below ``weight_share`` is all it asked for; and ``backlogged``: the
+        so a share below its entitlement is all it asked for; and ``backlogged``: the
         fraction of the samples in the window in which it had requests waiting
         (``None`` before the first sample). Fair schedulers owe the entitled share only
-        to backlogged clients.
+        to backlogged clients. ``active``, ``entitled_share``, ``recent_share`` and
+        ``below_entitlement`` follow the rule in the module docstring, over the last
+        ``window`` seconds whatever ``history`` is.
 
         Examples:
             >>> import fairagents as fa
@@ -164,6 +183,7 @@ class FairnessView:
                 apps[app_name]["agents"][agent_name] = _client(
                     agent, extra.get((app_name, agent_name), {}), by_agent((app_name, agent_name))
                 )
+        _entitle(apps, *self._recent(stats, now))
         return {
             "object": "fairness",
             "time": now,
@@ -173,9 +193,32 @@ class FairnessView:
             "draining": draining,
             "models": self._models(),
             "pool": {"in_flight": self.arbiter.pool_running, "in_flight_limit": self.arbiter.pool_in_flight},
+            "entitlement": {"window_seconds": self.window, "tolerance": BELOW_TOLERANCE},
             "apps": apps,
             "history": self._history(samples),
         }
+
+    def _recent(self, stats: Stats, now: float) -> tuple[dict[_Key, float] | None, set[_Key]]:
+        """Each agent's service over the last ``window`` seconds, and the agents that had requests waiting then.
+
+        The service is measured from the last sample at or before the window's start
+        (the first sample if none is that old); ``None`` before the first sample.
+        """
+        start = now - self.window
+        base = None
+        waited: set[_Key] = set()
+        for sample in self.samples:
+            if sample[0] <= start or base is None:
+                base = sample
+            if sample[0] >= start:
+                waited |= sample[2]
+        if base is None:
+            return None, waited
+        served = {}
+        for key, agent in stats.agents.items():
+            app, name = key.split("/", 1)
+            served[(app, name)] = agent.service - base[1].get((app, name), 0.0)
+        return served, waited
 
     def _history(self, samples: list[_Sample]) -> dict[str, Any]:
         keys = sorted({k for _, by, _ in samples for k in by})
@@ -197,6 +240,38 @@ def _backlogged(samples: list[_Sample]) -> tuple[Callable[[str], float | None], 
         apps.update({a for a, _ in waiting})
     n = len(samples)
     return (lambda app: round(apps[app] / n, 4) if n else None), (lambda key: round(agents[key] / n, 4) if n else None)
+
+
+def _entitle(apps: dict[str, Any], served: dict[_Key, float] | None, waited: set[_Key]) -> None:
+    """Set each app's and agent's ``active``, ``entitled_share``, ``recent_share`` and ``below_entitlement``.
+
+    ``served``: each agent's service over the window (``None``: not measured yet);
+    ``waited``: the agents that had requests waiting in a sample of the window.
+    """
+    for name, app in apps.items():
+        for agent_name, agent in app["agents"].items():
+            key = (name, agent_name)
+            agent["active"] = bool(agent["queued"] or agent["in_flight"] or key in waited
+                                   or (served is not None and served.get(key, 0.0) > 0))
+        app["active"] = bool(app["queued"] or app["in_flight"] or any(a["active"] for a in app["agents"].values()))
+    recent = None if served is None else {
+        name: sum(served.get((name, agent), 0.0) for agent in app["agents"]) for name, app in apps.items()}
+    _shares(apps, recent)
+    for name, app in apps.items():
+        _shares(app["agents"], None if served is None else {agent: served.get((name, agent), 0.0)
+                                                             for agent in app["agents"]})
+
+
+def _shares(peers: dict[str, Any], recent: dict[str, float] | None) -> None:
+    """Entitlements among the active ``peers`` (apps, or one app's agents), and their shares of ``recent`` service."""
+    active_weight = sum(c["weight"] for c in peers.values() if c["active"])
+    total = sum(max(0.0, v) for v in recent.values()) if recent is not None else 0.0
+    for name, c in peers.items():
+        entitled = c["weight"] / active_weight if c["active"] and active_weight > 0 else None
+        share = max(0.0, recent[name]) / total if recent is not None and total > 0 else None
+        c["entitled_share"], c["recent_share"] = entitled, share
+        c["below_entitlement"] = (not c["demand_met"] and entitled is not None and share is not None
+                                  and share < entitled * (1 - BELOW_TOLERANCE))
 
 
 def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]], app: str) -> dict[str, int]:

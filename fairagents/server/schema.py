@@ -50,7 +50,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from fairagents.constants import HEADER_AGENT, HEADER_APP
+from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
 from fairagents.server import wire
 from fairagents.server.config import NAME_PATTERN
 
@@ -119,7 +119,16 @@ _CLIENT = _object(
      "in_flight": _INT, "done": _INT, "failed": _INT, "cancelled": _INT, "rejected": _INT,
      "wait_seconds": _PERCENTILES, "ttft_seconds": _PERCENTILES,
      "demand_met": {"type": "boolean", "description": "none of its requests waits for dispatch now"},
-     "backlogged": {**_nullable(_NUMBER), "description": "fraction of the window's samples in which it had requests waiting"}},
+     "backlogged": {**_nullable(_NUMBER), "description": "fraction of the window's samples in which it had requests waiting"},
+     "active": {"type": "boolean", "description": "requests queued or running now, or waiting or served in the last "
+                                                  "`entitlement.window_seconds`"},
+     "entitled_share": {**_nullable(_NUMBER),
+                        "description": "its weight over its active peers' weights; null when idle"},
+     "recent_share": {**_nullable(_NUMBER), "description": "its share of its peers' service in the last "
+                                                          "`entitlement.window_seconds`; null before any"},
+     "below_entitlement": {"type": "boolean",
+                           "description": "requests waiting, and `recent_share` short of `entitled_share` by more "
+                                          "than `entitlement.tolerance` of it"}},
     description="One app's or agent's standing: service in unified tokens, share against weight share, counts, latencies.",
 )
 _RESTARTING = {"restarting": {"type": "boolean", "description": "the model is down and being restarted"}}
@@ -199,6 +208,7 @@ _RESPONSES: dict[str, dict[str, Any]] = {
          "unit": {"const": "unified_tokens"}, "draining": {"type": "boolean"},
          "models": {"type": "object", "additionalProperties": _MODEL_STATE},
          "pool": _object({"in_flight": _INT, "in_flight_limit": _nullable(_INT)}),
+         "entitlement": _object({"window_seconds": _NUMBER, "tolerance": _NUMBER}),
          "apps": {"type": "object", "additionalProperties": {"allOf": [
              _CLIENT, _object({"agents": {"type": "object", "additionalProperties": _CLIENT}})]}},
          "history": _object({
@@ -446,6 +456,10 @@ def _header(name: str, description: str) -> dict[str, Any]:
             "schema": {"type": "string", "pattern": NAME_PATTERN.pattern}}
 
 
+def _setting(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description, "schema": {"type": "string"}}
+
+
 def _document(app: FastAPI) -> dict[str, Any]:
     gateway = getattr(app.state, "gateway", None)
     auth = gateway is None or gateway.config.server.auth
@@ -480,6 +494,10 @@ def _document(app: FastAPI) -> dict[str, Any]:
             parameters = [p for p in operation.get("parameters", []) if p.get("in") != "header"]
             if endpoint.agent:
                 parameters.append(_header(HEADER_AGENT, "The agent the request is charged to (default: `default`)."))
+                parameters += [_setting(HEADER_AGENT_WEIGHT, "The agent's weight within its app, a number > 0 "
+                                        "(`2.0`); declares a new agent with it, and must match an agent's declaration."),
+                               _setting(HEADER_AGENT_SLO, "The agent's SLO in seconds (`ttft=0.5, tpot=0.05, e2e=4`); "
+                                        "as the weight.")]
             if endpoint.access == _APP and not auth:
                 parameters.append(_header(HEADER_APP, "The app (default: `default`); this server takes no API keys."))
             for parameter in parameters:

@@ -35,20 +35,20 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import structlog
 import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from fairagents._logging import get_logger
 from fairagents.arbiter import Arbiter
 from fairagents.constants import HEADER_APP
 from fairagents.errors import InvalidParameterError
 from fairagents.server.app import create_app
 from fairagents.server.config import Config, ServerSettings, build_arbiter, load_config
 
-__all__ = ["free_socket", "main", "running", "serve"]
+__all__ = ["free_socket", "main", "running", "serve", "with_options"]
 
-log = structlog.get_logger("fairagents.server")
+log = get_logger("fairagents.server")
 
 SHUTDOWN_GRACE = 1.0
 """Seconds past ``server.drain_timeout`` by which SIGTERM has ended :func:`serve` and its process.
@@ -174,7 +174,7 @@ async def serve(
         timeout = config.server.drain_timeout
         drained_by = loop.time() + timeout
         accepted = sum(m["queued"] + m["in_flight"] for m in gateway.models().values())
-        log.warning("fairagents.server.draining", timeout=timeout, accepted=accepted)
+        log.info("fairagents.server.draining", timeout=timeout, accepted=accepted)  # a normal shutdown
         await arbiter.close(timeout=timeout, stop_engines=stop_engines, abort_timeout=ABORT_WAIT)
         # The connections still open close by CLOSE_WITHIN past the drain (past now if it ended early).
         now = loop.time()
@@ -211,7 +211,10 @@ async def serve(
     log.info("fairagents.server.stopped")
 
 
-def main(config: str | os.PathLike[str] | None = None, *, host: str | None = None, port: int | None = None) -> int:
+def main(
+    config: str | os.PathLike[str] | None = None, *, host: str | None = None, port: int | None = None,
+    policy: str | None = None, model: str | None = None,
+) -> int:
     """``fairagents serve``: load the configuration (or the embedded default), serve until SIGTERM.
 
     Args:
@@ -219,23 +222,25 @@ def main(config: str | os.PathLike[str] | None = None, *, host: str | None = Non
             with keys off (apps named by ``X-Fairagents-App``).
         host: overrides ``server.host``.
         port: overrides ``server.port``.
+        policy: overrides ``policy``: a built-in name or ``"module:Class"``.
+        model: a model folder or Hugging Face name: the ``path`` of the pool's one model
+            (without ``config``, the ``chat`` model instead of the embedded one).
 
     Returns:
         The process exit status (0 after a drain).
+
+    Raises:
+        InvalidParameterError: the configuration or an option is wrong (nothing started).
 
     Examples:
         >>> from fairagents.server import main
         >>> main("serve.toml", port=8080)  # doctest: +SKIP
         0
     """
-    settings = load_config(config) if config is not None else Config.default()
-    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
-    if overrides:
-        try:
-            server = ServerSettings.model_validate({**settings.server.model_dump(), **overrides})
-        except ValidationError as err:
-            raise InvalidParameterError(f"--host/--port: {err.errors(include_url=False)[0]['msg']}") from None
-        settings = settings.model_copy(update={"server": server})
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # "module:Class" policies import from here, as uvicorn's apps do
+    settings = with_options(load_config(config) if config is not None else Config.default(),
+                            host=host, port=port, policy=policy, model=model)
     arbiter = build_arbiter(settings)
 
     def ready(url: str) -> None:
@@ -249,3 +254,47 @@ def main(config: str | os.PathLike[str] | None = None, *, host: str | None = Non
 
     asyncio.run(serve(arbiter, settings, ready=ready))
     return 0
+
+
+def with_options(
+    config: Config, *, host: str | None = None, port: int | None = None, policy: str | None = None,
+    model: str | None = None,
+) -> Config:
+    """``config`` with the command line's options applied (``None``: not given), checked as the file is.
+
+    Raises:
+        InvalidParameterError: an option is invalid, naming it: a port out of range, a
+            policy that does not import or build, ``--model`` for a pool of several models.
+
+    Examples:
+        >>> from fairagents.server import Config
+        >>> from fairagents.server.serve import with_options
+        >>> config = with_options(Config.default(), port=9000, policy="vtc", model="Qwen/Qwen2.5-0.5B-Instruct")
+        >>> config.server.port, config.policy, config.models["chat"].path
+        (9000, 'vtc', 'Qwen/Qwen2.5-0.5B-Instruct')
+        >>> with_options(Config.default(), policy="lottery")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: --policy: unknown policy 'lottery'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, rr, sjf, two_lane, vtc, wfq
+    """
+    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if overrides:
+        try:
+            server = ServerSettings.model_validate({**config.server.model_dump(), **overrides})
+        except ValidationError as err:
+            raise InvalidParameterError(f"--host/--port: {err.errors(include_url=False)[0]['msg']}") from None
+        config = config.model_copy(update={"server": server})
+    if policy is not None:
+        try:
+            Config.model_validate({"policy": policy, "server": {"auth": False}})
+        except ValidationError as err:
+            message = err.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+            raise InvalidParameterError(f"--policy: {message}") from None
+        config = config.model_copy(update={"policy": policy})
+    if model is not None:
+        if len(config.models) != 1:
+            raise InvalidParameterError(f"--model: the configuration serves {len(config.models)} models "
+                                        f"({', '.join(config.models)}); set each one's path in it")
+        [(name, current)] = config.models.items()
+        config = config.model_copy(update={"models": {name: current.model_copy(update={"path": model})}})
+    return config

@@ -34,7 +34,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, model_validator
 
 from fairagents.engines.base import GenerationParams
+from fairagents import http_errors
 from fairagents.errors import InvalidImageError, InvalidParameterError
+from fairagents.http_errors import ErrorType
 from fairagents.images import parse_size
 from fairagents.reply import TokenLogprob
 from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta
@@ -96,9 +98,41 @@ def parse(model: type[M], raw: bytes) -> M:
         return model.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = _path(first["loc"])
         message = first["msg"].removeprefix("Value error, ")
-        raise InvalidParameterError(f"{where}: {message}" if where else message) from None
+        raise InvalidParameterError(f"{where}: {message}" if where else message, param=_param(first)) from None
+
+
+# What pydantic adds to an error's location for the member of a union that failed: ``str``, ``list[...]``.
+_UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    """A validation error's location as OpenAI writes a field: ``messages[0].content``.
+
+    The members of a union that pydantic names in it, and the keys of a mapping, are left out.
+
+    Examples:
+        >>> from fairagents.server.wire import _path
+        >>> _path(("messages", 0, "content", "str")), _path(("logit_bias", "7"))
+        ('messages[0].content', 'logit_bias')
+    """
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif re.fullmatch(r"[a-z_][a-z0-9_]*", part) and part not in _UNION_MEMBERS:
+            path += f".{part}" if path else part
+    return path
+
+
+def _param(error: Any) -> str | None:
+    """The request field a validation error is about: its location, then the field its validator named below it."""
+    path = _path(error["loc"])
+    inner = getattr((error.get("ctx") or {}).get("error"), "param", None)
+    if inner:
+        path = f"{path}.{inner}" if path else inner
+    return path or None
 
 
 class _Body(BaseModel):
@@ -108,7 +142,7 @@ class _Body(BaseModel):
     def _no_unsupported_fields(self) -> _Body:
         for name, value in (self.model_extra or {}).items():
             if name not in HARMLESS and value not in (None, False, 0, [], {}):
-                raise ValueError(f"{name!r} is not supported by fairagents; remove it")
+                raise InvalidParameterError(f"{name!r} is not supported by fairagents; remove it", param=name)
         return self
 
 
@@ -214,8 +248,8 @@ class FunctionCall(BaseModel):
             try:
                 json.loads(self.arguments)
             except json.JSONDecodeError:
-                raise ValueError(f"the arguments of {self.name!r} must be JSON text, "
-                                 f"got {self.arguments[:80]!r}") from None
+                raise InvalidParameterError(f"the arguments of {self.name!r} must be JSON text, "
+                                            f"got {self.arguments[:80]!r}", param="arguments") from None
         return self
 
 
@@ -254,9 +288,11 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
-            raise ValueError(f"only an assistant message carries tool_calls, not a {self.role!r} message")
+            raise InvalidParameterError(f"only an assistant message carries tool_calls, not a {self.role!r} message",
+                                        param="tool_calls")
         if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+            raise InvalidParameterError("a tool message needs the tool_call_id of the call it answers",
+                                        param="tool_call_id")
         return self
 
     def for_template(self, *, remote: bool = False) -> dict[str, Any]:
@@ -327,7 +363,7 @@ class ChatCompletionRequest(_Sampling):
     def _checked_output(self) -> ChatCompletionRequest:
         self.output_spec().constraint()  # a spec whose constraint cannot be built is refused here too
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise InvalidParameterError("top_logprobs needs logprobs: true", param="top_logprobs")
         return self
 
     def output_spec(self) -> OutputSpec:
@@ -349,7 +385,14 @@ class ChatCompletionRequest(_Sampling):
 
     def chat_messages(self, *, remote: bool = False) -> list[dict[str, Any]]:
         """The messages as engines take them (image parts kept; see :meth:`ChatMessage.for_template`)."""
-        return [m.for_template(remote=remote) for m in self.messages]
+        out = []
+        for i, message in enumerate(self.messages):
+            try:
+                out.append(message.for_template(remote=remote))
+            except (InvalidParameterError, InvalidImageError) as err:  # a content part it cannot take: say whose
+                err.param = err.param or f"messages[{i}].content"
+                raise
+        return out
 
 
 class CompletionRequest(_Sampling):
@@ -376,7 +419,8 @@ class CompletionRequest(_Sampling):
         """The prompt, text or token ids; several prompts in one request are not supported."""
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
             if len(self.prompt) != 1:
-                raise InvalidParameterError("prompt: one prompt per request (send several requests for several prompts)")
+                raise InvalidParameterError(
+                    "prompt: one prompt per request (send several requests for several prompts)", param="prompt")
             return self.prompt[0]  # type: ignore[return-value]
         return self.prompt  # type: ignore[return-value]
 
@@ -630,9 +674,6 @@ def images_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-ErrorType = Literal["invalid_request_error", "authentication_error", "rate_limit_error", "server_error"]
-
-
 def error_body(message: str, type: ErrorType, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     """An OpenAI-shaped error body; file paths in ``message`` are hidden (:func:`redact_paths`).
 
@@ -641,7 +682,7 @@ def error_body(message: str, type: ErrorType, code: str | None = None, param: st
         >>> error_body("bad", "invalid_request_error", "invalid_parameter")
         {'error': {'message': 'bad', 'type': 'invalid_request_error', 'param': None, 'code': 'invalid_parameter'}}
     """
-    return {"error": {"message": redact_paths(message), "type": type, "param": param, "code": code}}
+    return http_errors.error_body(redact_paths(message), type, code, param)
 
 
 # An absolute or home-relative path of two or more parts, or a file: URL; not "image/png" or "a/b".

@@ -18,16 +18,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
+from fairagents._logging import get_logger
 from fairagents.errors import InvalidParameterError
 from fairagents.shared.store import CounterStore, StoreUnavailable
 from fairagents.shared.view import SharedView
 
 __all__ = ["SharedCounters"]
 
-log = structlog.get_logger("fairagents.shared")
+log = get_logger("fairagents.shared")
 
 
 class SharedCounters:

@@ -29,7 +29,30 @@ def test_esg_and_goodput_follow_their_equations():
     late = record(0.5, 8.0, SLO(e2e=4.0))  # TTLT twice its SLO: half its value
     missed_ttft = record(3.0, 4.0, SLO(ttft=1.0))
     assert policies.esg([on_time, late]) == pytest.approx((20 + 20 * 0.5) / 40)
-    assert policies.goodput([on_time, late, missed_ttft]) == pytest.approx(2 / 3)
+    assert policies.goodput([on_time, late, missed_ttft]) == pytest.approx(1 / 2)  # late has no TTFT or TPOT SLO
     assert math.isnan(policies.goodput([]))
     derived = record(0.5, 20.0, SLO(ttft=1.0, tpot=1.0))  # SLO_ttlt = 1 + 5 × 1 = 6 s against 20 s
     assert policies.esg([derived]) == pytest.approx(6 / 20)
+
+
+def test_a_metric_over_slos_counts_only_the_requests_with_the_slo_it_checks():
+    def record(ttft, finished, slo, outcome=Outcome.FINISHED):
+        return RequestRecord("r", "a", "t", "m", 0.0, 0.0, ttft, finished, 10, 5, outcome, slo)
+
+    free = record(500.0, 600.0, None)  # ten minutes to a first token, and no SLO to miss
+    e2e_only = record(0.5, 2.0, SLO(e2e=4.0))
+    missed = record(3.0, 4.0, SLO(ttft=1.0))
+    for metric in (policies.slo_attainment, policies.goodput, policies.esg):
+        assert math.isnan(metric([free, free])), metric.__name__
+    assert math.isnan(policies.goodput([free, e2e_only]))  # no TTFT or TPOT SLO to check
+    assert policies.slo_attainment([free, e2e_only, missed]) == pytest.approx(1 / 2)
+    assert policies.goodput([free, e2e_only, missed]) == 0.0
+    assert policies.esg([free, e2e_only]) == 1.0
+    assert math.isnan(policies.esg([missed]))  # a TTFT SLO alone sets no time-to-last-token target
+
+
+def test_the_table_shows_a_dash_where_a_metric_is_undefined():
+    row = {"slo_attainment": None, "goodput": None, "jain_safi": 0.9, "gap_over_2u": 0.05, "ttft_p99": 591.3,
+           "esg": None}
+    assert [column._cells[0] for column in policies.render({"fcfs": row}).columns] == [
+        "fcfs", "—", "—", "0.900", "0.05", "591.30 s", "—"]

@@ -193,6 +193,73 @@ def test_cli_run_table_and_compare(tiny, tmp_path, capsys):
     assert "hmfs" in capsys.readouterr().out
 
 
+def test_tables_printed_to_a_pipe_keep_every_column_whole(tiny, tmp_path, capsys):
+    deep = tmp_path / "a-folder-with-a-long-name" / "and-another-one-below-it"
+    assert main(["bench", "run", str(tiny), "--policies", "fcfs,hmfs", "--out", str(deep)]) == 0
+    assert main(["bench", "compare", str(deep / "tiny" / "summary.json"), str(deep / "tiny" / "hmfs.json")]) == 0
+    out = capsys.readouterr().out  # captured: stdout is not a terminal
+    assert "…" not in out
+    header = next(line for line in out.splitlines() if "scenario" in line)
+    for column in ("file", "scenario", "engine", "policy", "finished", "SLO met", "goodput", "TTFT p99 (s)",
+                   "TPOT p99 (s)", "tok/s", "Jain (SAFI)", "gap / 2U", "ESG"):
+        assert column in header, column  # every header on one line, none cut short
+    assert sum(str(deep / "tiny" / "summary.json") in line for line in out.splitlines()) == 2
+    assert main(["bench", "scenarios"]) == 0
+    listed = capsys.readouterr().out
+    assert all(description.splitlines()[0] in listed for description in spec.builtin_scenarios().values())
+
+
+NO_SLOS = """
+name: crowd
+description: Twelve apps of one agent each, no SLOs, one overloaded model.
+duration: 5
+seed: 0
+models:
+  chat: {max_running: 4, kv_capacity: 4096}
+apps:
+  app:
+    count: 12
+    agents:
+      bot:
+        model: chat
+        arrival: {process: poisson, rate: 6}
+        prompt: {dist: uniform, low: 50, high: 200}
+        output: {dist: uniform, low: 20, high: 80}
+"""
+
+
+def test_without_slos_the_slo_metrics_are_undefined_and_not_drawn(tmp_path, capsys):
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    path = tmp_path / "crowd.yaml"
+    path.write_text(NO_SLOS)
+    result = suite.run_scenario(path, ["fcfs", "vtc"], out=tmp_path / "out", progress=False)
+    for row in result["policies"].values():
+        assert {k: row[k] for k in ("slo_attainment", "slo_violation_rate", "goodput", "esg")} == dict.fromkeys(
+            ("slo_attainment", "slo_violation_rate", "goodput", "esg"))
+        assert row["ttft_p99"] > 1 and row["finished"] == row["requests"]  # late, and nothing to measure it against
+    folder = tmp_path / "out" / "crowd"
+    timeline = json.loads((folder / "vtc.json").read_text())["requests"]
+    assert all(r["slo"] is None and r["slo_met"] is None for r in timeline)
+    fcfs = next(line for line in (folder / "summary.md").read_text().splitlines() if line.startswith("| fcfs |"))
+    assert fcfs.split(" | ")[4:6] == ["—", "—"] and fcfs.endswith("| — |")  # SLO met, goodput; ESG
+    # two panels (TTFT p99 and Jain's index) of 3.2 inches at 100 dpi; with SLOs all five
+    with Image.open(folder / "metrics.png") as image:
+        assert image.width == 2 * 320
+    assert main(["bench", "run", str(path), "--policies", "fcfs"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "│ fcfs" in line)
+    assert [cell.strip() for cell in row.split("│")[3:5]] == ["—", "—"]  # SLO met, goodput
+
+    built = spec.build(spec.load_scenario(path))
+    run = simulate(built.workload, "vtc", built.engines, apps=built.apps)
+    fig = Figure()
+    plots._plot_service(fig, result, {"vtc": run})
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert len(legend) == plots.SERVICE_LINES - 1 + 2 and legend[-2:] == [
+        "5 other apps: least to most served", "5 other apps: mean"]  # seven apps drawn, five as a band
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["bench", "run", "TINY", "--policies", "fcfs,nope"], "unknown policy 'nope'"),
     (["bench", "run", "no-such-scenario"], "unknown scenario 'no-such-scenario'"),

@@ -213,3 +213,121 @@ def test_a_malformed_weights_file_is_refused():
     for bad in ({"apps": {"search": 2}}, {"apps": {"search": {"wieght": 2}}}):
         with pytest.raises(fa.InvalidParameterError, match="takes"):
             Weights(bad)
+
+
+BAD_ARGS = [
+    {"fairagents_app_weight": -3},
+    {"fairagents_app_weight": "heavy"},
+    {"fairagents_agent_weight": float("nan")},
+    {"fairagents_agent_weight": float("inf")},
+    {"fairagents_app_weight": 0},
+    {"fairagents_app_weight": True},
+    {"fairagents_app_weight": "2"},
+    {"fairagents_app": 5},
+    {"fairagents_app": ["a"]},
+    {"fairagents_agent": ""},
+    {"fairagents_agent": "x" * 129},
+    {"fairagents_wieght": 2},
+]
+
+
+@pytest.mark.parametrize("args", BAD_ARGS, ids=repr)
+def test_invalid_fairagents_arguments_are_refused_at_the_door(args):
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.sample.logits_processor import validate_logits_processors_parameters
+    from vllm.v1.worker.gpu.sample.logits_processor import build_custom_logits_processors_params_validator
+
+    from fairagents.engines.fair_args import check_args
+
+    with pytest.raises(fa.InvalidParameterError, match=f"vllm_xargs: .*{next(iter(args))}"):
+        check_args(args)
+    assert issubclass(fa.InvalidParameterError, ValueError)  # vLLM answers a ValueError from validate_params with 400
+    # Both of vLLM's loaders take the class by the name the guide gives, and refuse the request.
+    name = "fairagents.vllm:FairArgsValidator"
+    params = SamplingParams(extra_args={"fairagents_app": "a", **args})
+    with pytest.raises(VLLMValidationError):
+        validate_logits_processors_parameters([name], params)  # the V1 model runner's (a CPU's)
+    with pytest.raises(VLLMValidationError):
+        build_custom_logits_processors_params_validator([name])(params)  # the V2 model runner's
+
+
+def test_valid_arguments_pass_and_the_validator_leaves_logits_alone():
+    import torch
+
+    from fairagents.engines.fair_args import check_args
+    from fairagents.vllm import FairArgsValidator
+
+    check_args(None)
+    check_args({"fairagents_app": "search", "fairagents_agent": "planner", "fairagents_app_weight": 2,
+                "fairagents_agent_weight": 0.5, "other_processor_arg": "anything"})
+    v1 = FairArgsValidator(None, torch.device("cpu"), False)
+    logits = torch.randn(2, 8)
+    assert v1.apply(logits) is logits and v1.is_argmax_invariant()
+    v2 = FairArgsValidator(None, object())
+    assert v2.add_request(0, SamplingParams()) is False and v2.apply(logits, None) is logits
+
+
+def test_a_scheduler_knows_whether_its_requests_are_checked():
+    from types import SimpleNamespace
+
+    from fairagents.vllm import FairArgsValidator
+
+    def config(*named):
+        return SimpleNamespace(model_config=SimpleNamespace(logits_processors=list(named) or None))
+
+    assert FairArgsValidator.configured(config("fairagents.vllm:FairArgsValidator"))
+    assert FairArgsValidator.configured(config(FairArgsValidator))
+    assert not FairArgsValidator.configured(config())
+    assert not FairArgsValidator.configured(config("other.module:Processor"))
+
+
+def test_counters_keep_service_per_model_app_and_agent():
+    counters = FairCounters()
+    counters.register("text", fa.ModelProfile(d_model=4096, n_layers=1))
+    counters.register("small", fa.ModelProfile(d_model=1024, n_layers=1))
+    planner, critic = fa.Agent("planner", fa.App("a")), fa.Agent("critic", fa.App("a"))
+    counters.charge(planner, "text", prompt=10, output=5)
+    counters.charge_outputs("small", [(planner, 4), (critic, 8)])
+    assert counters.service == {("text", "a", "planner"): 20.0, ("small", "a", "planner"): 2.0,
+                                ("small", "a", "critic"): 4.0}
+    assert counters.charged == {"a": 26.0}
+
+
+def test_metrics_report_service_queues_and_weights_with_bounded_labels():
+    from prometheus_client import CollectorRegistry
+
+    from fairagents.engines.fair_metrics import OVERFLOW, SchedulerMetrics
+
+    registry = CollectorRegistry()
+    now = [0.0]
+    metrics = SchedulerMetrics("chat", "0", max_apps=2, max_agents=1, interval=0.5, registry=registry,
+                               clock=lambda: now[0])
+
+    def sample(name, app, agent=None):
+        labels = {"model_name": "chat", "engine": "0", "app": app, **({"agent": agent} if agent else {})}
+        return registry.get_sample_value(name, labels)
+
+    a1, a2 = fa.Agent("planner", fa.App("a", weight=2)), fa.Agent("critic", fa.App("a", weight=2))
+    b1, c1 = fa.Agent("w", fa.App("b"), weight=3), fa.Agent("w", fa.App("c"))
+    for agent in (a1, a2, b1, c1):
+        metrics.observe(agent)
+    assert [metrics.labels(x) for x in (a1, a2, b1, c1)] == [("a", "planner"), ("a", OVERFLOW), ("b", "w"),
+                                                             (OVERFLOW, OVERFLOW)]
+    assert metrics.due()
+    metrics.publish([("a", "planner", 10.0), ("a", "critic", 4.0), ("b", "w", 6.0), ("c", "w", 1.0)],
+                    [(a1, True), (a2, False), (c1, False), (c1, False)])
+    assert not metrics.due()
+    assert sample("fairagents_service_unified_tokens_total", "a", "planner") == 10.0
+    assert sample("fairagents_service_unified_tokens_total", "a", OVERFLOW) == 4.0
+    assert sample("fairagents_service_unified_tokens_total", OVERFLOW, OVERFLOW) == 1.0
+    assert sample("fairagents_running_requests", "a", "planner") == 1.0
+    assert sample("fairagents_queued_requests", OVERFLOW, OVERFLOW) == 2.0
+    assert sample("fairagents_app_weight", "a") == 2.0 and sample("fairagents_agent_weight", "b", "w") == 3.0
+    assert sample("fairagents_app_weight", OVERFLOW) is None  # no weight for a crowd
+    now[0] = 1.0
+    metrics.publish([("a", "planner", 15.0), ("a", "critic", 4.0)], [])  # totals: only the growth is added
+    assert sample("fairagents_service_unified_tokens_total", "a", "planner") == 15.0
+    assert sample("fairagents_running_requests", "a", "planner") == 0.0  # idle: back to 0
+    assert sample("fairagents_queued_requests", OVERFLOW, OVERFLOW) == 0.0
+    series = {s.labels["app"] for m in registry.collect() for s in m.samples}
+    assert series == {"a", "b", OVERFLOW}

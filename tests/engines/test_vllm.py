@@ -240,9 +240,9 @@ async def test_fairness_on_the_real_engine(text_engine, policy):
         assert gap > 2 * bound and bigger > 1.5 * gap
 
 
-async def test_a_model_that_cannot_load_is_an_engine_error():
+async def test_a_model_that_cannot_load_is_a_model_load_error():
     engine = VLLMEngine(model="/nonexistent/model", kv_cache_bytes=2**20)
-    with pytest.raises(fa.EngineError):
+    with pytest.raises(fa.ModelLoadError, match="no folder '/nonexistent/model'"):  # an EngineError too
         await engine.start()
     assert not engine.healthy
 

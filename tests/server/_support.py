@@ -75,3 +75,25 @@ class FakePainter(FakeEngine):
     async def generate(self, request_id, prompt, params):
         size, n = prompt.data
         yield Delta(params.max_tokens, "", "stop", images=tuple(Image.new("RGB", size) for _ in range(n)))
+
+
+GUIDE_POLICY = "docs/snippets/custom_policy.py"
+"""The policy of the writing-a-policy guide, which the server tests serve as ``module:Class``."""
+
+
+def write_guide_policy(folder, module="guide_policy"):
+    """Write the guide's policy class (its imports and class, not its simulation) as ``folder/module.py``.
+
+    Returns its ``module:Class`` (the snippet's one ``BasePolicy`` subclass); ``folder`` must be on
+    ``sys.path`` to import it.
+    """
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / GUIDE_POLICY).read_text()
+    tree = ast.parse(source)
+    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    [policy] = [node for node in tree.body if isinstance(node, ast.ClassDef)
+                and any(ast.unparse(base).endswith("BasePolicy") for base in node.bases)]
+    (Path(folder) / f"{module}.py").write_text(ast.unparse(ast.Module([*imports, policy], type_ignores=[])) + "\n")
+    return f"{module}:{policy.name}"

@@ -346,6 +346,49 @@ async def test_the_fairness_view_tells_a_met_demand_from_a_backlog():
     assert after["apps"]["studio"]["done"] == 3 and after["apps"]["driving"]["done"] == 1
 
 
+async def test_entitlements_count_the_active_apps_and_a_shortfall_must_pass_the_tolerance():
+    """Five apps declared, two busy: each busy app is entitled to half, not a fifth; an even split is no shortfall,
+    a share short of the entitlement by less than the tolerance neither, one short by more is."""
+    arbiter, engine = fake(in_flight=2, manual=True)
+    names = ("driving", "studio", "idle-1", "idle-2", "idle-3")
+    apps = {name: {"api_key": f"sk-test-{name}"} for name in names}
+    async with live(arbiter, make_config(apps)) as (url, gateway):
+        gateway.view.max_age = 0
+        async with client(url, "sk-test-driving") as c, client(url, "sk-test-studio") as s, \
+                httpx.AsyncClient(base_url=url) as http:
+            calls = [asyncio.create_task(x.chat.completions.create(model="chat", messages=MSG)) for x in (c, s, c, s)]
+            await wait_until(lambda: len(engine.running) == 2 and arbiter.policy.queued() == 2)
+            running = {t.request.agent_key[0]: t.request.id for t in arbiter.dispatcher.tickets() if t.dispatched}
+            assert set(running) == {"driving", "studio"}  # one of each runs, one of each waits
+
+            async def fairness(**tokens):
+                for app, n in tokens.items():
+                    engine.emit(running[app], n)
+                await asyncio.sleep(0.01)
+                return (await http.get("/v1/fairness")).json()["apps"]
+
+            even = await fairness(driving=10, studio=10)
+            close = await fairness(driving=1)  # studio 23 of 48 unified tokens: 47.9 % against 50 %
+            short = await fairness(driving=4)  # studio 23 of 56: 41.1 % against 50 %
+            ended: set[str] = set()
+            while not all(call.done() for call in calls):
+                for request_id in set(engine.running) - ended:
+                    engine.emit(request_id, 1, finish="stop")
+                    ended.add(request_id)
+                await asyncio.sleep(0.005)
+            await asyncio.gather(*calls)
+    for name in names[2:]:
+        idle = even[name]
+        assert (idle["active"], idle["entitled_share"], idle["below_entitlement"], idle["weight_share"]) == (
+            False, None, False, 0.2)
+    for name in names[:2]:
+        assert (even[name]["active"], even[name]["entitled_share"], even[name]["recent_share"]) == (True, 0.5, 0.5)
+        assert even[name]["queued"] == 1 and not even[name]["below_entitlement"]  # 50.0 % of 50.0 %
+    assert close["studio"]["recent_share"] == pytest.approx(23 / 48) and not close["studio"]["below_entitlement"]
+    assert short["studio"]["recent_share"] == pytest.approx(23 / 56) and short["studio"]["below_entitlement"]
+    assert not short["driving"]["below_entitlement"]
+
+
 async def test_an_observer_key_guards_the_views():
     arbiter, _ = fake()
     async with live(arbiter, make_config(observer_key="sk-observer")) as (url, _):
@@ -397,9 +440,9 @@ async def test_a_pool_limit_shows_in_the_fairness_view_and_metrics():
     assert _samples(metrics, "fairagents_pool_in_flight_limit") == {(): 1}
 
 
-@pytest.mark.parametrize(("cap", "expected"), [(None, 64 - 3), (10, 10)])
+@pytest.mark.parametrize(("cap", "expected"), [("context", 64 - 3), (1024, 64 - 3), (10, 10)])
 async def test_a_chat_without_max_tokens_fits_the_token_budget(cap, expected):
-    """Without max_tokens a chat may fill the context, but never more than the model's KV budget holds."""
+    """Without max_tokens a chat gets the default, or fills the context, but never more than the model's KV budget holds."""
     arbiter, engine = fake(token_capacity=64, tokens_per_reply=1000)
     async with live(arbiter, make_config(default_max_tokens=cap)) as (url, _), client(url) as c:
         reply = await c.chat.completions.create(model="chat", messages=MSG)
@@ -438,3 +481,99 @@ async def test_every_policy_name_serves_through_the_server(policy):
         replies = await asyncio.gather(*(who.chat.completions.create(model="chat", messages=MSG, max_tokens=4)
                                          for who in (c, s, c, s)))
     assert [r.usage.completion_tokens for r in replies] == [3, 3, 3, 3]
+
+
+def _asgi(arbiter, config, key=KEYS["driving"]):
+    """An HTTP client of the ASGI app itself (no socket), with ``key``."""
+    from fairagents.server import create_app
+
+    transport = httpx.ASGITransport(app=create_app(arbiter, config))
+    return httpx.AsyncClient(transport=transport, base_url="http://fairagents", headers={"Authorization": f"Bearer {key}"})
+
+
+def _chat(**fields):
+    return {"model": "chat", "messages": MSG, **fields}
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", _chat(max_tokens=0), "max_tokens"),
+    ("/v1/chat/completions", _chat(max_completion_tokens=-1), "max_completion_tokens"),
+    ("/v1/chat/completions", _chat(temperature=5), "temperature"),
+    ("/v1/chat/completions", _chat(temperature=False), "temperature"),
+    ("/v1/chat/completions", _chat(top_p=0), "top_p"),
+    ("/v1/chat/completions", _chat(presence_penalty=-3), "presence_penalty"),
+    ("/v1/chat/completions", _chat(seed=2**64), "seed"),
+    ("/v1/chat/completions", _chat(stop=[""]), "stop"),
+    ("/v1/chat/completions", _chat(logit_bias={"x": 1}), "logit_bias"),
+    ("/v1/chat/completions", _chat(n=0), "n"),
+    ("/v1/chat/completions", _chat(echo=True), "echo"),
+    ("/v1/chat/completions", _chat(top_logprobs=2), "top_logprobs"),
+    ("/v1/chat/completions", _chat(tool_choice="required"), "tool_choice"),
+    ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "a b"}}]), "tools[0].function.name"),
+    ("/v1/chat/completions", _chat(response_format={"type": "xml"}), "response_format"),
+    ("/v1/chat/completions", _chat(stream_options={"include_usage": "yes"}), "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": MSG}, "model"),
+    ("/v1/chat/completions", _chat(model="image"), "model"),
+    ("/v1/chat/completions", _chat(messages=[]), "messages"),
+    ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+    ("/v1/chat/completions", _chat(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role"),
+    ("/v1/chat/completions", _chat(messages=[*MSG, {"role": "tool", "content": "42"}]), "messages[1].tool_call_id"),
+    ("/v1/chat/completions", _chat(messages=[*MSG, {"role": "user", "content": [{"type": "audio"}]}]),
+     "messages[1].content"),
+    ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]), "messages[0].content"),
+    ("/v1/chat/completions", _chat(max_tokens=100), "messages"),  # the prompt and max_tokens outgrow the context
+    ("/v1/completions", {"model": "chat", "prompt": "once upon", "max_tokens": 100}, "prompt"),
+    ("/v1/completions", {"model": "chat", "prompt": [1, 5000], "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"model": "chat", "prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"model": "chat", "prompt": "a", "logprobs": 9}, "logprobs"),
+    ("/v1/images/generations", {"model": "chat", "prompt": "a red car"}, "model"),
+    ("/v1/images/generations", {"model": "image", "prompt": "a red car", "response_format": "url"}, "response_format"),
+])
+async def test_a_400_names_the_request_field_it_is_about_in_param(path, body, param):
+    from ._support import FakePainter
+
+    arbiter, engine = fake(max_model_len=32, vocab_size=1000)
+    arbiter.add_model("image", FakePainter())
+    async with arbiter, _asgi(arbiter, make_config()) as http:
+        response = await http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+    nothing_ran(arbiter, engine)
+
+
+async def test_an_unknown_model_names_the_model_param():
+    arbiter, _ = fake()
+    async with arbiter, _asgi(arbiter, make_config()) as http:
+        response = await http.post("/v1/chat/completions", json=_chat(model="chta"))
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+async def test_default_max_tokens_the_requests_own_then_its_apps_then_the_servers_clipped_to_the_context():
+    arbiter, _ = fake(tokens_per_reply=10_000, max_model_len=64)  # it runs to max_tokens; 3 prompt tokens
+    apps = {"driving": {"api_key": KEYS["driving"]},
+            "studio": {"api_key": KEYS["studio"], "default_max_tokens": 7},
+            "essays": {"api_key": "sk-essays", "default_max_tokens": "context"}}
+
+    async def produced(config, key=KEYS["driving"], path="/v1/chat/completions", **fields):
+        async with _asgi(arbiter, config, key) as http:
+            body = _chat(**fields) if path.endswith("chat/completions") else {"model": "chat", "prompt": "a b", **fields}
+            response = await http.post(path, json=body)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["completion_tokens"]
+
+    async with arbiter:
+        served = make_config(apps=apps, default_max_tokens=20)
+        assert await produced(served) == 20  # the server's
+        assert await produced(served, path="/v1/completions") == 20
+        assert await produced(served, KEYS["studio"]) == 7  # the app's own
+        assert await produced(served, "sk-essays") == 64 - 3  # the app's own: the rest of the context
+        assert await produced(served, KEYS["studio"], max_tokens=9) == 9  # the request's own
+        assert await produced(make_config(apps=apps), KEYS["studio"], max_completion_tokens=11) == 11
+    arbiter, _ = fake(tokens_per_reply=10_000, max_model_len=64)
+    async with arbiter:
+        assert await produced(make_config(apps=apps)) == 64 - 3  # 1024 does not fit: clipped to the context
+    arbiter, _ = fake(tokens_per_reply=10_000)
+    async with arbiter:
+        assert await produced(make_config(apps=apps)) == 1024  # the server's default

@@ -185,3 +185,93 @@ def test_a_model_on_remote_replicas():
         Config.model_validate({"models": {"chat": {"engine": "openai", "urls": ["http://x/v1"]}}})
     with pytest.raises(ValidationError, match="urls are for"):
         Config.model_validate({"models": {"chat": {"urls": ["http://x/v1"]}}})
+
+
+def test_every_commented_line_of_the_guides_configuration_is_valid_once_uncommented(tmp_path, monkeypatch):
+    """Each ``# key = value`` of the guide's configuration works as written when a reader uncomments it, all at once."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "server.md").read_text()
+    toml = re.search(r"```toml\n(.*?)```", guide, re.S).group(1)
+    commented = [line for line in toml.splitlines() if line.lstrip().startswith("#")]
+    assert len(commented) > 10  # the examples are there
+    uncommented = re.sub(r"^(\s*)# ?", r"\1", toml, flags=re.M)
+    tomllib.loads(uncommented)  # each line alone: the test below, over every page
+    (tmp_path / "serve.toml").write_text(uncommented)
+    for name in re.findall(r'api_key_env = "(\w+)"', uncommented):
+        monkeypatch.setenv(name, f"sk-{name.lower()}")
+    config = load_config(tmp_path / "serve.toml")
+    assert config.apps["flood"].max_in_flight_share == 0.25 and config.apps["flood"].default_max_tokens == 256
+    assert (config.restart.attempts, config.admission.band, config.d_base) == (5, (0.8, 0.95), 4096)
+    assert config.server.default_max_tokens == 1024
+
+
+def test_a_policy_of_your_own_is_read_as_module_and_class(tmp_path, monkeypatch):
+    from fairagents.testing import FakeEngine
+
+    from ._support import write_guide_policy
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = write_guide_policy(tmp_path, "guide_policy_config")
+    (tmp_path / "serve.toml").write_text(f'policy = "{spec}"\n[server]\nauth = false\n')
+    config = load_config(tmp_path / "serve.toml")
+    assert config.policy == spec
+    arbiter = build_arbiter(config, engines={"chat": FakeEngine()})
+    assert arbiter.policy.name == "ttft-deadline" and type(arbiter.policy).__module__ == "guide_policy_config"
+
+
+@pytest.mark.parametrize(("module", "policy", "message"), [
+    (None, "no_such_module_here:Policy", "policy 'no_such_module_here:Policy': no module named 'no_such_module_here'"),
+    ("import no_such_dependency_here\n", "{m}:Policy", "importing '{m}' failed: ModuleNotFoundError: No module named"),
+    ("x = (\n", "{m}:Policy", "importing '{m}' failed: SyntaxError"),
+    ("", "{m}:Policy", "policy '{m}:Policy': module '{m}' has no attribute 'Policy'"),
+    ("def Policy():\n    raise RuntimeError('no GPU here')\n", "{m}:Policy", "Policy() failed: RuntimeError: no GPU here"),
+    ("Policy = 3\n", "{m}:Policy", "Policy is not a class or factory, it is 3"),
+    ("class Policy:\n    pass\n", "{m}:Policy", "Policy() returned Policy, not a policy"),
+    (None, "{m}:", "a policy is a name (adaptive, duet"),
+])
+def test_a_policy_that_does_not_import_or_build_is_a_one_line_error_naming_what_failed(
+    tmp_path, monkeypatch, module, policy, message,
+):
+    name = f"bad_policy_{abs(hash((module, policy))) % 10**8}"
+    if module is not None:
+        (tmp_path / f"{name}.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "serve.toml").write_text(f'policy = "{policy.format(m=name)}"\n[server]\nauth = false\n')
+    with pytest.raises(fa.InvalidParameterError) as info:
+        load_config(tmp_path / "serve.toml")
+    text = str(info.value)
+    assert message.format(m=name) in text and "\n" not in text and text.startswith(f"{tmp_path / 'serve.toml'}: policy: ")
+
+
+def test_default_max_tokens_of_the_server_and_of_an_app():
+    config = Config.model_validate({"apps": {
+        "a": {"api_key": "ka"}, "b": {"api_key": "kb", "default_max_tokens": 64},
+        "c": {"api_key": "kc", "default_max_tokens": "context"}}})
+    assert config.server.default_max_tokens == 1024  # the server's default; the library's is the context
+    assert [config.apps[n].default_max_tokens for n in "abc"] == [None, 64, "context"]
+    assert Config.model_validate({"server": {"auth": False, "default_max_tokens": "context"}}).server.default_max_tokens \
+        == "context"
+    for bad in (0, "all", 1.5):
+        with pytest.raises(ValidationError, match="default_max_tokens"):
+            Config.model_validate({"server": {"auth": False, "default_max_tokens": bad}})
+
+
+def test_every_commented_line_of_a_configuration_in_the_docs_is_toml_once_uncommented():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    seen = 0
+    for page in sorted(docs.rglob("*.md")):
+        for block in re.findall(r"```toml\n(.*?)```", page.read_text(), re.S):
+            for line in (line for line in block.splitlines() if line.lstrip().startswith("#")):
+                seen += 1
+                try:
+                    tomllib.loads(re.sub(r"^(\s*)# ?", r"\1", line))
+                except tomllib.TOMLDecodeError as err:
+                    raise AssertionError(f"{page.relative_to(docs)}: not TOML once uncommented: {line!r} ({err})") from None
+    assert seen > 10

@@ -1,6 +1,7 @@
 """The live fairness page in headless Chromium: it shows each app's bar, and marks whose demand is met."""
 
 import asyncio
+import colorsys
 import re
 import shutil
 
@@ -44,8 +45,23 @@ def test_the_page_renders_demand_met_and_backlogged():
 
     html = page()
     assert "s.demand_met" in html and '"demand met"' in html and '"backlogged"' in html
+    assert "s.below_entitlement" in html and "s.active" in html and "weight_share" not in html  # the server's rule
     assert 'data-demand="${d.cls}"' in html and 'opacity="${d.opacity}"' in html  # on the bars
     assert "pct(s.backlogged)" in html  # in the table
+
+
+def test_red_means_a_shortfall_and_never_an_app():
+    """The apps' colours keep clear of the alert colour (and of red, pink and the healthy green altogether)."""
+    from fairagents.server.dashboard import page
+
+    html = page()
+    palette = re.search(r"const PALETTE = \[([^\]]+)\]", html).group(1)
+    colors = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in re.findall(r'"(#[0-9a-f]{6})"', palette)]
+    bad, ok = (re.search(rf"--{name}:(#[0-9a-f]{{6}})", html).group(1) for name in ("bad", "ok"))
+    assert len(colors) == 10 and bad not in palette and ok not in palette
+    for color in colors:
+        hue = 360 * colorsys.rgb_to_hsv(*(c / 255 for c in color))[0]
+        assert 15 < hue < 330 and not 80 < hue < 160, (color, hue)  # no red or pink, no green
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
@@ -87,11 +103,13 @@ async def test_the_dashboard_shows_each_app_s_share_after_traffic(tmp_path):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
 async def test_the_dashboard_marks_an_app_whose_demand_is_met(tmp_path):
-    """driving's one request runs, nothing of it waits: demand met, muted; flood waits below its entitlement."""
+    """driving's one request runs, nothing of it waits: demand met, muted; flood waits below its entitlement;
+    spare is declared and sends nothing: idle, muted, and left out of the entitlements."""
     engine = FakeEngine(manual=True)
     arbiter = fa.Arbiter(in_flight=2)
     arbiter.add_model("chat", engine)
-    async with live(arbiter, Config.model_validate({"server": {"auth": False}})) as (url, gateway):
+    config = Config.model_validate({"server": {"auth": False}, "apps": {"spare": {}}})
+    async with live(arbiter, config) as (url, gateway):
         gateway.view.max_age = 0
         async with httpx.AsyncClient(base_url=url) as http:
 
@@ -117,11 +135,16 @@ async def test_the_dashboard_marks_an_app_whose_demand_is_met(tmp_path):
             assert all(r.status_code == 200 for r in await asyncio.gather(*calls))
 
     assert 'data-ready="1"' in dom
-    bar = r'class="bar" data-app="(\w+)" data-share="[\d.]+" data-demand="(\w+)"[^>]* opacity="([\d.]+)"'
-    assert {app: (demand, opacity) for app, demand, opacity in re.findall(bar, dom)} == {
-        "driving": ("met", "0.35"), "flood": ("under", "1")}  # muted, and full colour
-    label = r'class="demand (\w+)" data-app="(\w+)">([\w ]+)<'
+    bar = r'class="bar( short)?" data-app="(\w+)" data-share="[\d.]+" data-demand="(\w+)"[^>]* opacity="([\d.]+)"'
+    assert {app: (short, demand, opacity) for short, app, demand, opacity in re.findall(bar, dom)} == {
+        "driving": ("", "met", "0.35"), "flood": (" short", "under", "1"), "spare": ("", "idle", "0.35")}
+    label = r'class="demand (\w+)" data-app="(\w+)">([^<]+)<'
     assert {app: (cls, text) for cls, app, text in re.findall(label, dom)} == {
-        "driving": ("met", "demand met"), "flood": ("under", "backlogged")}
-    rows = re.findall(r'<tr class="app"><td>(\w+)</td>.*?<td class="(\w+)" title="[^"]*">([\w ]+)</td>', dom)
-    assert rows == [("driving", "met", "demand met"), ("flood", "under", "backlogged")]
+        "driving": ("met", "demand met"), "flood": ("under", "▼ below entitlement"), "spare": ("idle", "idle")}
+    # entitled among the two active apps, not the three declared; the idle one has no entitlement line
+    assert dict(re.findall(r'data-app="(\w+)" data-entitled="([\d.]*)"', dom)) == {
+        "driving": "0.5", "flood": "0.5", "spare": ""}
+    assert sorted(re.findall(r'class="entitled" data-app="(\w+)"', dom)) == ["driving", "flood"]
+    rows = re.findall(r'<tr class="app"><td>(\w+)</td>.*?<td class="(\w+)" title="[^"]*">([^<]+)</td>', dom)
+    assert rows == [
+        ("driving", "met", "demand met"), ("flood", "under", "▼ below entitlement"), ("spare", "idle", "idle")]

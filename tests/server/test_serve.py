@@ -170,3 +170,71 @@ def test_main_checks_its_arguments_before_starting_anything(tmp_path):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+async def test_an_idle_server_exits_soon_after_sigterm_and_logs_its_drain_as_info(tmp_path):
+    """``fairagents serve`` with a policy of its own (the guide's, as module:Class), in front of a replica here.
+
+    The replica is a fairagents server on a FakeEngine in this process, so the server under
+    test runs no engine of its own; its clients keep their connections open, as a dashboard does.
+    """
+    import shutil
+
+    from fairagents.server import Config, create_app, running
+    from fairagents.testing import FakeEngine
+
+    from ._support import write_guide_policy
+
+    replica = fa.Arbiter()
+    replica.add_model("chat", FakeEngine())
+    policy = write_guide_policy(tmp_path, "served_policy")  # imported from the directory it runs in
+    (tmp_path / "serve.toml").write_text(
+        '[server]\nauth = false\nport = 0\n[models.chat]\nengine = "openai"\nurls = ["{url}/v1"]\n'
+        "d_model = 64\nn_layers = 2\ntoken_capacity = 4096\n")
+    command = shutil.which("fairagents", path=str(Path(sys.executable).parent)) or "fairagents"
+    async with replica, running(create_app(replica, Config.default())) as replica_url:
+        (tmp_path / "serve.toml").write_text((tmp_path / "serve.toml").read_text().replace("{url}", replica_url))
+        process = await asyncio.create_subprocess_exec(
+            command, "-v", "serve", "--config", "serve.toml", "--policy", policy, cwd=tmp_path,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        try:
+            lines = []
+            while not lines or "fairagents: serving chat on" not in lines[-1]:
+                line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+                assert line, "".join(lines)
+                lines.append(line)
+            assert "(policy served_policy:EarliestDeadlineFirst;" in lines[-1], lines[-1]
+            url = lines[-1].split(" on ")[1].split("/v1")[0]
+            async with httpx.AsyncClient(base_url=url) as http:  # kept open across the signal
+                assert (await http.get("/health")).json()["status"] == "ok"
+                assert (await http.get("/v1/fairness")).status_code == 200
+                started = time.monotonic()
+                process.send_signal(signal.SIGTERM)
+                _, rest = await asyncio.wait_for(process.communicate(), 30)
+                took = time.monotonic() - started
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert process.returncode == 0 and took < 5, f"SIGTERM to exit: {took:.2f} s"
+    [drain] = [line for line in rest.decode().splitlines() if "fairagents.server.draining" in line]
+    assert "[info" in drain, drain  # a normal shutdown is no warning
+
+
+def test_the_command_lines_options_override_the_configuration(tmp_path, monkeypatch):
+    from fairagents.server import Config
+    from fairagents.server.serve import with_options
+
+    from ._support import write_guide_policy
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policy = write_guide_policy(tmp_path, "option_policy")
+    config = with_options(Config.default(), host="0.0.0.0", port=9000, policy=policy, model="/models/qwen")
+    assert (config.server.host, config.server.port, config.policy) == ("0.0.0.0", 9000, policy)
+    assert config.models["chat"].path == "/models/qwen" and with_options(config) == config
+    two = Config.model_validate({"server": {"auth": False}, "models": {"chat": {}, "vision": {"engine": "vision"}}})
+    with pytest.raises(fa.InvalidParameterError, match=r"--model: the configuration serves 2 models \(chat, vision\)"):
+        with_options(two, model="/models/qwen")
+    with pytest.raises(fa.InvalidParameterError, match="--policy: policy 'option_policy:Nope': module 'option_policy' "
+                                                       "has no attribute 'Nope'"):
+        with_options(Config.default(), policy="option_policy:Nope")

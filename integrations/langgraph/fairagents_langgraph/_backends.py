@@ -5,8 +5,10 @@ Both speak in :class:`Call` and :class:`Piece`, whole or streamed, from async co
 :meth:`stream_sync`), so the chat model above them is the same. An arbiter is called
 through a :class:`~fairagents.Portal`, from whatever loop or thread the caller is on. A
 server is reached with the stock ``openai`` client: the app's API key as the bearer
-token, the agent in ``X-Fairagents-Agent`` (and the app in ``X-Fairagents-App`` when the
-server runs without keys).
+token, the agent in ``X-Fairagents-Agent`` with the weight and SLO it states, which the
+server declares it with (``X-Fairagents-Agent-Weight``, ``X-Fairagents-Agent-Slo``; see
+:func:`fairagents.identity.identity_headers`), and the app in ``X-Fairagents-App`` when the
+server runs without keys.
 
 Examples:
     >>> call = Call("chat", [{"role": "user", "content": "hi"}], {"max_tokens": 8}, agent=None)

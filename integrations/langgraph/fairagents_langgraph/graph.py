@@ -124,7 +124,8 @@ def fair_graph(graph: G, app: AppHandle | str) -> G:
             declared the first time the node runs (weight 1, or the node's
             ``metadata={"fairagents_weight": ...}``; an agent declared beforehand keeps its
             settings); or the app's name, for a graph whose calls go to a fairagents
-            server, which declares agents itself.
+            server, which declares each node's agent at its first request (with the node's
+            ``fairagents_weight``, sent in ``X-Fairagents-Agent-Weight``).
 
     Returns:
         A graph of the same type; the original is left as it was.
@@ -208,8 +209,8 @@ class _ActingAsNode(Runnable[Any, Any]):
 
 
 def _declare(app: AppHandle | App, name: str, weight: Any) -> Agent:
-    if isinstance(app, App):  # calls go to a server, which declares agents from their headers
-        return Agent(name, app, weight=1.0 if weight is None else weight)
+    if isinstance(app, App):  # calls go to a server, which declares agents from their headers (the weight's too)
+        return Agent(name, app) if weight is None else Agent(name, app, weight=weight)
     try:
         return app.agent(name, weight=1.0 if weight is None else weight).identity
     except InvalidParameterError:

@@ -38,8 +38,12 @@ from fairagents.images import parse_size
 from fairagents.portal import Portal
 from fairagents.reply import Reply, TokenLogprob
 from fairagents.tools import OutputSpec, output_reader
+from fairagents_openai._errors import openai_errors
 
-__all__ = ["ChatCompletionStream", "chat_completion", "chat_params", "generate_image", "given"]
+__all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "chat_completion", "chat_params", "generate_image", "given"]
+
+IN_PROCESS_URL = "fairagents://in-process/v1"
+"""The ``base_url`` of a client that serves through an arbiter in this process (no HTTP is spoken)."""
 
 # Parameters about the caller or the transport, not the generation: accepted and not used.
 _IGNORED = frozenset(
@@ -244,9 +248,10 @@ class ChatCompletionStream:
         return self
 
     async def __anext__(self) -> ChatCompletionChunk:
-        if self._portal is not None:
-            return await self._portal.run(self._chunks.__anext__)
-        return await self._chunks.__anext__()
+        with openai_errors(f"{IN_PROCESS_URL}/chat/completions", streaming=True):  # as a server's error event
+            if self._portal is not None:
+                return await self._portal.run(self._chunks.__anext__)
+            return await self._chunks.__anext__()
 
     async def close(self) -> None:
         """Stop the request; what it produced so far is charged."""

@@ -9,7 +9,9 @@
   ``fairagents_langgraph.fair_graph``).
 - ``AsyncFairOpenAI(base_url=..., api_key=...)``: through a fairagents server, with the
   stock ``openai`` client. The API key is the app's (sent as the bearer token); the
-  agent goes in ``X-Fairagents-Agent``; a server that runs without keys is told the app
+  agent goes in ``X-Fairagents-Agent``, with the weight and SLO it states
+  (``X-Fairagents-Agent-Weight``, ``X-Fairagents-Agent-Slo``: the server declares a new
+  agent with them); a server that runs without keys is told the app
   in ``X-Fairagents-App`` instead, and gets no ``Authorization`` header at all (so not
   ``OPENAI_API_KEY`` from the environment either).
 
@@ -17,6 +19,11 @@ In process, calls reach the arbiter through a :class:`~fairagents.Portal`: an
 ``AsyncFairOpenAI`` works from any event loop (the arbiter's, or another thread's), and
 a ``FairOpenAI`` from sync code; an arbiter that is not started is started on a loop
 thread of the portal's own, closed by ``close()``.
+
+Either way a call that fails raises ``openai``'s exception for it, of the status a
+server answers (``openai.NotFoundError`` for an unknown model, ``BadRequestError``,
+``RateLimitError`` when the app's queue is full, ...); in process it is also the
+fairagents error it stands for, so ``except fa.UnknownModelError`` works too.
 
 Examples:
     >>> import asyncio
@@ -39,6 +46,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,13 +59,13 @@ from fairagents.arbiter import AgentHandle, Arbiter
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, identity_headers
 from fairagents.portal import Portal
+from fairagents_openai._errors import openai_errors
 from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream, parsed, structured
-from fairagents_openai._local import ChatCompletionStream, chat_completion, generate_image
+from fairagents_openai._local import IN_PROCESS_URL, ChatCompletionStream, chat_completion, generate_image
 
 __all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI", "RawResponse"]
 
-IN_PROCESS_URL = "fairagents://in-process/v1"
-"""The ``base_url`` of a client that serves through an arbiter in this process (no HTTP is spoken)."""
+_CHAT, _IMAGES = f"{IN_PROCESS_URL}/chat/completions", f"{IN_PROCESS_URL}/images/generations"
 # Sent as the key to a server without keys; the Authorization header itself is then omitted.
 _NO_KEY = "fairagents-no-key"
 
@@ -123,6 +131,10 @@ class _Client:
     def _remote_options(self, request: dict[str, Any]) -> dict[str, Any]:
         return {**request, "extra_headers": {**self.headers(), **(request.get("extra_headers") or {})}}
 
+    def _errors(self, url: str) -> contextlib.AbstractContextManager[None]:
+        """In process: errors raised as ``openai``'s exceptions, as a server's answer gives them."""
+        return openai_errors(url, self.arbiter)
+
 
 class AsyncFairOpenAI(_Client):
     """A drop-in for ``openai.AsyncOpenAI``'s ``chat.completions`` and ``images``, served by fairagents.
@@ -184,14 +196,19 @@ class _Completions:
         """``chat.completions.create``: a ``ChatCompletion``, or with ``stream=True`` an async iterator of chunks.
 
         In process, bad input (an unknown model or agent, ``max_tokens`` ≤ 0, bad tools, a
-        parameter fairagents cannot honour) raises a :class:`~fairagents.BadInputError`,
-        which is a ``ValueError``, here rather than while iterating a stream, and costs nothing.
+        parameter fairagents cannot honour) raises here rather than while iterating a stream,
+        and costs nothing. Errors are ``openai``'s, as a server's answer gives them
+        (``openai.NotFoundError`` for an unknown model, ``openai.BadRequestError``,
+        ``openai.RateLimitError`` when the app's queue is full, ``openai.APITimeoutError``),
+        each also the fairagents error it stands for (a :class:`~fairagents.BadInputError` is a
+        ``ValueError``).
         """
         client = self._client
         if client.openai is not None:
             return await client.openai.chat.completions.create(**client._remote_options(request))
         assert client.arbiter is not None
-        return await chat_completion(client.arbiter, client.agent, request, client.portal)  # type: ignore[arg-type]
+        with client._errors(_CHAT):
+            return await chat_completion(client.arbiter, client.agent, request, client.portal)  # type: ignore[arg-type]
 
     async def parse(self, **request: Any) -> ParsedChatCompletion[Any]:
         """``chat.completions.parse``: ``create``, with the answer parsed into ``response_format`` (a class).
@@ -205,7 +222,8 @@ class _Completions:
         client = self._client
         if client.openai is not None:
             return await client.openai.chat.completions.parse(**client._remote_options(request))
-        converted, response_format, tools = structured(request, strict_tools=True)
+        with client._errors(_CHAT):
+            converted, response_format, tools = structured(request, strict_tools=True)
         return parsed(await self.create(**converted), response_format, tools)
 
     @property
@@ -222,7 +240,8 @@ class _Completions:
         client = self._client
         if client.openai is not None:
             return client.openai.chat.completions.stream(**client._remote_options(request))
-        converted, response_format, tools = structured(request)
+        with client._errors(_CHAT):
+            converted, response_format, tools = structured(request)
         state = ChatCompletionStreamState(response_format=response_format, input_tools=tools)
         return ChatCompletionEventStream(lambda: self.create(**converted, stream=True), state)
 
@@ -299,14 +318,17 @@ class _Images:
         """``images.generate``: base64 PNGs from the pool's image model (in process), or the server's.
 
         Raises:
-            UnknownModelError: in process, no image model in the pool (or none of that name).
-            InvalidParameterError: a parameter the image model cannot honour (``response_format="url"``).
+            openai.NotFoundError: in process, no image model in the pool (or none of that name);
+                also an :class:`~fairagents.UnknownModelError`.
+            openai.BadRequestError: a parameter the image model cannot honour (``response_format="url"``);
+                also an :class:`~fairagents.InvalidParameterError`.
         """
         client = self._client
         if client.openai is not None:
             return await client.openai.images.generate(**client._remote_options(request))
         assert client.arbiter is not None and client.portal is not None
-        return await client.portal.run(generate_image, client.arbiter, request, client.agent)
+        with client._errors(_IMAGES):
+            return await client.portal.run(generate_image, client.arbiter, request, client.agent)
 
 
 class FairOpenAI(_Client):
@@ -385,7 +407,8 @@ class ChatCompletionSyncStream:
 
     def __next__(self) -> ChatCompletionChunk:
         try:
-            return self._portal.run_sync(self._stream.__anext__)
+            with openai_errors(_CHAT, streaming=True):
+                return self._portal.run_sync(self._stream.__anext__)
         except StopAsyncIteration:
             raise StopIteration from None
 
@@ -407,14 +430,17 @@ class _SyncCompletions:
     def create(self, **request: Any) -> ChatCompletion | ChatCompletionSyncStream | Any:
         """``chat.completions.create``: a ``ChatCompletion``, or with ``stream=True`` an iterator of chunks.
 
-        In process, bad input raises a :class:`~fairagents.BadInputError` (a ``ValueError``)
-        here rather than while iterating a stream, and costs nothing.
+        In process, bad input raises ``openai.BadRequestError`` (or ``NotFoundError`` for an
+        unknown model; also the :class:`~fairagents.BadInputError`, a ``ValueError``) here
+        rather than while iterating a stream, and costs nothing.
         """
         client = self._client
         if client.openai is not None:
             return client.openai.chat.completions.create(**client._remote_options(request))
         assert client.arbiter is not None and client.portal is not None
-        served = client.portal.run_sync(chat_completion, client.arbiter, client.agent, request)  # type: ignore[arg-type]
+        with client._errors(_CHAT):
+            served = client.portal.run_sync(
+                chat_completion, client.arbiter, client.agent, request)  # type: ignore[arg-type]
         if isinstance(served, ChatCompletionStream):
             return ChatCompletionSyncStream(served, client.portal)
         return served
@@ -424,7 +450,8 @@ class _SyncCompletions:
         client = self._client
         if client.openai is not None:
             return client.openai.chat.completions.parse(**client._remote_options(request))
-        converted, response_format, tools = structured(request, strict_tools=True)
+        with client._errors(_CHAT):
+            converted, response_format, tools = structured(request, strict_tools=True)
         return parsed(self.create(**converted), response_format, tools)
 
     @property
@@ -440,7 +467,8 @@ class _SyncCompletions:
         client = self._client
         if client.openai is not None:
             return client.openai.chat.completions.stream(**client._remote_options(request))
-        converted, response_format, tools = structured(request)
+        with client._errors(_CHAT):
+            converted, response_format, tools = structured(request)
         state = ChatCompletionStreamState(response_format=response_format, input_tools=tools)
         return ChatCompletionSyncEventStream(lambda: self.create(**converted, stream=True), state)
 
@@ -455,4 +483,5 @@ class _SyncImages:
         if client.openai is not None:
             return client.openai.images.generate(**client._remote_options(request))
         assert client.arbiter is not None and client.portal is not None
-        return client.portal.run_sync(generate_image, client.arbiter, request, client.agent)
+        with client._errors(_IMAGES):
+            return client.portal.run_sync(generate_image, client.arbiter, request, client.agent)
