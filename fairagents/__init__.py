@@ -29,6 +29,7 @@ from fairagents.errors import (
     UnknownModelError,
 )
 from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
+from fairagents.limits import RequestLimits
 from fairagents.portal import Portal
 from fairagents.reply import ImageReply, Reply, Timing, TokenLogprob, Usage
 from fairagents.tools import ToolCall
@@ -62,6 +63,7 @@ __all__ = [
     "RawTokenCost",
     "Reply",
     "Request",
+    "RequestLimits",
     "Restart",
     "SLO",
     "ShutdownError",

@@ -46,6 +46,7 @@ from fairagents.identity import SLO, Agent, App
 from fairagents.metrics import RequestRecord
 from fairagents.policies import Policy, priced_policy
 from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, Restart, TokenBudget, check_limit, schedules_fairly
+from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.preprocessing import Preprocessor
 from fairagents.request import Outcome, Request
 from fairagents.shared import SharedCounters, SharedView
@@ -117,6 +118,9 @@ class Arbiter(ModelCalls):
             ``preprocess_queue``).
         preprocess_inline: prepare image requests on the event loop instead (only to
             measure what the pool saves: ``fairagents bench modality``).
+        limits: bounds on a request's shape (stop strings, logit bias, tools, the size
+            and makeup of an output constraint), refused before queueing; ``None``: the
+            defaults (:class:`~fairagents.limits.RequestLimits`).
         clock: time source in seconds (injectable for tests).
 
     Examples:
@@ -149,6 +153,7 @@ class Arbiter(ModelCalls):
         preprocess_queue: int = 256,
         preprocess_queue_per_app: int | None = None,
         preprocess_inline: bool = False,
+        limits: RequestLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if pool_in_flight is not None:
@@ -172,6 +177,7 @@ class Arbiter(ModelCalls):
                                          inline=preprocess_inline, name="fairagents-images")
         self.text_preprocessor = Preprocessor(preprocess_workers, preprocess_queue,
                                               max_pending_per_app=preprocess_queue_per_app, name="fairagents-text")
+        self.limits = limits or DEFAULT_LIMITS
         self.clock = clock
         self.ledger = Ledger()
         self.tenants = Tenants()

@@ -29,6 +29,7 @@ from fairagents.errors import EngineError, FairAgentsError, InvalidParameterErro
 from fairagents.handles import AgentHandle
 from fairagents.identity import Agent, Modality
 from fairagents.images import has_images, to_png
+from fairagents.limits import RequestLimits
 from fairagents.pool import Pool
 from fairagents.preprocessing import Preprocessor
 from fairagents.prompts import Messages, chat_input, text_input
@@ -79,6 +80,7 @@ class ModelCalls(abc.ABC):
     pool: Pool
     preprocessor: Preprocessor
     text_preprocessor: Preprocessor
+    limits: RequestLimits
     tenants: Tenants
     _default_max_tokens: int | None  # max_tokens of the calls that set none, of apps without their own
 
@@ -147,7 +149,7 @@ class ModelCalls(abc.ABC):
             ShutdownError: the arbiter closed before the request finished.
         """
         spec = OutputSpec.of(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                             response_format=response_format)
+                             response_format=response_format, limits=self.limits)
         params = _chat_params(spec, _params(max_tokens, temperature, top_p, seed, stop, ignore_eos, presence_penalty,
                                             frequency_penalty, logit_bias, logprobs, top_logprobs))
         return await self._collect(await self._chat_call(model, agent, params, messages, spec, arrival,
@@ -186,7 +188,7 @@ class ModelCalls(abc.ABC):
         the request (it is charged only for what it produced).
         """
         spec = OutputSpec.of(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                             response_format=response_format)
+                             response_format=response_format, limits=self.limits)
         params = _chat_params(spec, _params(max_tokens, temperature, top_p, seed, stop, ignore_eos, presence_penalty,
                                             frequency_penalty, logit_bias, logprobs, top_logprobs))
         call = await self._chat_call(model, agent, params, messages, spec, arrival, fill=max_tokens is None)
@@ -380,6 +382,7 @@ class ModelCalls(abc.ABC):
         """
         spec = spec or OutputSpec()
         arrival = self.clock() if arrival is None else arrival  # before any preparation (DuetInfer)
+        self.limits.check_sampling(stop=params.stop, logit_bias=params.logit_bias)
         readers: list[ToolReader | None] = []
 
         def reading(prepare: Callable[[Engine], Prompt]) -> Callable[[Engine], Prompt]:
@@ -391,7 +394,7 @@ class ModelCalls(abc.ABC):
         if _engine_checks(params):  # what the engine would refuse is bad input, refused before queueing
             self.check_admission(model, who)
             output_reader(self.pool.get(model).engine, spec, model)
-            await self._check_params(model, params)
+            await self._check_params(model, who, params)
         if isinstance(messages, Prompt):  # prepared already (prepare_chat)
             call = self._queue(model, who, params, reading(text_input(messages)), arrival, fill)
         elif not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not has_images(messages):
@@ -410,16 +413,23 @@ class ModelCalls(abc.ABC):
     ) -> Call:
         """Queue a completion call (``fill``: as :meth:`_chat_call`)."""
         arrival = self.clock() if arrival is None else arrival  # before the checks off the loop
+        self.limits.check_sampling(stop=params.stop, logit_bias=params.logit_bias)
         if _engine_checks(params):
             self.check_admission(model, who)
-            await self._check_params(model, params)
+            await self._check_params(model, who, params)
         return self._queue(model, who, params, text_input(prompt), arrival, fill)
 
-    async def _check_params(self, model: str, params: GenerationParams) -> None:
-        """The engine's own check of ``params`` (vLLM's ``SamplingParams.verify``), off the event loop."""
+    async def _check_params(self, model: str, who: AgentHandle | Agent | str | None, params: GenerationParams) -> None:
+        """The engine's own check of ``params`` (vLLM's ``SamplingParams.verify``), off the event loop.
+
+        It converts an output constraint into a grammar, so it runs in the text
+        preprocessing pool: queued fairly by app, and its time charged to the app that
+        asked. ``self.limits`` bounds how long it can take.
+        """
         check = getattr(self.pool.get(model).engine, "check_params", None)
         if check is not None:
-            await asyncio.to_thread(check, params)  # may compile a grammar
+            app, weight = self._fair_key(who)
+            await self.text_preprocessor.run(check, params, app=app, weight=weight)
 
     def _queue(
         self, model: str, who: AgentHandle | Agent | str | None, params: GenerationParams,

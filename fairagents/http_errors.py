@@ -27,6 +27,7 @@ from fairagents.errors import (
     ContextLengthError,
     EngineError,
     FairAgentsError,
+    InvalidImageError,
     OverloadedError,
     ShutdownError,
     UnknownAgentError,
@@ -86,10 +87,18 @@ def error_body(message: str, type: ErrorType, code: str | None = None, param: st
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def http_error(err: FairAgentsError, arbiter: Arbiter | None = None) -> HTTPError:
-    """How the HTTP API answers ``err``.
+#: The request field that holds each endpoint's input (by the end of its path), which an error about the input
+#: names as its ``param``; the chat endpoint first, as its path also ends with ``/completions``.
+_INPUT_FIELD = (("/chat/completions", "messages"), ("/completions", "prompt"), ("/images/generations", "prompt"))
 
-    An :class:`~fairagents.OverloadedError` says when to retry; an
+
+def http_error(err: FairAgentsError, arbiter: Arbiter | None = None, *, path: str | None = None) -> HTTPError:
+    """How the HTTP API answers ``err``, raised by a request to the endpoint at ``path``.
+
+    The ``param`` is the error's own, else what its kind says: ``model`` for an unknown
+    model, the endpoint's input (``messages`` or ``prompt``) for a prompt too long for
+    the context or an image that is not one. An
+    :class:`~fairagents.OverloadedError` says when to retry; an
     :class:`~fairagents.EngineError` of a model that ``arbiter`` is restarting says when it
     is expected back, and one of a model left down says not to retry.
     """
@@ -104,7 +113,17 @@ def http_error(err: FairAgentsError, arbiter: Arbiter | None = None) -> HTTPErro
             headers = {**_retry_after(max(1.0, eta)), "x-should-retry": "true"}
         else:
             headers = {"x-should-retry": "false"}  # down until restarted by hand (or given up)
-    return HTTPError(status, kind, code, err.param, headers)
+    return HTTPError(status, kind, code, _param(err, path), headers)
+
+
+def _param(err: FairAgentsError, path: str | None) -> str | None:
+    if err.param is not None:
+        return err.param
+    if isinstance(err, UnknownModelError):
+        return "model"
+    if isinstance(err, ContextLengthError | InvalidImageError) and path is not None:
+        return next((name for end, name in _INPUT_FIELD if path.endswith(end)), None)
+    return None
 
 
 def _retry_after(seconds: float) -> dict[str, str]:

@@ -45,8 +45,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fairagents.errors import InvalidParameterError
+from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 
-__all__ = ["OutputSpec", "ToolCall", "ToolCallDelta", "ToolReader", "infer_tool_parser", "output_reader", "tool_parser_for"]
+__all__ = [
+    "OutputSpec", "ToolCall", "ToolCallDelta", "ToolReader", "check_tool_replies", "infer_tool_parser", "output_reader",
+    "tool_parser_for",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _JSON_SPACE = " \t\n\r"  # the whitespace JSON allows between its tokens
@@ -151,6 +155,7 @@ class OutputSpec:
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
         response_format: Mapping[str, Any] | None = None,
+        limits: RequestLimits | None = None,
     ) -> OutputSpec:
         """Check and normalize a call's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``.
 
@@ -158,18 +163,25 @@ class OutputSpec:
         or ``{"type": "function", "function": {"name": ...}}``. Raises
         :class:`~fairagents.InvalidParameterError` for a malformed tool (a name outside
         ``[A-Za-z0-9_.-]{1,64}``, duplicate names, parameters that are not a JSON-schema
-        object), a choice naming no given tool, or a malformed response format.
+        object), a choice naming no given tool, or a malformed response format; and for
+        tools or a constraint past ``limits`` (default: :data:`fairagents.limits.DEFAULT_LIMITS`),
+        which bound the work of compiling the constraint.
         """
+        limits = limits or DEFAULT_LIMITS
+        limits.check_tools(tools if isinstance(tools, Sequence) and not isinstance(tools, str | bytes) else None)
         checked = _check_tools(tools)
         choice, function = _check_choice(tool_choice, checked)
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise InvalidParameterError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}",
                                         param="parallel_tool_calls")
-        return cls(
+        spec = cls(
             tools=checked, tool_choice=choice, function=function,
             parallel_tool_calls=True if parallel_tool_calls is None else parallel_tool_calls,
             response_format=_check_response_format(response_format),
         )
+        forced = choice in ("required", "function")
+        limits.check_constraint(spec.constraint(), param="tools" if forced else "response_format")
+        return spec
 
     @property
     def calls_tools(self) -> bool:
@@ -516,6 +528,28 @@ def _parser_request(spec: OutputSpec) -> Any:
                                  tools=list(spec.tools), tool_choice="auto")
 
 
+def check_tool_replies(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a ``tool`` message whose ``tool_call_id`` is no call of an earlier assistant message, as OpenAI does.
+
+    Raises:
+        InvalidParameterError: naming the message (OpenAI's wording).
+
+    Examples:
+        >>> from fairagents.tools import check_tool_replies
+        >>> check_tool_replies([{"role": "tool", "tool_call_id": "call_1", "content": "12 C"}])
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.
+    """
+    calls: set[Any] = set()
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            calls.update(c.get("id") for c in message.get("tool_calls") or () if isinstance(c, Mapping))
+        elif message.get("role") == "tool" and message.get("tool_call_id") not in calls:
+            raise InvalidParameterError("Invalid parameter: messages with role 'tool' must be a response to a "
+                                        "preceeding message with 'tool_calls'.", param=f"messages[{i}].role")
+
+
 def _check_tools(tools: Sequence[Mapping[str, Any]] | None) -> tuple[dict[str, Any], ...]:
     if tools is None:
         return ()
@@ -529,7 +563,7 @@ def _check_tools(tools: Sequence[Mapping[str, Any]] | None) -> tuple[dict[str, A
             raise InvalidParameterError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
                                         param=f"tools[{i}]")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):  # match() lets a trailing "\n" pass "$"
             raise InvalidParameterError(f"tools[{i}].function.name must match [A-Za-z0-9_.-]{{1,64}}, got {name!r}",
                                         param=f"tools[{i}].function.name")
         if name in names:
@@ -572,7 +606,7 @@ def _check_choice(choice: str | Mapping[str, Any] | None, tools: tuple[dict[str,
         raise InvalidParameterError(f"tool_choice must name a function as {{'type': 'function', "
                                     f"'function': {{'name': ...}}}}, got {choice!r}", param="tool_choice")
     name = fn.get("name")
-    if name not in {t["function"]["name"] for t in tools}:
+    if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:  # a list: unhashable
         raise InvalidParameterError(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
     return "function", name
 

@@ -138,7 +138,7 @@ class GenerationParams:
             # Samplers seed a 64-bit generator: a larger seed overflows inside the engine's step.
             raise InvalidParameterError(f"seed must be a 64-bit signed integer, got {self.seed!r}", param="seed")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {self.stop!r}",
+            raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {_clip(self.stop)}",
                                         param="stop")
         object.__setattr__(self, "stop", tuple(self.stop))
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
@@ -200,23 +200,30 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     """``bias`` as sorted ``(token_id, bias)`` pairs, checked: ids ≥ 0, biases finite in [-100, 100]."""
     pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
     if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence):
-        raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}", param="logit_bias")
+        raise InvalidParameterError(f"logit_bias must map token ids to biases, got {_clip(bias)}", param="logit_bias")
     out: dict[int, float] = {}
     for item in pairs:
         if not isinstance(item, Sequence) or isinstance(item, str | bytes) or len(item) != 2:
-            raise InvalidParameterError(f"logit_bias must map token ids to biases, got {bias!r}", param="logit_bias")
+            raise InvalidParameterError(f"logit_bias must map token ids to biases, got {_clip(bias)}",
+                                        param="logit_bias")
         token, value = item
         if isinstance(token, str) and token.isascii() and token.isdigit():
             token = int(token)
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise InvalidParameterError(f"logit_bias: {token!r} is not a token id (an integer ≥ 0)",
+            raise InvalidParameterError(f"logit_bias: {_clip(token)} is not a token id (an integer ≥ 0)",
                                         param="logit_bias")
         if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
                 or not -100 <= value <= 100):
             raise InvalidParameterError(f"logit_bias: the bias of token {token} must be a number in [-100, 100], "
-                                        f"got {value!r}", param="logit_bias")
+                                        f"got {_clip(value)}", param="logit_bias")
         out[token] = float(value)
     return tuple(sorted(out.items()))
+
+
+def _clip(value: Any, limit: int = 80) -> str:
+    """``value``'s repr, cut to ``limit`` characters: an error never echoes a huge value back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 @runtime_checkable

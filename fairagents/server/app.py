@@ -36,9 +36,10 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import hmac
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -54,10 +55,8 @@ from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
 from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
 from fairagents.engines.base import Delta, Engine, Prompt
 from fairagents.errors import (
-    ContextLengthError,
     EngineError,
     FairAgentsError,
-    InvalidImageError,
     InvalidParameterError,
     OverloadedError,
     ShutdownError,
@@ -103,6 +102,17 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+def _presented_key(request: Request) -> str | None:
+    """The key of ``Authorization: Bearer <key>``, or the password of ``Authorization: Basic``."""
+    scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip() or None
+    if scheme.lower() == "basic":
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            return base64.b64decode(value.strip(), validate=True).decode().partition(":")[2] or None
+    return None
+
+
 class Gateway:
     """The server's state: the arbiter, which key is which app, the counters, whether it drains.
 
@@ -141,14 +151,23 @@ class Gateway:
                 self._keys[_digest(key)] = name
         self.active: dict[str, int] = defaultdict(int)
         self.rejected: dict[tuple[str, str], int] = defaultdict(int)
+        server = config.server
         self.view = FairnessView(
             arbiter,
-            keep=config.server.history_seconds,
+            keep=server.history_seconds,
+            max_age=server.views_cache_seconds,
             clients=lambda: list(self._agents),
             extra=lambda: {k: {"rejected": v} for k, v in self.rejected.items()},
             models=self.models,
         )
-        self.metrics = Metrics(arbiter, self.view, draining=lambda: self.draining, models=self.models)
+        self.metrics = Metrics(arbiter, self.view, draining=lambda: self.draining, models=self.models,
+                               max_apps=server.metrics_max_apps, max_agents=server.metrics_max_agents_per_app)
+        self.clock: Callable[[], float] = time.monotonic
+        """Seconds, for identities' idle time."""
+        self._seen: dict[tuple[str, str], float] = {}  # agents declared by requests: when last seen
+        self._agent_count: dict[str, int] = defaultdict(int)
+        for app_name, _ in self._agents:
+            self._agent_count[app_name] += 1
         fetch = config.server.image_fetch
         self.fetcher = None if fetch is None else ImageFetcher(fetch.allow_hosts, max_bytes=fetch.max_bytes,
                                                                 timeout=fetch.timeout, schemes=fetch.schemes,
@@ -190,6 +209,9 @@ class Gateway:
         handle = self._agents.get((app, agent))
         if handle is None:
             return self._declare(app, agent, stated)
+        if (app, agent) in self._seen or (app, agent) in self.view.hidden:
+            self._seen[(app, agent)] = self.clock()
+            self.view.recall(app, agent)
         conflicts = stated.conflicts(handle.identity)
         if conflicts:
             what, given, declared = conflicts[0]
@@ -203,15 +225,50 @@ class Gateway:
         handle = self._apps.get(app)
         if handle is None:  # keys off: apps are declared on first use
             if len(self._apps) >= self.config.server.max_apps:
+                self.metrics.refuse("max_apps")  # counted without the name: refused names leave no state
                 raise UnknownAppError(f"unknown app {app!r}: the server already has {len(self._apps)} apps, its max_apps",
                                       app=app)
             handle = self._apps[app] = self.arbiter.app(app, max_queued=self.config.server.max_queued)
         limit = self.config.apps[app].max_agents if app in self.config.apps else DEFAULT_MAX_AGENTS
-        if sum(1 for a, _ in self._agents if a == app) >= limit:
+        if self._agent_count[app] >= limit:
+            self.metrics.refuse("max_agents")
             raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents",
                                     app=app, agent=agent)
         self._agents[(app, agent)] = handle.agent(agent, stated.weight, stated.slo)
+        self._agent_count[app] += 1
+        if agent not in (self.config.apps[app].agents if app in self.config.apps else {}):
+            self._seen[(app, agent)] = self.clock()
         return self._agents[(app, agent)]
+
+    def forget_idle(self) -> list[tuple[str, str]]:
+        """Forget the agents declared by requests (not configured) idle for ``server.identity_idle_seconds``.
+
+        Their series leave ``/metrics``, their samples and ``rejected`` counts
+        ``/v1/fairness``; one that comes back is shown again. The arbiter keeps their
+        declaration and service (bounded by ``max_apps`` × ``max_agents``), so the
+        fair-share counters lose nothing. Returns the agents forgotten.
+        """
+        idle = self.config.server.identity_idle_seconds
+        if idle is None:
+            return []
+        now = self.clock()
+        busy = {t.request.agent_key for t in self.arbiter.dispatcher.tickets()}
+        gone = [key for key, seen in self._seen.items() if now - seen >= idle and key not in busy]
+        for key in gone:
+            del self._seen[key]
+            self.rejected.pop(key, None)
+            self.metrics.forget(*key)
+            self.view.forget(*key)
+        return gone
+
+    async def sweep(self) -> None:
+        """Forget idle identities every so often (a quarter of the idle time, at most a minute) until cancelled."""
+        idle = self.config.server.identity_idle_seconds
+        if idle is None:
+            return
+        while True:
+            await asyncio.sleep(min(60.0, idle / 4))
+            self.forget_idle()
 
     def _check_within_app(self, stated: Agent) -> None:
         """Refuse the settings a request states for a new agent where they would weigh against other apps.
@@ -235,13 +292,25 @@ class Gateway:
                 f"server's configuration (apps.{app}.agents.{agent}.slo), not by a request",
                 app=app, agent=agent, param=HEADER_AGENT_SLO)
 
-    async def observe(self, request: Request) -> None:
-        """Check the observer key, if one is configured (a FastAPI dependency of the read-only views)."""
-        if self._observer is None:
-            return
-        scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or _digest(key.strip()) != self._observer:
-            raise HTTPException(401, "this view needs the observer key", {"WWW-Authenticate": "Bearer"})
+    async def observe(self, request: Request) -> str | None:
+        """Who reads a view (a FastAPI dependency of ``/metrics``, ``/v1/fairness``, ``/dashboard``).
+
+        ``None``: all of it (keys off, ``server.public_views``, or the observer key). An
+        app's name: that app's key, which reads its own app's ``/v1/fairness`` (and the
+        page that draws it) only. Anyone else is a 401. The key comes as a bearer key, or
+        as the password of HTTP Basic (the browser's prompt on ``/dashboard``).
+        """
+        server = self.config.server
+        if not server.auth or server.public_views:
+            return None
+        key = _presented_key(request)
+        if key and self._observer is not None and hmac.compare_digest(_digest(key), self._observer):
+            return None
+        app = self.app_for_key(key) if key else None
+        if app is not None and request.url.path in ("/v1/fairness", "/dashboard"):
+            return app
+        challenge = 'Basic realm="fairagents", charset="UTF-8"' if request.url.path == "/dashboard" else "Bearer"
+        raise HTTPException(401, "this view needs the observer key", {"WWW-Authenticate": challenge})
 
     # -- the pool ------------------------------------------------------------------
 
@@ -295,9 +364,10 @@ class Gateway:
         app = who.identity.app
         request.state.labels = (app.name, who.identity.name, None)
         if len(raw) <= INLINE_PARSE_BYTES:
-            return wire.parse(model, raw)
+            return wire.parse(model, raw, self.arbiter.limits)
         pool = self.arbiter.text_preprocessor
-        return await _until_disconnected(request, pool.run(wire.parse, model, raw, app=app.name, weight=app.weight))
+        work = pool.run(wire.parse, model, raw, self.arbiter.limits, app=app.name, weight=app.weight)
+        return await _until_disconnected(request, work)
 
     async def respond(
         self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
@@ -342,7 +412,8 @@ class Gateway:
             raise
         events = self._events(rid, model, prompt, streams, head, chat=chat, include_usage=body.include_usage,
                               logprobs=bool(kwargs["logprobs"]))
-        return _EventStream(events, streams, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStream(events, streams, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                            stall_timeout=self.config.server.stream_stall_timeout)
 
     async def _counted(self, model: str, work: Awaitable[T]) -> T:
         self.active[model] += 1
@@ -509,51 +580,96 @@ async def _calling_app(request: Request) -> str:
     return await request.app.state.gateway.authenticate(request)  # type: ignore[no-any-return]
 
 
-async def _observer(request: Request) -> None:
-    await request.app.state.gateway.observe(request)
+async def _observer(request: Request) -> str | None:
+    return await request.app.state.gateway.observe(request)  # type: ignore[no-any-return]
 
 
 # FastAPI dependencies: the gateway's checks, run in the event loop before the endpoint.
 Caller = Annotated[AgentHandle, Depends(_caller)]
 CallingApp = Annotated[str, Depends(_calling_app)]
-Observer = Annotated[None, Depends(_observer)]
+Observer = Annotated[str | None, Depends(_observer)]
 
 
 class _EventStream(StreamingResponse):
     """An SSE response that always closes its event generator and its choices, however the response ends.
 
     A response can end before its first event, and then the generator's own cleanup never runs.
+
+    A client that stops reading is cut after ``stall_timeout`` seconds on one send: its
+    request ends cancelled, as if it had disconnected (charged only for what it produced,
+    its slot and budget freed), and the connection is dropped.
     """
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[str, None], choices: _Choices, headers: dict[str, str]) -> None:
+    def __init__(self, events: AsyncGenerator[str, None], choices: _Choices, headers: dict[str, str],
+                 stall_timeout: float) -> None:
         super().__init__(events, headers=headers)
         self._events = events
         self._choices = choices
+        self._stall_timeout = stall_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, _within(send, scope, self._stall_timeout))
+        except _Stalled:
+            log.info("fairagents.server.stream_stalled", path=scope.get("path"), timeout=self._stall_timeout)
         finally:
             await self._events.aclose()
             await self._choices.aclose()
 
 
+class _Stalled(Exception):
+    """The client read nothing of its response for the stall timeout."""
+
+
+#: The ASGI scope extension under which the server (:mod:`fairagents.server.serve`) hands the
+#: app a callable that drops the request's connection at once, unsent bytes and all.
+ABORT_EXTENSION = "fairagents.abort"
+
+
+def _within(send: Send, scope: Scope, timeout: float) -> Send:
+    """``send``, raising :class:`_Stalled` past ``timeout`` seconds, after dropping the connection.
+
+    Dropping it frees what the server buffered for a client that does not read (uvicorn
+    would otherwise wait for it to flush before closing).
+    """
+    async def bounded(message: Any) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await send(message)
+        except TimeoutError:
+            abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+            if abort is not None:
+                abort()
+            raise _Stalled() from None
+
+    return bounded
+
+
 async def _body(request: Request) -> bytes:
-    """The request body, refused (413) past :data:`MAX_BODY_BYTES` without reading it all."""
+    """The request body, refused (413) past :data:`MAX_BODY_BYTES` without reading it all.
+
+    It must arrive within ``server.body_timeout`` seconds, else 408 (and the connection is
+    closed: the rest of the body is not read).
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    timeout = request.app.state.gateway.config.server.body_timeout
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise HTTPException(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+                chunks.append(chunk)
     except ClientDisconnect:  # it left before sending its whole request: nothing to answer
         raise _ClientGone() from None
+    except TimeoutError:
+        raise HTTPException(408, f"the request body did not arrive within {timeout:g} s (server.body_timeout)",
+                            {"Connection": "close"}) from None
     return b"".join(chunks)
 
 
@@ -581,24 +697,10 @@ async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
     raise _ClientGone()
 
 
-def _error(err: FairAgentsError, arbiter: Arbiter | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
-    told = http_error(err, arbiter)
-    return told.status, wire.error_body(str(err), told.type, told.code, told.param), told.headers
-
-
-#: The request field that holds each endpoint's input, which an error about the input names as its ``param``.
-_INPUT_FIELD = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/images/generations": "prompt"}
-
-
-def _param(err: FairAgentsError, path: str) -> str | None:
-    """The request field ``err`` is about: its own ``param``, else what its kind says (the model, or the input)."""
-    if err.param is not None:
-        return err.param
-    if isinstance(err, UnknownModelError):
-        return "model"
-    if isinstance(err, ContextLengthError | InvalidImageError):  # the prompt (with max_tokens) is too long; an image
-        return _INPUT_FIELD.get(path)
-    return None
+def _error(err: FairAgentsError, arbiter: Arbiter | None = None, path: str | None = None,
+           ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    told = http_error(err, arbiter, path=path)
+    return told.status, wire.error_body(str(err), told.type, told.code, told.param), told.headers  # paths hidden
 
 
 def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "fairagents") -> FastAPI:
@@ -621,11 +723,13 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         sampler = asyncio.create_task(gateway.view.run())
+        sweeper = asyncio.create_task(gateway.sweep())
         try:
             yield
         finally:
             sampler.cancel()
-            await asyncio.gather(sampler, return_exceptions=True)
+            sweeper.cancel()
+            await asyncio.gather(sampler, sweeper, return_exceptions=True)
             if gateway.fetcher is not None:
                 await gateway.fetcher.aclose()
 
@@ -635,8 +739,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
 
     @app.exception_handler(FairAgentsError)
     async def _fairagents_error(request: Request, err: FairAgentsError) -> JSONResponse:
-        err.param = _param(err, request.url.path)
-        status, body, headers = _error(err, arbiter)
+        status, body, headers = _error(err, arbiter, request.url.path)
         labels = getattr(request.state, "labels", None)
         if isinstance(err, OverloadedError) and labels is not None:
             gateway.rejected[labels[:2]] += 1
@@ -699,7 +802,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
 
     @app.post("/v1/images/generations")
     async def images(request: Request, who: Caller) -> Response:
-        body = wire.parse(wire.ImageGenerationRequest, await _body(request))
+        body = await gateway.parse(request, who, wire.ImageGenerationRequest, await _body(request))
         image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
         model = body.model or (image_models[0] if len(image_models) == 1 else None)
         if model is None or model not in arbiter.models:
@@ -736,14 +839,17 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
 
     @app.get("/v1/fairness")
     async def fairness(
-        _: Observer,
+        viewer: Observer,
         history: Annotated[float | None, Query(ge=0, description="seconds of service history to include")] = None,
-    ) -> JSONResponse:
-        return JSONResponse(gateway.view.snapshot(history, draining=gateway.draining))
+        app_name: Annotated[str | None, Query(alias="app", description="the app whose per-agent history to include "
+                                                                        "(an app's own key: its own)")] = None,
+    ) -> Response:
+        body = await gateway.view.body(history, draining=gateway.draining, app=viewer or app_name, only=viewer)
+        return Response(body, media_type="application/json")
 
     @app.get("/metrics")
     async def metrics(_: Observer) -> Response:
-        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await gateway.metrics.exposition(config.server.views_cache_seconds), media_type=CONTENT_TYPE)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -756,7 +862,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             status = "ok" if models and healthy == len(models) else ("degraded" if healthy else "down")
         body: dict[str, Any] = {"status": status, "models": models}
         if gateway.arbiter.counters is not None:  # a lost Redis is reported, not a reason to stop serving
-            body["counters"] = gateway.arbiter.counters.status()
+            body["counters"] = {"connected": gateway.arbiter.counters.status()["connected"]}  # not where: /metrics has more
         return JSONResponse(body, 200 if status == "ok" else 503)
 
     @app.get("/health/live")
@@ -765,7 +871,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         return JSONResponse({"status": "live"})
 
     @app.get("/dashboard", response_class=HTMLResponse)
-    async def dashboard() -> HTMLResponse:
+    async def dashboard(_: Observer) -> HTMLResponse:
         return HTMLResponse(page(title), headers={"Cache-Control": "no-cache"})
 
     @app.get("/", include_in_schema=False)

@@ -54,6 +54,7 @@ from fairagents.cost import ModelProfile
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO
+from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.policies import POLICIES, make_policy
 
 __all__ = [
@@ -90,7 +91,7 @@ def check_name(name: str, what: str) -> str:
         ...
         fairagents.errors.InvalidParameterError: agent name must be 1-64 printable ASCII characters without '/' or a space at either end, got 'team/planner'
     """
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):  # match() lets a trailing "\n" pass "$"
         raise InvalidParameterError(
             f"{what} name must be 1-64 printable ASCII characters without '/' or a space at either end, got {name!r}"
         )
@@ -436,6 +437,38 @@ class CountersConfig(_Section):
                               timeout=self.timeout, door=self.door)
 
 
+class LimitsConfig(_Section):
+    """Bounds on a request's shape (``[server.limits]``), refused with a 400 before it is queued or charged.
+
+    Each field is a :class:`~fairagents.limits.RequestLimits` field, with its default;
+    the defaults keep stop checks cheap and any accepted grammar compile ≲ 0.4 s.
+
+    Examples:
+        >>> from fairagents.server.config import LimitsConfig
+        >>> LimitsConfig(max_stop=8).build().max_stop
+        8
+    """
+
+    max_stop: int = Field(default=DEFAULT_LIMITS.max_stop, ge=0)
+    max_stop_chars: int = Field(default=DEFAULT_LIMITS.max_stop_chars, ge=1)
+    max_logit_bias: int = Field(default=DEFAULT_LIMITS.max_logit_bias, ge=0)
+    max_tools: int = Field(default=DEFAULT_LIMITS.max_tools, ge=0)
+    max_constraint_bytes: int = Field(default=DEFAULT_LIMITS.max_constraint_bytes, ge=1)
+    max_enum_values: int = Field(default=DEFAULT_LIMITS.max_enum_values, ge=0)
+    max_branches: int = Field(default=DEFAULT_LIMITS.max_branches, ge=0)
+    max_properties: int = Field(default=DEFAULT_LIMITS.max_properties, ge=0)
+    max_optional_properties: int = Field(default=DEFAULT_LIMITS.max_optional_properties, ge=0)
+    max_depth: int = Field(default=DEFAULT_LIMITS.max_depth, ge=1)
+    max_pattern_chars: int = Field(default=DEFAULT_LIMITS.max_pattern_chars, ge=0)
+    max_total_pattern_chars: int = Field(default=DEFAULT_LIMITS.max_total_pattern_chars, ge=0)
+    max_pattern_alternatives: int = Field(default=DEFAULT_LIMITS.max_pattern_alternatives, ge=0)
+    max_repeat_product: int = Field(default=DEFAULT_LIMITS.max_repeat_product, ge=1)
+
+    def build(self) -> RequestLimits:
+        """These bounds as the arbiter keeps them."""
+        return RequestLimits(**self.model_dump())
+
+
 class ServerSettings(_Section):
     """How the server listens, authenticates and shuts down.
 
@@ -451,7 +484,9 @@ class ServerSettings(_Section):
     auth: bool = True
     """Bearer API keys decide the app. Off (local use): the ``X-Fairagents-App`` header names it."""
     observer_key: SecretStr | None = None
-    """If set, ``/metrics``, ``/v1/fairness`` need it as a bearer key (the dashboard reads it from ``#key=``)."""
+    """The key of ``/metrics``, ``/v1/fairness`` and ``/dashboard`` with keys on (a bearer key, or the
+    password of the browser's prompt; the dashboard also reads it from ``#key=``). Unset, they
+    answer 401 but to an app's key on its own ``/v1/fairness``, unless ``public_views``."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds SIGTERM waits for accepted requests before aborting the rest."""
     default_max_tokens: DefaultMaxTokens = DEFAULT_MAX_TOKENS
@@ -473,6 +508,31 @@ class ServerSettings(_Section):
     the app an equal share of them (see :mod:`fairagents.preprocessing`)."""
     history_seconds: int = Field(default=600, ge=10)
     """How far back ``/v1/fairness`` keeps service samples for the dashboard."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Bounds on stop strings, logit bias, tools and output constraints (``[server.limits]``)."""
+    stream_stall_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a response may wait on a client that does not read it. A stream is then cut
+    and its request cancelled (charged only for what it produced, its slot freed); a
+    connection whose last response is still unread is dropped."""
+    body_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a client has to send a request's body once its headers are in; past it, 408."""
+    header_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a connection has to send a request's headers (on connecting, or once a
+    request's first byte is in); past it, the connection is closed."""
+    # Who sees the views, and how much state names may create (docs/guides/shared-server.md).
+    public_views: bool = False
+    """Open ``/metrics``, ``/v1/fairness`` and ``/dashboard`` to anyone, with keys on. Off (the
+    default), they need ``observer_key``; an app's own key reads its own app's ``/v1/fairness``.
+    With keys off they are always open."""
+    identity_idle_seconds: float | None = Field(default=3600.0, gt=0)
+    """Seconds after which an agent (or app) declared by a request, not in this configuration,
+    and idle since, drops out of ``/metrics`` and ``/v1/fairness``; ``None``: never."""
+    metrics_max_agents_per_app: int = Field(default=16, ge=1)
+    """Agents of an app named in ``/metrics`` labels; later ones are counted as ``agent="_other"``."""
+    metrics_max_apps: int = Field(default=64, ge=1)
+    """Apps named in ``/metrics`` labels; later ones are counted as ``app="_other"``."""
+    views_cache_seconds: float = Field(default=1.0, ge=0)
+    """Seconds one build of ``/metrics`` or ``/v1/fairness`` is served to every reader."""
     counters: CountersConfig | None = None
     """Share the fairness counters (and remote replicas' slots) with other ``fairagents serve``
     processes through Redis: ``counters = "redis://host:6379/0"`` or a table; unset, this
@@ -631,6 +691,7 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         w_output=config.w_output,
         drain_timeout=config.server.drain_timeout,
         preprocess_queue_per_app=config.server.preprocess_queue_per_app,
+        limits=config.server.limits.build(),
         counters=None if config.server.counters is None else config.server.counters.build(),
     )
     for name, model in config.models.items():

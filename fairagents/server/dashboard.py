@@ -13,8 +13,9 @@ short of its entitlement, "▼ below entitlement" in red with its bar outlined i
 the case a fair scheduler must correct. Red means only that (and, in the header, a
 model or the server down); the apps' colours never use it. The page
 keeps working when the server goes away (the status turns red, the last data stays)
-and picks up again when it returns. With an observer key configured, open it as
-``/dashboard#key=<key>``: the fragment never leaves the browser.
+and picks up again when it returns. With keys on, the page and its data need the
+observer key (or an app's key, for that app's own view): the browser asks for it as a
+password, or open ``/dashboard#key=<key>`` (the fragment never leaves the browser).
 
 Examples:
     >>> from fairagents.server.dashboard import page

@@ -21,6 +21,10 @@ and its ``recent_share`` its share of the service delivered in that window. It i
 its entitlement by more than :data:`BELOW_TOLERANCE` of it. The snapshot reads
 :meth:`~fairagents.Arbiter.stats`, whose percentiles sort the recent records: it is
 cached for ``max_age`` seconds, so many viewers cost the event loop no more than one.
+:meth:`FairnessView.body` copies the numbers on the event loop and builds the JSON in a
+thread; readers at once share one build, reused for ``max_age`` seconds. Its size is
+bounded: the history holds per-app sums of at most :data:`HISTORY_POINTS` points, and
+per-agent history only for the one app asked for.
 
 Examples:
     >>> import fairagents as fa
@@ -44,23 +48,35 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fairagents.arbiter import Arbiter
 from fairagents.server.wire import finite
 from fairagents.stats import ClientSnapshot, Stats
 
-__all__ = ["BELOW_TOLERANCE", "FairnessView"]
+__all__ = ["BELOW_TOLERANCE", "HISTORY_POINTS", "KEEP_AGENTS_EVERY", "OTHER", "FairnessView"]
 
 #: How far (a fraction of its entitlement) a backlogged client's recent share may fall short before it counts as
 #: below its entitlement: 50.0 % or 46 % against 50.0 % is the noise of a 30-second window, not a shortfall.
 BELOW_TOLERANCE = 0.1
 
+#: Most points of the service history in a body: longer histories are thinned.
+HISTORY_POINTS = 300
+
+#: The name of what is summed rather than named: in an app's own view, all other apps; in ``/metrics`` and in
+#: an app's agents here, those past the caps.
+OTHER = "_other"
+
 _Key = tuple[str, str]
-_Sample = tuple[float, dict[_Key, float], frozenset[_Key]]
+_Sample = tuple[float, dict[_Key, float] | None, frozenset[_Key], dict[str, float]]
+
+#: Past the entitlement window, one sample in this many keeps each agent's service (the others only each app's).
+KEEP_AGENTS_EVERY = 10
 
 
 class FairnessView:
@@ -77,6 +93,7 @@ class FairnessView:
         extra: per app and agent counts the arbiter does not keep (``rejected``), by
             ``(app, agent)``; read at each snapshot.
         models: per-model figures (in flight, limit, health), read at each snapshot.
+        max_agents: agents listed by name per app; the rest are summed as :data:`OTHER`.
         clock: wall-clock time source in seconds.
 
     Examples:
@@ -98,19 +115,28 @@ class FairnessView:
         extra: Callable[[], Mapping[tuple[str, str], Mapping[str, int]]] | None = None,
         models: Callable[[], dict[str, Any]] | None = None,
         clock: Callable[[], float] = time.time,
+        max_agents: int = 64,
     ) -> None:
         self.arbiter = arbiter
+        self.max_agents = max_agents
         self.interval = interval
         self.window = window
         self.max_age = max_age
         self.clock = clock
         self.started = clock()
         self.samples: deque[_Sample] = deque(maxlen=max(2, int(keep / interval)))
-        """``(time, cumulative service by (app, agent), the (app, agent) pairs with requests queued)``."""
+        """``(time, cumulative service by (app, agent), the (app, agent) pairs with requests queued, service by app)``.
+
+        Past the ``window``, only one sample in :data:`KEEP_AGENTS_EVERY` keeps its
+        per-agent figures (the others ``None``): memory grows with the agents far less."""
+        self._taken = 0
         self._clients = clients or (lambda: [tuple(k.split("/", 1)) for k in self.stats().agents])  # type: ignore[misc]
         self._extra = extra or dict
         self._models = models or dict
         self._cached: tuple[float, Stats] | None = None
+        self._bodies: dict[tuple[Any, ...], tuple[float, asyncio.Future[bytes]]] = {}
+        self.hidden: set[_Key] = set()
+        """Agents forgotten after their idle time: left out of samples and bodies (see ``Gateway``)."""
 
     def stats(self) -> Stats:
         """The arbiter's stats, at most ``max_age`` seconds old."""
@@ -134,11 +160,29 @@ class FairnessView:
             >>> view = FairnessView(arbiter, clock=lambda: 5.0)
             >>> view.sample()
             >>> view.samples[-1]
-            (5.0, {('driving', 'planner'): 0.0}, frozenset())
+            (5.0, {('driving', 'planner'): 0.0}, frozenset(), {'driving': 0.0})
         """
         ledger = self.arbiter.ledger
         waiting = frozenset(t.request.agent_key for t in self.arbiter.dispatcher.tickets() if t.dispatched is None)
-        self.samples.append((self.clock(), {(a, t): ledger.service_of(a, t) for a, t in self._clients()}, waiting))
+        served = {(a, t): ledger.service_of(a, t) for a, t in self._clients() if (a, t) not in self.hidden}
+        by_app: dict[str, float] = {}
+        for (a, _), v in served.items():
+            by_app[a] = by_app.get(a, 0.0) + v
+        self.samples.append((self.clock(), served, waiting, by_app))
+        self._taken += 1
+        aged = len(self.samples) - 2 - int(self.window / self.interval)  # the sample that just left the window
+        number = self._taken - len(self.samples) + aged
+        if aged >= 0 and number % KEEP_AGENTS_EVERY:
+            t, _, was_waiting, apps = self.samples[aged]
+            self.samples[aged] = (t, None, was_waiting, apps)
+
+    def forget(self, app: str, agent: str) -> None:
+        """Leave an agent out of later samples and bodies (its past samples age out)."""
+        self.hidden.add((app, agent))
+
+    def recall(self, app: str, agent: str) -> None:
+        """Show a forgotten agent again (it came back)."""
+        self.hidden.discard((app, agent))
 
     async def run(self) -> None:
         """Sample every ``interval`` seconds until cancelled."""
@@ -146,7 +190,8 @@ class FairnessView:
             self.sample()
             await asyncio.sleep(self.interval)
 
-    def snapshot(self, history: float | None = None, *, draining: bool = False) -> dict[str, Any]:
+    def snapshot(self, history: float | None = None, *, draining: bool = False, app: str | None = None,
+                 only: str | None = None) -> dict[str, Any]:
         """The ``/v1/fairness`` body; ``history`` limits the samples to the last seconds.
 
         Each app and agent has, besides its counts, ``demand_met``: true when none of
@@ -169,73 +214,183 @@ class FairnessView:
             >>> planner["queued"], planner["demand_met"], planner["backlogged"]
             (0, True, None)
         """
-        stats = self.stats()
-        extra = self._extra()
-        now = self.clock()
-        samples = [s for s in self.samples if history is None or s[0] >= now - history]
-        by_app, by_agent = _backlogged(samples)
-        apps: dict[str, Any] = {}
-        for name, app in stats.apps.items():
-            apps[name] = {**_client(app, _sum(extra, name), by_app(name)), "agents": {}}
-        for key, agent in stats.agents.items():
-            app_name, agent_name = key.split("/", 1)
-            if app_name in apps:
-                apps[app_name]["agents"][agent_name] = _client(
-                    agent, extra.get((app_name, agent_name), {}), by_agent((app_name, agent_name))
-                )
-        _entitle(apps, *self._recent(stats, now))
-        return {
-            "object": "fairness",
-            "time": now,
-            "uptime_seconds": now - self.started,
-            "policy": self.arbiter.policy.name,
-            "unit": "unified_tokens",
-            "draining": draining,
-            "models": self._models(),
-            "pool": {"in_flight": self.arbiter.pool_running, "in_flight_limit": self.arbiter.pool_in_flight},
-            "entitlement": {"window_seconds": self.window, "tolerance": BELOW_TOLERANCE},
-            "apps": apps,
-            "history": self._history(samples),
-        }
+        return _build(self._gather(history, draining), app=app, only=only)
 
-    def _recent(self, stats: Stats, now: float) -> tuple[dict[_Key, float] | None, set[_Key]]:
-        """Each agent's service over the last ``window`` seconds, and the agents that had requests waiting then.
+    async def body(self, history: float | None = None, *, draining: bool = False, app: str | None = None,
+                   only: str | None = None) -> bytes:
+        """:meth:`snapshot` as JSON bytes: numbers copied on the event loop, built in a thread, shared.
 
-        The service is measured from the last sample at or before the window's start
-        (the first sample if none is that old); ``None`` before the first sample.
+        Readers asking for the same body while it is built, or within ``max_age`` seconds
+        after, get that one build.
         """
-        start = now - self.window
-        base = None
-        waited: set[_Key] = set()
-        for sample in self.samples:
-            if sample[0] <= start or base is None:
-                base = sample
-            if sample[0] >= start:
-                waited |= sample[2]
-        if base is None:
-            return None, waited
-        served = {}
-        for key, agent in stats.agents.items():
-            app, name = key.split("/", 1)
-            served[(app, name)] = agent.service - base[1].get((app, name), 0.0)
-        return served, waited
+        key = (history, draining, app, only)
+        now = self.clock()
+        cached = self._bodies.get(key)
+        if cached is not None and (not cached[1].done() or now - cached[0] <= self.max_age):
+            return await asyncio.shield(cached[1])
+        if len(self._bodies) >= 64:  # readers asking for many histories: keep only builds in progress
+            self._bodies = {k: v for k, v in self._bodies.items() if not v[1].done()}
+        inputs = self._gather(history, draining)
+        built = asyncio.ensure_future(asyncio.to_thread(_dumps, inputs, app, only))
+        self._bodies[key] = (now, built)
+        return await asyncio.shield(built)
 
-    def _history(self, samples: list[_Sample]) -> dict[str, Any]:
-        keys = sorted({k for _, by, _ in samples for k in by})
-        apps = sorted({a for a, _ in keys})
-        return {
-            "interval_seconds": self.interval,
-            "time": [round(t, 3) for t, _, _ in samples],
-            "apps": {a: [round(sum(v for (x, _), v in by.items() if x == a), 4) for _, by, _ in samples] for a in apps},
-            "agents": {f"{a}/{t}": [round(by.get((a, t), 0.0), 4) for _, by, _ in samples] for a, t in keys},
-        }
+    def _gather(self, history: float | None, draining: bool) -> _Inputs:
+        """What a body is built of, copied now (the arbiter's state may only be read on its event loop)."""
+        now = self.clock()
+        samples = list(self.samples)
+        return _Inputs(
+            stats=self.stats(), extra=dict(self._extra()), now=now, started=self.started, interval=self.interval,
+            window=self.window, policy=self.arbiter.policy.name, draining=draining, models=self._models(),
+            pool={"in_flight": self.arbiter.pool_running, "in_flight_limit": self.arbiter.pool_in_flight},
+            samples=samples, shown=[s for s in samples if history is None or s[0] >= now - history],
+            hidden=frozenset(self.hidden), max_agents=self.max_agents,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """The numbers of one ``/v1/fairness`` body, copied on the event loop."""
+
+    stats: Stats
+    extra: dict[_Key, Mapping[str, int]]
+    now: float
+    started: float
+    interval: float
+    window: float
+    policy: str
+    draining: bool
+    models: dict[str, Any]
+    pool: dict[str, Any]
+    samples: list[_Sample]
+    """All samples kept (the window of ``recent_share`` reads them whatever ``history`` is)."""
+    shown: list[_Sample]
+    """The samples within ``history``."""
+    hidden: frozenset[_Key]
+    max_agents: int
+
+
+def _dumps(inputs: _Inputs, app: str | None, only: str | None) -> bytes:
+    body = _build(inputs, app=app, only=only)
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) -> dict[str, Any]:
+    stats, extra, hidden = inputs.stats, inputs.extra, inputs.hidden
+    by_app, by_agent = _backlogged(inputs.shown)
+    shown_agents = [(tuple(key.split("/", 1)), agent) for key, agent in stats.agents.items()]
+    shown_agents = [(k, a) for k, a in shown_agents if k not in hidden]
+    gone = {a for a, _ in hidden} - {a for (a, _), _ in shown_agents}
+    rejected = _sum(extra)
+    apps: dict[str, Any] = {}
+    for name, c in stats.apps.items():
+        if name not in gone:
+            apps[name] = {**_client(c, rejected.get(name, {}), by_app(name)), "agents": {}}
+    for (app_name, agent_name), agent in shown_agents:
+        if app_name in apps:
+            apps[app_name]["agents"][agent_name] = _client(
+                agent, extra.get((app_name, agent_name), {}), by_agent((app_name, agent_name))
+            )
+    _entitle(apps, *_recent(inputs))
+    for c in apps.values():
+        c["agents"] = _fold(c["agents"], inputs.max_agents)
+    history = _history(inputs, app)
+    if only is not None:
+        apps, history = _own(apps, history, only)
+    return {
+        "object": "fairness",
+        "time": inputs.now,
+        "uptime_seconds": inputs.now - inputs.started,
+        "policy": inputs.policy,
+        "unit": "unified_tokens",
+        "draining": inputs.draining,
+        "models": inputs.models,
+        "pool": inputs.pool,
+        "entitlement": {"window_seconds": inputs.window, "tolerance": BELOW_TOLERANCE},
+        "apps": apps,
+        "history": history,
+    }
+
+
+def _recent(inputs: _Inputs) -> tuple[dict[_Key, float] | None, set[_Key]]:
+    """Each agent's service over the last ``window`` seconds, and the agents that had requests waiting then.
+
+    The service is measured from the last sample at or before the window's start
+    (the first sample if none is that old); ``None`` before the first sample.
+    """
+    start = inputs.now - inputs.window
+    base = None
+    waited: set[_Key] = set()
+    for sample in inputs.samples:
+        if sample[1] is not None and (sample[0] <= start or base is None):
+            base = sample
+        if sample[0] >= start:
+            waited |= sample[2]
+    if base is None:
+        return None, waited
+    served = {}
+    for key, agent in inputs.stats.agents.items():
+        app, name = key.split("/", 1)
+        served[(app, name)] = agent.service - base[1].get((app, name), 0.0)
+    return served, waited
+
+
+def _history(inputs: _Inputs, app: str | None) -> dict[str, Any]:
+    """Per-app service over time, thinned to :data:`HISTORY_POINTS`; per agent only for ``app``."""
+    samples = inputs.shown
+    step = max(1, -(-len(samples) // HISTORY_POINTS))
+    points = samples[::-1][::step][::-1]  # thinned from the newest, which is always kept
+    apps = sorted({a for s in points for a in s[3]})
+    keys = sorted({k for s in points if s[1] is not None for k in s[1] if k[0] == app}) if app is not None else []
+    return {
+        "interval_seconds": inputs.interval * step,
+        "time": [round(s[0], 3) for s in points],
+        "apps": {a: [round(s[3].get(a, 0.0), 4) for s in points] for a in apps},
+        "agents": {f"{a}/{t}": [None if s[1] is None else round(s[1].get((a, t), 0.0), 4) for s in points]
+                   for a, t in keys},
+    }
+
+
+def _own(apps: dict[str, Any], history: dict[str, Any], only: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``only``'s own key sees: its app, and every other app summed as :data:`OTHER`, unnamed."""
+    others = [c for name, c in apps.items() if name != only]
+    mine = {only: apps[only]} if only in apps else {}
+    if others:
+        mine[OTHER] = _aggregate(others)
+    series = [v for name, v in history["apps"].items() if name != only]
+    own_history = {k: v for k, v in history["apps"].items() if k == only}
+    if series:
+        own_history[OTHER] = [round(sum(point), 4) for point in zip(*series, strict=True)]
+    agents = {k: v for k, v in history["agents"].items() if k.split("/", 1)[0] == only}
+    return mine, {**history, "apps": own_history, "agents": agents}
+
+
+def _fold(agents: dict[str, Any], most: int) -> dict[str, Any]:
+    """At most ``most`` agents by name, the active and most served first; the others summed as :data:`OTHER`."""
+    if len(agents) <= most:
+        return agents
+    order = sorted(agents, key=lambda name: (not agents[name]["active"], -agents[name]["service"], name))
+    kept = {name: agents[name] for name in order[:most - 1]}
+    return {**kept, OTHER: _aggregate([agents[name] for name in order[most - 1:]])}
+
+
+def _aggregate(clients: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: sum(c[k] for c in clients) for k in (
+        "weight", "weight_share", "service", "share", "queued", "in_flight", "done", "failed", "cancelled", "rejected")}
+    entitled = [c["entitled_share"] for c in clients if c["entitled_share"] is not None]
+    recent = [c["recent_share"] for c in clients if c["recent_share"] is not None]
+    out.update(demand_met=out["queued"] == 0, backlogged=None, active=any(c["active"] for c in clients),
+               entitled_share=sum(entitled) if entitled else None, recent_share=sum(recent) if recent else None,
+               below_entitlement=False, wait_seconds={"p50": None, "p99": None},
+               ttft_seconds={"p50": None, "p99": None}, agents={})
+    return out
 
 
 def _backlogged(samples: list[_Sample]) -> tuple[Callable[[str], float | None], Callable[[_Key], float | None]]:
     """Per app and per agent, the fraction of ``samples`` in which it had requests waiting (``None`` without samples)."""
     apps: Counter[str] = Counter()
     agents: Counter[_Key] = Counter()
-    for _, _, waiting in samples:
+    for _, _, waiting, _ in samples:
         agents.update(waiting)
         apps.update({a for a, _ in waiting})
     n = len(samples)
@@ -274,12 +429,13 @@ def _shares(peers: dict[str, Any], recent: dict[str, float] | None) -> None:
                                   and share < entitled * (1 - BELOW_TOLERANCE))
 
 
-def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]], app: str) -> dict[str, int]:
-    total: dict[str, int] = {}
+def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """The counts of each app's agents summed per app, in one pass."""
+    total: dict[str, dict[str, int]] = {}
     for (a, _), counts in extra.items():
-        if a == app:
-            for k, v in counts.items():
-                total[k] = total.get(k, 0) + v
+        sums = total.setdefault(a, {})
+        for k, v in counts.items():
+            sums[k] = sums.get(k, 0) + v
     return total
 
 

@@ -2,7 +2,9 @@
 
 Every name starts with ``fairagents_`` and is in base units (``_seconds``, ``_total``
 for counters, ``_ratio`` for shares); labels are ``app``, ``agent`` and ``model``
-only, so the series count is bounded by the apps, agents and models configured.
+only. The series are bounded whatever names requests bring (:class:`LabelCap`): the
+first ``max_agents`` agents of an app are named, later ones count as ``agent="_other"``,
+apps past ``max_apps`` as ``app="_other"``; histograms have no ``agent`` label.
 
 Counters and histograms of requests are fed by the arbiter's record of each request
 as it ends (:meth:`~fairagents.Arbiter.add_listener`), so cancelled and failed
@@ -15,7 +17,8 @@ prometheus_client's global one, so several servers in one process do not collide
 | ``fairagents_requests_{finished,cancelled,failed}_total`` | app, agent, model | requests that ended so |
 | ``fairagents_requests_rejected_total`` | app, agent, model | refused with 429: the app's queue was full |
 | ``fairagents_{prompt,completion}_tokens_total`` | app, agent, model | raw tokens of requests that ran |
-| ``fairagents_{queue_wait,ttft,request_duration}_seconds`` | app, agent, model | histograms, from arrival at the arbiter |
+| ``fairagents_{queue_wait,ttft,request_duration}_seconds`` | app, model | histograms, from arrival at the arbiter |
+| ``fairagents_identities_refused_total`` | reason | new app or agent names refused (``max_apps``, ``max_agents``) |
 | ``fairagents_service_unified_tokens_total`` | app, agent | service charged, in unified tokens |
 | ``fairagents_{queued,in_flight}_requests`` | app, agent | requests waiting, and running in an engine |
 | ``fairagents_{app,agent}_{service,weight}_share_ratio`` | app (, agent) | share of service vs share of weight (agents: within their app) |
@@ -36,6 +39,9 @@ Examples:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,9 +52,9 @@ from prometheus_client.registry import Collector
 from fairagents.arbiter import Arbiter
 from fairagents.metrics import RequestRecord
 from fairagents.request import Outcome
-from fairagents.server.fairness import FairnessView
+from fairagents.server.fairness import OTHER, FairnessView
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "OTHER", "LabelCap", "Metrics"]
 
 #: ``Content-Type`` of the exposition (Prometheus text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -57,6 +63,58 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 _LABELS = ("app", "agent", "model")
+_APP_MODEL = ("app", "model")
+
+
+class LabelCap:
+    """Which ``(app, agent)`` label values an identity gets: its names, until the caps are reached.
+
+    Args:
+        max_apps: apps named; later ones are ``OTHER``.
+        max_agents: agents named per app; later ones are ``OTHER``.
+
+    Examples:
+        >>> from fairagents.server.metrics import LabelCap
+        >>> cap = LabelCap(max_apps=1, max_agents=1)
+        >>> cap("a", "x"), cap("a", "y"), cap("b", "x")
+        (('a', 'x'), ('a', '_other'), ('_other', '_other'))
+        >>> cap.forget("a", "x")
+        >>> cap("a", "y")
+        ('a', 'y')
+    """
+
+    def __init__(self, max_apps: int = 64, max_agents: int = 16) -> None:
+        self.max_apps = max_apps
+        self.max_agents = max_agents
+        self._named: dict[str, set[str]] = {}
+
+    def __call__(self, app: str, agent: str) -> tuple[str, str]:
+        agents = self._named.get(app)
+        if agents is None:
+            if len(self._named) >= self.max_apps:
+                return OTHER, OTHER
+            agents = self._named[app] = set()
+        if agent not in agents:
+            if len(agents) >= self.max_agents:
+                return app, OTHER
+            agents.add(agent)
+        return app, agent
+
+    def app(self, app: str) -> str:
+        """The label of an app, without naming it."""
+        return app if app in self._named or len(self._named) < self.max_apps else OTHER
+
+    def names(self, app: str, agent: str) -> bool:
+        """Whether the agent has a label of its own."""
+        return agent in self._named.get(app, ())
+
+    def forget(self, app: str, agent: str) -> None:
+        """Free the agent's label (and the app's, once it names no agent)."""
+        agents = self._named.get(app)
+        if agents is not None:
+            agents.discard(agent)
+            if not agents:
+                del self._named[app]
 
 
 class Metrics:
@@ -67,6 +125,8 @@ class Metrics:
         view: the fairness view whose (cached) stats the scrape reads.
         draining: whether the server is draining.
         models: per-model figures by name (``healthy``, ``in_flight``, ``in_flight_limit``, ``queued``).
+        max_apps: apps named in labels (see :class:`LabelCap`).
+        max_agents: agents named in labels, per app.
 
     Examples:
         >>> import fairagents as fa
@@ -84,9 +144,13 @@ class Metrics:
         *,
         draining: Callable[[], bool] = lambda: False,
         models: Callable[[], dict[str, dict[str, Any]]] = dict,
+        max_apps: int = 64,
+        max_agents: int = 16,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.cap = LabelCap(max_apps, max_agents)
+        self._models_of: dict[tuple[str, str], set[str]] = {}  # the models each named (app, agent) has series of
         self._ended = {
             Outcome.FINISHED: Counter("fairagents_requests_finished", "Requests that ran to completion.", _LABELS, registry=r),
             Outcome.CANCELLED: Counter(
@@ -102,45 +166,113 @@ class Metrics:
         )
         self._prompt = Counter("fairagents_prompt_tokens", "Prompt tokens of requests that ran (raw tokens).", _LABELS, registry=r)
         self._completion = Counter("fairagents_completion_tokens", "Output tokens generated (raw tokens).", _LABELS, registry=r)
+        self._refused = Counter(
+            "fairagents_identities_refused", "New app or agent names refused (max_apps, max_agents).", ("reason",),
+            registry=r,
+        )
+        # Histograms carry no agent label: 54 of an agent's 68 lines would be theirs.
         self._wait = Histogram(
-            "fairagents_queue_wait_seconds", "Arrival at the arbiter to dispatch to the engine.", _LABELS,
+            "fairagents_queue_wait_seconds", "Arrival at the arbiter to dispatch to the engine.", _APP_MODEL,
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self._ttft = Histogram(
-            "fairagents_ttft_seconds", "Arrival at the arbiter to the first output token.", _LABELS,
+            "fairagents_ttft_seconds", "Arrival at the arbiter to the first output token.", _APP_MODEL,
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self._duration = Histogram(
             "fairagents_request_duration_seconds", "Arrival at the arbiter to the end of the request, however it ended.",
-            _LABELS, buckets=LATENCY_BUCKETS, registry=r,
+            _APP_MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )
-        r.register(_Live(arbiter, view, draining, models))
+        self._live = _Live(arbiter, view, draining, models, self.cap)  # read on the loop: not in the registry
+        self._built: tuple[float, asyncio.Future[bytes]] | None = None
         arbiter.add_listener(self.observe)
+
+    def _labels(self, app: str, agent: str, model: str) -> tuple[str, str, str]:
+        app, agent = self.cap(app, agent)
+        self._models_of.setdefault((app, agent), set()).add(model)
+        return app, agent, model
 
     def observe(self, record: RequestRecord) -> None:
         """Count a request that ended (the arbiter calls this)."""
-        labels = (record.app, record.agent, record.model)
+        labels = self._labels(record.app, record.agent, record.model)
+        by_app = (labels[0], record.model)
         self._ended[record.outcome].labels(*labels).inc()
         if record.dispatched is not None:
             self._prompt.labels(*labels).inc(record.prompt_tokens)
-            self._wait.labels(*labels).observe(record.dispatched - record.arrival)
+            self._wait.labels(*by_app).observe(record.dispatched - record.arrival)
         if record.output_tokens:
             self._completion.labels(*labels).inc(record.output_tokens)
         if record.first_token is not None:
-            self._ttft.labels(*labels).observe(record.first_token - record.arrival)
-        self._duration.labels(*labels).observe(record.finished - record.arrival)
+            self._ttft.labels(*by_app).observe(record.first_token - record.arrival)
+        self._duration.labels(*by_app).observe(record.finished - record.arrival)
 
     def reject(self, app: str, agent: str, model: str) -> None:
         """Count a request refused because the app's queue was full."""
-        self._rejected.labels(app, agent, model).inc()
+        self._rejected.labels(*self._labels(app, agent, model)).inc()
+
+    def refuse(self, reason: str) -> None:
+        """Count a new app or agent name refused (``reason``: ``"max_apps"`` or ``"max_agents"``); the name is not kept."""
+        self._refused.labels(reason).inc()
+
+    def forget(self, app: str, agent: str) -> None:
+        """Drop an agent's series and free its labels (an agent counted as ``_other`` stays in that sum)."""
+        if not self.cap.names(app, agent):
+            return
+        for model in self._models_of.pop((app, agent), ()):
+            for counter in (*self._ended.values(), self._rejected, self._prompt, self._completion):
+                with contextlib.suppress(KeyError):
+                    counter.remove(app, agent, model)
+        self.cap.forget(app, agent)
+        if not any(a == app for a, _ in self._models_of):  # the app has no series left: nor histograms
+            for histogram in (self._wait, self._ttft, self._duration):
+                for model in self._histogram_models(histogram, app):
+                    histogram.remove(app, model)
+
+    @staticmethod
+    def _histogram_models(histogram: Histogram, app: str) -> list[str]:
+        return [model for a, model in histogram._metrics if a == app]  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
-        """The exposition text (serve with :data:`CONTENT_TYPE`)."""
-        return generate_latest(self.registry)
+        """The exposition text (serve with :data:`CONTENT_TYPE`), built here and now."""
+        return _format(self.registry, self._live.snapshot())
+
+    async def exposition(self, max_age: float = 1.0) -> bytes:
+        """:meth:`render`, with the arbiter read on the event loop and the text formatted in a thread.
+
+        The counters and histograms are safe to read from a thread (prometheus_client locks
+        them); the arbiter's live numbers are not, so they are copied first. Scrapes while
+        one is built, or within ``max_age`` seconds after, share that build.
+        """
+        now = time.monotonic()
+        if self._built is not None and (not self._built[1].done() or now - self._built[0] <= max_age):
+            return await asyncio.shield(self._built[1])
+        frozen = self._live.snapshot()
+        built = asyncio.ensure_future(asyncio.to_thread(_format, self.registry, frozen))
+        self._built = (now, built)
+        return await asyncio.shield(built)
 
 
-class _Live(Collector):
-    """What is read from the arbiter at scrape time."""
+def _format(registry: CollectorRegistry, live: list[Metric]) -> bytes:
+    frozen = CollectorRegistry(auto_describe=False)
+    frozen.register(_Frozen(live))
+    return generate_latest(registry) + generate_latest(frozen)
+
+
+class _Frozen(Collector):
+    """Families copied earlier, formatted later (in a thread)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class _Live:
+    """What is read from the arbiter at scrape time (on the event loop), its agents and apps under capped labels."""
 
     def __init__(
         self,
@@ -148,14 +280,38 @@ class _Live(Collector):
         view: FairnessView,
         draining: Callable[[], bool],
         models: Callable[[], dict[str, dict[str, Any]]],
+        cap: LabelCap,
     ):
         self._arbiter = arbiter
         self._view = view
         self._draining = draining
         self._models = models
+        self._cap = cap
 
-    def collect(self) -> Iterator[Metric]:
+    def snapshot(self) -> list[Metric]:
+        """The live families, numbers copied now."""
+        return list(self._collect())
+
+    def _collect(self) -> Iterator[Metric]:
         stats = self._view.stats()
+        hidden = self._view.hidden
+        by_agent: dict[tuple[str, str], list[float]] = {}
+        for key, agent in stats.agents.items():
+            app_name, agent_name = key.split("/", 1)
+            if (app_name, agent_name) in hidden:
+                continue
+            sums = by_agent.setdefault(self._cap(app_name, agent_name), [0.0] * 5)
+            for i, v in enumerate((agent.service, agent.queued, agent.in_flight, agent.share, agent.weight_share)):
+                sums[i] += v
+        gone = {a for a, _ in hidden} - {key.split("/", 1)[0] for key in stats.agents if tuple(key.split("/", 1)) not in hidden}
+        by_app: dict[str, list[float]] = {}
+        for name, app in stats.apps.items():
+            if name in gone:  # forgotten with all its agents
+                continue
+            label = self._cap.app(name)
+            sums = by_app.setdefault(label, [0.0, 0.0])
+            sums[0] += app.share
+            sums[1] += app.weight_share
         service = CounterMetricFamily(
             "fairagents_service_unified_tokens", "Service charged to an agent, in unified tokens.", labels=("app", "agent")
         )
@@ -169,18 +325,14 @@ class _Live(Collector):
         agent_weight = GaugeMetricFamily(
             "fairagents_agent_weight_share_ratio", "An agent's weight over its app's agents' weights.", labels=("app", "agent")
         )
-        for key, agent in stats.agents.items():
-            labels = key.split("/", 1)
-            service.add_metric(labels, agent.service)
-            queued.add_metric(labels, agent.queued)
-            running.add_metric(labels, agent.in_flight)
-            agent_share.add_metric(labels, agent.share)
-            agent_weight.add_metric(labels, agent.weight_share)
+        for labels, sums in by_agent.items():
+            for family, value in zip((service, queued, running, agent_share, agent_weight), sums, strict=True):
+                family.add_metric(labels, value)
         app_share = GaugeMetricFamily("fairagents_app_service_share_ratio", "An app's share of all service.", labels=("app",))
         app_weight = GaugeMetricFamily("fairagents_app_weight_share_ratio", "An app's weight over all apps' weights.", labels=("app",))
-        for name, app in stats.apps.items():
-            app_share.add_metric([name], app.share)
-            app_weight.add_metric([name], app.weight_share)
+        for name, (share, weight_share) in by_app.items():
+            app_share.add_metric([name], share)
+            app_weight.add_metric([name], weight_share)
         up = GaugeMetricFamily("fairagents_model_up", "1 while the model's engine is healthy.", labels=("model",))
         limit = GaugeMetricFamily("fairagents_model_in_flight_limit", "Requests the model runs at once.", labels=("model",))
         model_queued = GaugeMetricFamily("fairagents_model_queued_requests", "Requests waiting for the model.", labels=("model",))
@@ -210,6 +362,3 @@ class _Live(Collector):
                                       value=float(status["syncs"]))
             yield CounterMetricFamily("fairagents_shared_counters_sync_failures",
                                       "Syncs that did not reach the shared counters' store.", value=float(status["failures"]))
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())

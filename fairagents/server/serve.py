@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -38,12 +39,13 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fairagents._logging import get_logger
 from fairagents.arbiter import Arbiter
 from fairagents.constants import HEADER_APP
 from fairagents.errors import InvalidParameterError
-from fairagents.server.app import create_app
+from fairagents.server.app import ABORT_EXTENSION, create_app
 from fairagents.server.config import Config, ServerSettings, build_arbiter, load_config
 
 __all__ = ["free_socket", "main", "running", "serve", "with_options"]
@@ -74,6 +76,12 @@ gets a 500.
 _UVICORN_TICKS = 0.2  # uvicorn sees should_exit within 0.1 s, then sleeps 0.1 s before it waits on connections
 
 
+def _loopback(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return host == "localhost"
+
+
 def free_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free one, read it from ``getsockname()``).
 
@@ -95,9 +103,71 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol, with deadlines for clients that are slow or silent.
+
+    uvicorn arms its keep-alive timer only once a response is sent: a connection that
+    never completes its request's headers would be held for ever. Here the headers
+    have ``header_timeout`` seconds (from connecting, or from a request's first byte);
+    a response still unread ``stall_timeout`` seconds after it was sent is dropped with
+    its connection; and the app can drop the connection of a stream its client stopped
+    reading (the ``fairagents.abort`` scope extension).
+    """
+
+    header_timeout = 30.0
+    stall_timeout = 30.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._arm(self.header_timeout, self._headers_late)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:
+            self._arm(self.header_timeout, self._headers_late)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self.scope["extensions"] = {**self.scope.get("extensions", {}), ABORT_EXTENSION: self.transport.abort}
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.get_write_buffer_size():  # closing or kept alive, it waits for the client to read
+            self._arm(self.stall_timeout, self._unread)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, delay: float, then: Callable[[], None]) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(delay, then)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()  # type: ignore[union-attr]
+            self._deadline = None
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _unread(self) -> None:
+        self._deadline = None
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+
+
 def _uvicorn(app: FastAPI) -> _Server:
+    settings = app.state.gateway.config.server if hasattr(app.state, "gateway") else ServerSettings()
+    protocol = type("Protocol", (_Protocol,), {"header_timeout": settings.header_timeout,
+                                               "stall_timeout": settings.stream_stall_timeout})
     # log_config=None: a library does not configure logging; the application (the CLI) does.
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none",
+                            timeout_graceful_shutdown=5, http=protocol)
     return _Server(config)
 
 
@@ -166,6 +236,9 @@ async def serve(
     await arbiter.start()
     server = _uvicorn(app)
     sock = free_socket(config.server.host, config.server.port)
+    if not config.server.auth and not _loopback(sock.getsockname()[0]):
+        log.warning("fairagents.server.open_without_keys", host=config.server.host,
+                    hint="keys are off: anyone who reaches this address can name any app and read every view")
     loop = asyncio.get_running_loop()
     drained: asyncio.Task[None] | None = None
 

@@ -31,15 +31,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, ValidationInfo,
+                      model_validator)
 
 from fairagents.engines.base import GenerationParams
 from fairagents import http_errors
 from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.http_errors import ErrorType
 from fairagents.images import parse_size
+from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.reply import TokenLogprob
-from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta
+from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta, check_tool_replies
 
 __all__ = [
     "ChatCompletionRequest",
@@ -59,6 +61,7 @@ __all__ = [
     "images_usage",
     "new_id",
     "parse",
+    "redact_addresses",
     "redact_paths",
     "sse",
 ]
@@ -73,8 +76,10 @@ MAX_CHOICES = 128
 MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
 
 
-def parse(model: type[M], raw: bytes) -> M:
+def parse(model: type[M], raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> M:
     """Validate a JSON request body; anything wrong is an :class:`~fairagents.InvalidParameterError`.
+
+    ``limits`` bound its stop strings, logit bias, tools and output constraint.
 
     Examples:
         >>> from fairagents.server.wire import CompletionRequest, parse
@@ -95,7 +100,7 @@ def parse(model: type[M], raw: bytes) -> M:
     if not isinstance(data, dict):
         raise InvalidParameterError("the request body must be a JSON object")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"limits": limits})
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = _path(first["loc"])
@@ -133,6 +138,11 @@ def _param(error: Any) -> str | None:
     if inner:
         path = f"{path}.{inner}" if path else inner
     return path or None
+
+
+def _limits(info: ValidationInfo) -> RequestLimits:
+    """The bounds :func:`parse` was given (the defaults when a model is validated directly)."""
+    return (info.context or {}).get("limits", DEFAULT_LIMITS)
 
 
 class _Body(BaseModel):
@@ -185,7 +195,8 @@ class _Sampling(_Body):
     """vLLM's extension: keep generating past end of sequence (benchmarks)."""
 
     @model_validator(mode="after")
-    def _checked_sampling(self) -> _Sampling:
+    def _checked_sampling(self, info: ValidationInfo) -> _Sampling:
+        _limits(info).check_sampling(stop=self.stop, logit_bias=self.logit_bias)  # before any work on them
         GenerationParams(1, seed=self.seed, stop=self.stops, logit_bias=self.logit_bias or ())  # ranges, ids
         return self
 
@@ -360,16 +371,17 @@ class ChatCompletionRequest(_Sampling):
     """Most likely alternatives per token, with ``logprobs``."""
 
     @model_validator(mode="after")
-    def _checked_output(self) -> ChatCompletionRequest:
-        self.output_spec().constraint()  # a spec whose constraint cannot be built is refused here too
+    def _checked_output(self, info: ValidationInfo) -> ChatCompletionRequest:
+        self.output_spec(_limits(info)).constraint()  # a spec whose constraint cannot be built is refused here too
+        check_tool_replies([m.model_dump(include={"role", "tool_calls", "tool_call_id"}) for m in self.messages])
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidParameterError("top_logprobs needs logprobs: true", param="top_logprobs")
         return self
 
-    def output_spec(self) -> OutputSpec:
+    def output_spec(self, limits: RequestLimits | None = None) -> OutputSpec:
         """The request's tools, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``, checked."""
-        return OutputSpec.of(tools=self.tools, tool_choice=self.tool_choice,
-                             parallel_tool_calls=self.parallel_tool_calls, response_format=self.response_format)
+        return OutputSpec.of(tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
+                             response_format=self.response_format, limits=limits)
 
     def output_args(self) -> dict[str, Any]:
         """Keyword arguments of :meth:`~fairagents.Arbiter.stream_chat` for the request's tools and format."""
@@ -682,7 +694,7 @@ def error_body(message: str, type: ErrorType, code: str | None = None, param: st
         >>> error_body("bad", "invalid_request_error", "invalid_parameter")
         {'error': {'message': 'bad', 'type': 'invalid_request_error', 'param': None, 'code': 'invalid_parameter'}}
     """
-    return http_errors.error_body(redact_paths(message), type, code, param)
+    return http_errors.error_body(redact_addresses(redact_paths(message)), type, code, param)
 
 
 # An absolute or home-relative path of two or more parts, or a file: URL; not "image/png" or "a/b".
@@ -704,6 +716,26 @@ def redact_paths(message: str) -> str:
         'send data:image/png;base64,<data>, not <path> or <path>'
     """
     return _PATH.sub("<path>", message)
+
+
+# A URL with a host (http://replica:8000/v1, redis://10.0.0.5:6379/0), or an IPv4 address with its port.
+_ADDRESS = re.compile(r"\b[a-zA-Z][\w+.-]*://[^\s'\"<>()]+|'?\b\d{1,3}(?:\.\d{1,3}){3}\b(?::\d+|', ?\d+)?")
+
+
+def redact_addresses(message: str) -> str:
+    """``message`` with network addresses (replica URLs, hosts and ports) replaced by ``<address>``.
+
+    Which replicas serve a model, and where, is the operator's: the server log and the
+    observer's views keep it, a client's error does not.
+
+    Examples:
+        >>> from fairagents.server.wire import redact_addresses
+        >>> redact_addresses("replica http://10.0.0.7:8000/v1 of 'chat' did not answer in 60 s")
+        "replica <address> of 'chat' did not answer in 60 s"
+        >>> redact_addresses("Connect call failed ('10.0.0.7', 8000)")
+        'Connect call failed (<address>)'
+    """
+    return _ADDRESS.sub("<address>", message)
 
 
 def sse(data: dict[str, Any] | str) -> str:

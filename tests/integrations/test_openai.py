@@ -129,6 +129,9 @@ async def test_parameters_fairagents_cannot_honour_are_refused():
         ):
             with pytest.raises(fa.InvalidParameterError):
                 await client.chat.completions.create(model="chat", messages=MESSAGES, **params)
+        orphan = [*MESSAGES, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]  # it answers no call
+        with pytest.raises(fa.InvalidParameterError, match="must be a response to a preceeding message"):
+            await client.chat.completions.create(model="chat", messages=orphan)
         # NOT_GIVEN, as code written for openai passes it, is "not given"
         ok = await client.chat.completions.create(model="chat", messages=MESSAGES, tools=openai.NOT_GIVEN)
     assert ok.choices[0].message.content

@@ -32,7 +32,7 @@ def same_answer(local, remote):
     """The drop-in raised what the openai client raised for the server's answer."""
     assert isinstance(local, type(remote)) and isinstance(local, fa.FairAgentsError)
     assert local.status_code == remote.status_code
-    assert (local.code, local.type) == (remote.code, remote.type)
+    assert (local.code, local.type, local.param) == (remote.code, remote.type, remote.param)
     assert str(local) == f"Error code: {local.status_code} - {local.__cause__}"
     assert local.body["message"] == str(local.__cause__) and local.response.json() == {"error": local.body}
 

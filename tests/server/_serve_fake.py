@@ -18,6 +18,8 @@ if __name__ == "__main__":
     drain_timeout, tokens = float(sys.argv[1]), int(sys.argv[2])
     arbiter = fa.Arbiter(in_flight=int(sys.argv[3]) if len(sys.argv) > 3 else 2)
     arbiter.add_model("chat", FakeEngine(tokens_per_reply=tokens, token_time=0.01))
-    config = Config.model_validate({"server": {"auth": False, "port": 0, "drain_timeout": drain_timeout}})
+    # views_cache_seconds=0: the tests watch requests come and go in /v1/fairness as they happen
+    config = Config.model_validate({"server": {"auth": False, "port": 0, "drain_timeout": drain_timeout,
+                                               "views_cache_seconds": 0}})
     asyncio.run(serve(arbiter, config, ready=lambda url: print(url, flush=True)))
     print("exited", flush=True)

@@ -18,7 +18,12 @@ MSG = [{"role": "user", "content": "hello there"}]
 
 
 def make_config(apps=None, policy="hmfs", in_flight=None, **server):
-    """Two apps with keys: driving (weight 2, agent planner of weight 2) and studio; one model, chat."""
+    """Two apps with keys: driving (weight 2, agent planner of weight 2) and studio; one model, chat.
+
+    The views (``/metrics``, ``/v1/fairness``, ``/dashboard``) are open (``public_views``) unless
+    the test says ``public_views=False``: tests/server/test_views.py is about who sees them.
+    """
+    server.setdefault("public_views", True)
     if apps is None:
         apps = {
             "driving": {"api_key": KEYS["driving"], "weight": 2.0, "agents": {"planner": {"weight": 2.0}}},

@@ -283,7 +283,7 @@ async def test_models_fairness_metrics_health_and_dashboard():
                                  s.completions.create(model="chat", prompt="once upon a time", max_tokens=2))
         gateway.view.sample()
         async with httpx.AsyncClient(base_url=url) as http:
-            fairness = (await http.get("/v1/fairness", params={"history": 60})).json()
+            fairness = (await http.get("/v1/fairness", params={"history": 60, "app": "studio"})).json()
             metrics = (await http.get("/metrics")).text
             health = await http.get("/health")
             page = await http.get("/dashboard")
@@ -304,7 +304,7 @@ async def test_models_fairness_metrics_health_and_dashboard():
     assert _samples(metrics, "fairagents_requests_finished_total") == {("driving", "planner", "chat"): 3, ("studio", "writer", "chat"): 1}
     assert _samples(metrics, "fairagents_completion_tokens_total")[("driving", "planner", "chat")] == 12
     assert _samples(metrics, "fairagents_service_unified_tokens_total") == {("driving", "planner"): 33, ("studio", "writer"): 9}
-    assert _samples(metrics, "fairagents_ttft_seconds_count")[("driving", "planner", "chat")] == 3
+    assert _samples(metrics, "fairagents_ttft_seconds_count")[("driving", "chat")] == 3  # no agent label
     assert _samples(metrics, "fairagents_app_weight_share_ratio")[("driving",)] == pytest.approx(2 / 3)
     assert _samples(metrics, "fairagents_pool_in_flight_requests") == {(): 0}
     assert "fairagents_pool_in_flight_limit" not in families  # no pool limit configured
@@ -391,13 +391,13 @@ async def test_entitlements_count_the_active_apps_and_a_shortfall_must_pass_the_
 
 async def test_an_observer_key_guards_the_views():
     arbiter, _ = fake()
-    async with live(arbiter, make_config(observer_key="sk-observer")) as (url, _):
+    async with live(arbiter, make_config(observer_key="sk-observer", public_views=False)) as (url, _):
         async with httpx.AsyncClient(base_url=url) as http:
-            for path in ("/v1/fairness", "/metrics"):
+            for path in ("/v1/fairness", "/metrics", "/dashboard"):
                 assert (await http.get(path)).status_code == 401
-                assert (await http.get(path, headers={"Authorization": f"Bearer {KEYS['driving']}"})).status_code == 401
                 assert (await http.get(path, headers={"Authorization": "Bearer sk-observer"})).status_code == 200
-            assert (await http.get("/health")).status_code == 200 and (await http.get("/dashboard")).status_code == 200
+            assert (await http.get("/metrics", headers={"Authorization": f"Bearer {KEYS['driving']}"})).status_code == 401
+            assert (await http.get("/health")).status_code == 200
 
 
 def _samples(text, name):
@@ -518,6 +518,11 @@ def _chat(**fields):
     ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     ("/v1/chat/completions", _chat(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role"),
     ("/v1/chat/completions", _chat(messages=[*MSG, {"role": "tool", "content": "42"}]), "messages[1].tool_call_id"),
+    ("/v1/chat/completions", _chat(messages=[*MSG, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]),
+     "messages[1].role"),  # it answers no call
+    ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                   tool_choice={"type": "function", "function": {"name": ["f"]}}), "tool_choice"),
+    ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "f\n"}}]), "tools[0].function.name"),
     ("/v1/chat/completions", _chat(messages=[*MSG, {"role": "user", "content": [{"type": "audio"}]}]),
      "messages[1].content"),
     ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": [

@@ -89,6 +89,8 @@ def test_the_default_serves_the_embedded_model_with_keys_off():
         ("[apps.a]\napi_key = 'k'\nmax_queued = 0", "apps.a.max_queued"),
         ("[apps.a]\napi_key = 'k'\napi_key_env = 'K'", "not both"),
         ("[apps.'a/b']\napi_key = 'k'", "app name must be"),
+        ('[apps."a\\n"]\napi_key = \'k\'', "app name must be"),  # a trailing newline
+        ("[server]\nauth = false\nstream_stall_timeout = 0", "server.stream_stall_timeout"),
         ("[apps.a]\napi_key = 'k'\n[apps.a.agents.'x/y']\nweight = 1", "agent name must be"),
         ("[server]\nauth = false\nport = 70000", "server.port"),
         ("[server]\nauth = false\n[models.m]\nengine = 'tgi'", "models.m.engine"),

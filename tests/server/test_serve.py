@@ -238,3 +238,10 @@ def test_the_command_lines_options_override_the_configuration(tmp_path, monkeypa
     with pytest.raises(fa.InvalidParameterError, match="--policy: policy 'option_policy:Nope': module 'option_policy' "
                                                        "has no attribute 'Nope'"):
         with_options(Config.default(), policy="option_policy:Nope")
+
+
+def test_only_a_loopback_address_counts_as_local():
+    from fairagents.server.serve import _loopback
+
+    assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")
+    assert not _loopback("0.0.0.0") and not _loopback("10.0.0.5") and not _loopback("::")

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 
 MSG = [{"role": "user", "content": "plan a route through the city"}]
 KEYS = {"heavy": "sk-heavy", "light": "sk-light"}
+OBSERVER = {"Authorization": "Bearer sk-observer"}  # the views are private with keys on
 SLOTS = 4
 
 
@@ -58,6 +59,7 @@ def config(folder, replica, redis_url, name):
     path.write_text(f"""
 [server]
 auth = true
+observer_key = "sk-observer"
 drain_timeout = 2.0
 {counters}
 
@@ -150,7 +152,7 @@ def charged(urls):
     """Unified tokens each app was charged, summed over the doors' ledgers (running requests' progress included)."""
     out = dict.fromkeys(KEYS, 0.0)
     for url in urls:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        text = httpx.get(f"{url}/metrics", headers=OBSERVER, timeout=10).text
         for labels, value in re.findall(r'^fairagents_service_unified_tokens_total\{([^}]*)\} (\S+)$', text, re.M):
             app = re.search(r'app="([^"]+)"', labels).group(1)
             out[app] += float(value)
@@ -186,7 +188,7 @@ async def test_two_servers_on_redis_hold_four_to_one_through_an_outage(replica, 
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1)
             recovered = await window(urls, 20)
-            metrics = httpx.get(f"{urls[0]}/metrics", timeout=5).text
+            metrics = httpx.get(f"{urls[0]}/metrics", headers=OBSERVER, timeout=5).text
     print(f"heavy : light over HTTP, shared {shared:.2f}, after the outage {recovered:.2f}")
     assert not callers.errors, callers.errors[:3]
     assert 3.6 <= shared <= 4.4, shared  # weights 4 : 1, within 10 %

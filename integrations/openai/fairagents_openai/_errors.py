@@ -71,7 +71,7 @@ def status_error(err: FairAgentsError, url: str, arbiter: Arbiter | None = None)
 
     ``arbiter`` tells when a model that is down is expected back (``retry-after``).
     """
-    told = http_error(err, arbiter)
+    told = http_error(err, arbiter, path=url)
     body = told.body(str(err))
     headers = dict(told.headers)
     if err.request_id is not None:
@@ -84,7 +84,7 @@ def status_error(err: FairAgentsError, url: str, arbiter: Arbiter | None = None)
 
 def stream_error(err: FairAgentsError, url: str) -> openai.APIError:
     """``err``, raised while a stream is read, as the ``openai`` client raises a server's ``error`` event."""
-    body = http_error(err).body(str(err))["error"]
+    body = http_error(err, path=url).body(str(err))["error"]
     return _with_state(_both(openai.APIError, type(err))(str(err), httpx.Request("POST", url), body=body), err)
 
 
@@ -123,8 +123,9 @@ def _both(kind: type[openai.APIError], fairagents_kind: type[FairAgentsError]) -
     return type(fairagents_kind.__name__, (kind, fairagents_kind), {"__module__": __name__, "__doc__": doc})
 
 
-# What openai reads from the answer; request_id and param are both libraries' and agree.
-_OPENAI_OWN = frozenset({"message", "request", "body", "code", "type", "response", "status_code"})
+# What openai reads from the answer (param: the error's own, else what the answer names, as a server's); request_id
+# is both libraries' and agrees.
+_OPENAI_OWN = frozenset({"message", "request", "body", "code", "type", "param", "response", "status_code"})
 
 
 def _with_state(converted: Any, err: FairAgentsError) -> Any:

@@ -37,7 +37,7 @@ from fairagents.identity import Agent, Modality
 from fairagents.images import parse_size
 from fairagents.portal import Portal
 from fairagents.reply import Reply, TokenLogprob
-from fairagents.tools import OutputSpec, output_reader
+from fairagents.tools import OutputSpec, check_tool_replies, output_reader
 from fairagents_openai._errors import openai_errors
 
 __all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "chat_completion", "chat_params", "generate_image", "given"]
@@ -146,6 +146,8 @@ async def chat_completion(
         return served
     model, messages = request.get("model"), _messages(request.get("messages"))
     params, stream, include_usage, timeout = chat_params(request)
+    if isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
+        check_tool_replies(messages)  # as OpenAI refuses it (other malformed messages: the arbiter says what is wrong)
     if stream:
         # Prepare once (images in the arbiter's pool; tools rendered), keeping the call's place in the
         # queue, so that the usage chunk counts the very prompt that was charged.
