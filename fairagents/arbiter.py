@@ -43,10 +43,10 @@ from fairagents.engines.base import Engine, GenerationParams, Prompt
 from fairagents.errors import EngineError, InvalidParameterError, OverloadedError, ProtocolError, ShutdownError
 from fairagents.handles import AgentHandle, AppHandle
 from fairagents.identity import SLO, Agent, App
+from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.metrics import RequestRecord
 from fairagents.policies import Policy, priced_policy
 from fairagents.pool import DEFAULT_IN_FLIGHT, Pool, PoolModel, Restart, TokenBudget, check_limit, schedules_fairly
-from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.preprocessing import Preprocessor
 from fairagents.request import Outcome, Request
 from fairagents.shared import SharedCounters, SharedView
@@ -245,6 +245,23 @@ class Arbiter(ModelCalls):
 
     def _declare_agent(self, app: App, name: str, weight: float, slo: SLO | None) -> AgentHandle:
         return AgentHandle(self, self.tenants.declare_agent(app, name, weight, slo))
+
+    def forget_agent(self, app: str, agent: str) -> bool:
+        """Undeclare an agent that never had a request queued, running or accounted; whether it was forgotten.
+
+        An agent with any history (a request waiting or running, service charged, a
+        request ended) is kept: the fair-share counters and the ledger read it.
+        """
+        key = (app, agent)
+        if self.ledger.knows(app, agent) or any(c.request.agent_key == key for c in self._calls.values()):
+            return False
+        if any(t.request.agent_key == key for t in self.dispatcher.tickets()):
+            return False
+        return self.tenants.forget_agent(key)
+
+    def forget_app(self, name: str) -> bool:
+        """Undeclare an app none of whose agents is declared (see :meth:`forget_agent`); whether it was forgotten."""
+        return self.tenants.forget_app(name)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

@@ -41,7 +41,7 @@ SUITE_COMMANDS = ("run", "compare", "scenarios", "schema")
 #: The packages each optional extra installs (``pip install 'fairagents[EXTRA]'``), by import name. ``cpu``
 #: stands for either engine extra: ``gpu`` installs the same packages with CUDA.
 EXTRAS = {
-    "server": ("fastapi", "uvicorn", "prometheus_client", "yaml"),
+    "server": ("fastapi", "uvicorn", "httptools", "prometheus_client", "yaml"),
     "bench": ("rich", "matplotlib", "numpy", "yaml"),
     "cpu": ("vllm", "torch", "transformers", "diffusers", "PIL"),
     "redis": ("redis",),

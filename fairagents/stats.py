@@ -90,6 +90,10 @@ class Ledger:
         self._outcomes[(record.app, record.agent)][record.outcome] += 1
         self.records.append(record)
 
+    def knows(self, app: str, agent: str) -> bool:
+        """Whether the agent was ever charged or ended a request."""
+        return (app, agent) in self._service or (app, agent) in self._outcomes
+
     def service_of(self, app: str, agent: str | None = None) -> float:
         """Unified tokens charged to an app (or one of its agents) so far."""
         if agent is not None:

@@ -83,6 +83,19 @@ class Tenants:
         self.agents[new.key] = existing or new
         return self.agents[new.key]
 
+    def forget_agent(self, key: tuple[str, str]) -> bool:
+        """Undeclare the agent ``(app, agent)``; whether it was declared. The caller checks it has no history."""
+        return self.agents.pop(key, None) is not None
+
+    def forget_app(self, name: str) -> bool:
+        """Undeclare app ``name`` and its settings unless one of its agents is declared; whether it was forgotten."""
+        if name not in self.apps or any(app == name for app, _ in self.agents):
+            return False
+        del self.apps[name]
+        for settings in (self.max_queued, self.share, self.max_tokens):
+            settings.pop(name, None)
+        return True
+
     def resolve(self, who: Any) -> Agent:
         """The declared agent a call is made by: ``who`` (an agent handle or :class:`Agent`), or the one bound in context.
 

@@ -74,7 +74,7 @@ MAX_APPS = 32
 #: Agents of one app reported under their own label; later ones share :data:`OVERFLOW`.
 MAX_AGENTS = 8
 #: The label of the apps (or an app's agents) past the cap.
-OVERFLOW = "__other__"
+OVERFLOW = "_other"
 #: prometheus_client's variable naming the directory its processes share (multiprocess mode).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -126,7 +126,7 @@ class SchedulerMetrics:
         >>> from fairagents.engines.fair_metrics import SchedulerMetrics
         >>> metrics = SchedulerMetrics("chat", max_apps=1, registry=CollectorRegistry())
         >>> metrics.labels(fa.Agent("a", fa.App("one"))), metrics.labels(fa.Agent("a", fa.App("two")))
-        (('one', 'a'), ('__other__', '__other__'))
+        (('one', 'a'), ('_other', '_other'))
     """
 
     def __init__(self, model_name: str, engine: str = "0", *, max_apps: int = MAX_APPS, max_agents: int = MAX_AGENTS,
@@ -141,7 +141,7 @@ class SchedulerMetrics:
         self._agents: dict[str, set[str]] = {}  # app -> its agents with a label of their own
         self._app_weights: dict[str, float] = {}  # app label -> the latest weight
         self._agent_weights: dict[tuple[str, str], float] = {}  # (app, agent) labels -> the latest weight
-        self._published: dict[tuple[str, str], float] = {}  # (app, agent) -> service published so far
+        self._published: dict[tuple[str, str], float] = {}  # (app, agent) labels -> service published so far
         self._counted: set[tuple[str, str]] = set()  # labels whose request gauges were ever set
 
     @classmethod
@@ -188,16 +188,21 @@ class SchedulerMetrics:
         """Publish the figures now.
 
         Args:
-            service: ``(app, agent, unified tokens)``, the service charged so far (totals).
+            service: ``(app, agent, unified tokens)``, the service charged so far (totals, every agent's:
+                the agents that share a label are summed).
             requests: ``(agent, running)`` of each request the engine holds.
         """
         self._next = self._clock() + self.interval
         series, base = self._series, self._base
+        totals: dict[tuple[str, str], float] = {}  # by label: what is kept is bounded by the caps, not by the names
         for app, agent, total in service:
-            done = self._published.get((app, agent), 0.0)
+            labels = self._labels(app, agent)
+            totals[labels] = totals.get(labels, 0.0) + total
+        for labels, total in totals.items():
+            done = self._published.get(labels, 0.0)
             if total > done:
-                self._published[(app, agent)] = total
-                series.service.labels(*base, *self._labels(app, agent)).inc(total - done)
+                self._published[labels] = total
+                series.service.labels(*base, *labels).inc(total - done)
         counts = dict.fromkeys(self._counted, (0, 0))
         for agent, running in requests:
             labels = self.labels(agent)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import time
@@ -166,6 +167,10 @@ class Gateway:
         """Seconds, for identities' idle time."""
         self._seen: dict[tuple[str, str], float] = {}  # agents declared by requests: when last seen
         self._agent_count: dict[str, int] = defaultdict(int)
+        self._holds: dict[tuple[str, str], int] = {}  # agent -> requests holding it (see release)
+        # Agents (and, keys off, apps) declared by requests, none of which queued yet: the samples taken before.
+        self._fresh: dict[tuple[str, str], int] = {}
+        self._fresh_apps: dict[str, int] = {}
         for app_name, _ in self._agents:
             self._agent_count[app_name] += 1
         fetch = config.server.image_fetch
@@ -202,40 +207,89 @@ class Gateway:
         app's SLO), as ``app.agent(name, weight, slo)`` declares one in process. Later
         requests may state the same settings, or none; other ones are a 400 naming the
         header, as declaring an agent again with other settings is an error in process.
+
+        The request holds its agent until :meth:`release`: an agent (and, keys off, an
+        app) that requests declared is undeclared again when the last request holding it
+        ends without ever having queued a request, so a refused request leaves no state.
         """
         app = await self.authenticate(request)
         agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent")
         stated = agent_from_headers(app, agent, request.headers)
-        handle = self._agents.get((app, agent))
+        key = (app, agent)
+        handle = self._agents.get(key)
         if handle is None:
-            return self._declare(app, agent, stated)
-        if (app, agent) in self._seen or (app, agent) in self.view.hidden:
-            self._seen[(app, agent)] = self.clock()
-            self.view.recall(app, agent)
-        conflicts = stated.conflicts(handle.identity)
-        if conflicts:
-            what, given, declared = conflicts[0]
-            raise InvalidParameterError(f"agent {agent!r} of app {app!r} is declared with {what}={declared}; a request "
-                                        f"cannot change it (it states {what}={given})", app=app, agent=agent,
-                                        param=_SETTING_HEADERS[what])
+            handle = self._declare(app, agent, stated)
+        else:
+            conflicts = stated.conflicts(handle.identity)
+            if conflicts:
+                what, given, declared = conflicts[0]
+                raise InvalidParameterError(f"agent {agent!r} of app {app!r} is declared with {what}={declared}; a "
+                                            f"request cannot change it (it states {what}={given})", app=app,
+                                            agent=agent, param=_SETTING_HEADERS[what])
+            if key in self._seen or key in self.view.hidden:
+                self._seen[key] = self.clock()
+                self.view.recall(app, agent)
+        self._holds[key] = self._holds.get(key, 0) + 1
+        request.state.holds = key
         return handle
+
+    def release(self, request: Request) -> None:
+        """The request's handler ended: undeclare what requests declared if none of them queued a request.
+
+        The last request holding an agent declared by requests undeclares it (everywhere
+        it was put) unless the arbiter accounts for it: a request of it waiting, running
+        or ended, service charged. Keys off, an app that requests declared goes with its
+        last such agent.
+        """
+        key = getattr(request.state, "holds", None)
+        if key is None:
+            return
+        request.state.holds = None
+        left = self._holds[key] - 1
+        if left:
+            self._holds[key] = left
+            return
+        del self._holds[key]
+        since = self._fresh.pop(key, None)
+        if since is not None:
+            if self.arbiter.forget_agent(*key):
+                del self._agents[key]
+                self._agent_count[key[0]] -= 1
+                self._seen.pop(key, None)
+                self.rejected.pop(key, None)
+                self.metrics.forget(*key)
+                self.view.recall(*key)
+                self.view.drop(*key, since)
+        app = key[0]
+        if app in self._fresh_apps:
+            if key in self._agents:  # it queued a request: the app stays
+                del self._fresh_apps[app]
+            elif self._agent_count[app] == 0 and self.arbiter.forget_app(app):
+                self.view.drop(app, None, self._fresh_apps.pop(app))
+                del self._apps[app], self._agent_count[app]
 
     def _declare(self, app: str, agent: str, stated: Agent) -> AgentHandle:
         self._check_within_app(stated)
+        limit = self.config.apps[app].max_agents if app in self.config.apps else DEFAULT_MAX_AGENTS
+        if self._agent_count.get(app, 0) >= limit:
+            self.metrics.refuse("max_agents")
+            raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents",
+                                    app=app, agent=agent)
         handle = self._apps.get(app)
         if handle is None:  # keys off: apps are declared on first use
             if len(self._apps) >= self.config.server.max_apps:
                 self.metrics.refuse("max_apps")  # counted without the name: refused names leave no state
                 raise UnknownAppError(f"unknown app {app!r}: the server already has {len(self._apps)} apps, its max_apps",
                                       app=app)
+            declared = app in self.arbiter.tenants.apps  # by the code that built the arbiter: not the request's
             handle = self._apps[app] = self.arbiter.app(app, max_queued=self.config.server.max_queued)
-        limit = self.config.apps[app].max_agents if app in self.config.apps else DEFAULT_MAX_AGENTS
-        if self._agent_count[app] >= limit:
-            self.metrics.refuse("max_agents")
-            raise UnknownAgentError(f"unknown agent {agent!r}: app {app!r} already has {limit} agents, its max_agents",
-                                    app=app, agent=agent)
+            if not declared:
+                self._fresh_apps[app] = self.view.taken
+        declared = (app, agent) in self.arbiter.tenants.agents
         self._agents[(app, agent)] = handle.agent(agent, stated.weight, stated.slo)
         self._agent_count[app] += 1
+        if not declared:  # only what a request declared is undone when it ends refused
+            self._fresh[(app, agent)] = self.view.taken
         if agent not in (self.config.apps[app].agents if app in self.config.apps else {}):
             self._seen[(app, agent)] = self.clock()
         return self._agents[(app, agent)]
@@ -737,11 +791,24 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     install_openapi(app)
     app.state.gateway = gateway
 
+    def holding(endpoint: Callable[[Request, AgentHandle], Awaitable[Response]],
+                ) -> Callable[[Request, AgentHandle], Awaitable[Response]]:
+        """``endpoint``, releasing the caller's agent when it ends (:meth:`Gateway.release`)."""
+        @functools.wraps(endpoint)
+        async def run(request: Request, who: Caller) -> Response:
+            try:
+                return await endpoint(request, who)
+            finally:
+                gateway.release(request)
+
+        return run
+
     @app.exception_handler(FairAgentsError)
     async def _fairagents_error(request: Request, err: FairAgentsError) -> JSONResponse:
         status, body, headers = _error(err, arbiter, request.url.path)
         labels = getattr(request.state, "labels", None)
-        if isinstance(err, OverloadedError) and labels is not None:
+        if isinstance(err, OverloadedError) and labels is not None and labels[:2] in gateway._agents:
+            # (an agent declared by the refused request itself is undeclared already: its name is kept nowhere)
             gateway.rejected[labels[:2]] += 1
             gateway.metrics.reject(labels[0], labels[1], labels[2] or err.model or "")  # "": refused before its model was read
         if isinstance(err, EngineError):
@@ -767,6 +834,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
     @app.post("/v1/chat/completions")
+    @holding
     async def chat_completions(request: Request, who: Caller) -> Response:
         raw = await _body(request)
         arrival = arbiter.clock()  # the request keeps its place while it is parsed and prepared
@@ -786,6 +854,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/completions")
+    @holding
     async def completions(request: Request, who: Caller) -> Response:
         raw = await _body(request)
         arrival = arbiter.clock()
@@ -801,6 +870,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
     @app.post("/v1/images/generations")
+    @holding
     async def images(request: Request, who: Caller) -> Response:
         body = await gateway.parse(request, who, wire.ImageGenerationRequest, await _body(request))
         image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]

@@ -58,7 +58,7 @@ from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.policies import POLICIES, make_policy
 
 __all__ = [
-    "AgentConfig", "AppConfig", "Config", "CountersConfig", "ImageFetchConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
+    "AgentConfig", "AppConfig", "Config", "CountersConfig", "ImageFetchConfig", "LimitsConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
     "load_config",
 ]
 
@@ -450,19 +450,33 @@ class LimitsConfig(_Section):
     """
 
     max_stop: int = Field(default=DEFAULT_LIMITS.max_stop, ge=0)
+    """Most stop strings (OpenAI's API allows 4)."""
     max_stop_chars: int = Field(default=DEFAULT_LIMITS.max_stop_chars, ge=1)
+    """Longest stop string, in characters."""
     max_logit_bias: int = Field(default=DEFAULT_LIMITS.max_logit_bias, ge=0)
+    """Most ``logit_bias`` entries (OpenAI's bound)."""
     max_tools: int = Field(default=DEFAULT_LIMITS.max_tools, ge=0)
+    """Most tools."""
     max_constraint_bytes: int = Field(default=DEFAULT_LIMITS.max_constraint_bytes, ge=1)
+    """Largest output constraint (the schema, regex or grammar; with tools, all their parameters), in bytes."""
     max_enum_values: int = Field(default=DEFAULT_LIMITS.max_enum_values, ge=0)
+    """Most ``enum`` and ``const`` values (and ``choice`` items), in all."""
     max_branches: int = Field(default=DEFAULT_LIMITS.max_branches, ge=0)
+    """Most ``anyOf`` and ``oneOf`` branches, in all."""
     max_properties: int = Field(default=DEFAULT_LIMITS.max_properties, ge=0)
+    """Most object properties, in all."""
     max_optional_properties: int = Field(default=DEFAULT_LIMITS.max_optional_properties, ge=0)
+    """Most properties of one object that are not ``required``."""
     max_depth: int = Field(default=DEFAULT_LIMITS.max_depth, ge=1)
+    """Deepest nesting of subschemas."""
     max_pattern_chars: int = Field(default=DEFAULT_LIMITS.max_pattern_chars, ge=0)
+    """Longest regular expression (a ``pattern``, a property-name pattern or a ``regex`` constraint), in characters."""
     max_total_pattern_chars: int = Field(default=DEFAULT_LIMITS.max_total_pattern_chars, ge=0)
+    """Most characters of regular expressions, in all."""
     max_pattern_alternatives: int = Field(default=DEFAULT_LIMITS.max_pattern_alternatives, ge=0)
+    """Most ``|`` alternatives in one regular expression."""
     max_repeat_product: int = Field(default=DEFAULT_LIMITS.max_repeat_product, ge=1)
+    """Largest product of the bounds of nested repeats (``(a{1,50}b?){1,50}``: 2,500) in one regular expression."""
 
     def build(self) -> RequestLimits:
         """These bounds as the arbiter keeps them."""

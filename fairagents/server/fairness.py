@@ -164,10 +164,13 @@ class FairnessView:
         """
         ledger = self.arbiter.ledger
         waiting = frozenset(t.request.agent_key for t in self.arbiter.dispatcher.tickets() if t.dispatched is None)
-        served = {(a, t): ledger.service_of(a, t) for a, t in self._clients() if (a, t) not in self.hidden}
-        by_app: dict[str, float] = {}
-        for (a, _), v in served.items():
+        served: dict[_Key, float] = {}
+        by_app: dict[str, float] = {}  # forgotten agents' service included: an app's total does not drop
+        for a, t in self._clients():
+            v = ledger.service_of(a, t)
             by_app[a] = by_app.get(a, 0.0) + v
+            if (a, t) not in self.hidden:
+                served[(a, t)] = v
         self.samples.append((self.clock(), served, waiting, by_app))
         self._taken += 1
         aged = len(self.samples) - 2 - int(self.window / self.interval)  # the sample that just left the window
@@ -183,6 +186,22 @@ class FairnessView:
     def recall(self, app: str, agent: str) -> None:
         """Show a forgotten agent again (it came back)."""
         self.hidden.discard((app, agent))
+
+    @property
+    def taken(self) -> int:
+        """Samples taken so far."""
+        return self._taken
+
+    def drop(self, app: str, agent: str | None, since: int) -> None:
+        """Take an undeclared agent (``None``: app) out of the samples taken after the first ``since``."""
+        first = max(0, len(self.samples) - (self._taken - since))
+        for i in range(first, len(self.samples)):
+            t, served, waiting, by_app = self.samples[i]
+            if agent is not None and served is not None and (app, agent) in served:
+                served = {k: v for k, v in served.items() if k != (app, agent)}  # new dicts: bodies may read the old
+            if agent is None and app in by_app:
+                by_app = {k: v for k, v in by_app.items() if k != app}
+            self.samples[i] = (t, served, waiting, by_app)
 
     async def run(self) -> None:
         """Sample every ``interval`` seconds until cancelled."""
@@ -280,12 +299,10 @@ def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) 
     by_app, by_agent = _backlogged(inputs.shown)
     shown_agents = [(tuple(key.split("/", 1)), agent) for key, agent in stats.agents.items()]
     shown_agents = [(k, a) for k, a in shown_agents if k not in hidden]
-    gone = {a for a, _ in hidden} - {a for (a, _), _ in shown_agents}
     rejected = _sum(extra)
     apps: dict[str, Any] = {}
-    for name, c in stats.apps.items():
-        if name not in gone:
-            apps[name] = {**_client(c, rejected.get(name, {}), by_app(name)), "agents": {}}
+    for name, c in stats.apps.items():  # every app, its agents all forgotten or not (apps are bounded by max_apps)
+        apps[name] = {**_client(c, rejected.get(name, {}), by_app(name)), "agents": {}}
     for (app_name, agent_name), agent in shown_agents:
         if app_name in apps:
             apps[app_name]["agents"][agent_name] = _client(

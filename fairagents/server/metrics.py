@@ -303,11 +303,8 @@ class _Live:
             sums = by_agent.setdefault(self._cap(app_name, agent_name), [0.0] * 5)
             for i, v in enumerate((agent.service, agent.queued, agent.in_flight, agent.share, agent.weight_share)):
                 sums[i] += v
-        gone = {a for a, _ in hidden} - {key.split("/", 1)[0] for key in stats.agents if tuple(key.split("/", 1)) not in hidden}
         by_app: dict[str, list[float]] = {}
-        for name, app in stats.apps.items():
-            if name in gone:  # forgotten with all its agents
-                continue
+        for name, app in stats.apps.items():  # every app, its agents all forgotten or not (only agents are forgotten)
             label = self._cap.app(name)
             sums = by_app.setdefault(label, [0.0, 0.0])
             sums[0] += app.share

@@ -119,46 +119,46 @@ class _Protocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._deadline: asyncio.TimerHandle | None = None
-        self._arm(self.header_timeout, self._headers_late)
+        # Two timers, so that a request's headers never cancel the deadline of a response still unread.
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._unread_deadline: asyncio.TimerHandle | None = None
+        self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_late)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._deadline is None:
-            self._arm(self.header_timeout, self._headers_late)
+        if self._header_deadline is None:
+            self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_late)
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._header_deadline = _cancel(self._header_deadline)
         self.scope["extensions"] = {**self.scope.get("extensions", {}), ABORT_EXTENSION: self.transport.abort}
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self.transport.get_write_buffer_size():  # closing or kept alive, it waits for the client to read
-            self._arm(self.stall_timeout, self._unread)
+            _cancel(self._unread_deadline)
+            self._unread_deadline = self.loop.call_later(self.stall_timeout, self._unread)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._header_deadline = _cancel(getattr(self, "_header_deadline", None))
+        self._unread_deadline = _cancel(getattr(self, "_unread_deadline", None))
         super().connection_lost(exc)
 
-    def _arm(self, delay: float, then: Callable[[], None]) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(delay, then)
-
-    def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()  # type: ignore[union-attr]
-            self._deadline = None
-
     def _headers_late(self) -> None:
-        self._deadline = None
+        self._header_deadline = None
         if not self.transport.is_closing():
             self.transport.close()
 
     def _unread(self) -> None:
-        self._deadline = None
+        self._unread_deadline = None
         if self.transport.get_write_buffer_size():
             self.transport.abort()
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
 
 
 def _uvicorn(app: FastAPI) -> _Server:

@@ -34,8 +34,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, ValidationInfo,
                       model_validator)
 
-from fairagents.engines.base import GenerationParams
 from fairagents import http_errors
+from fairagents.engines.base import GenerationParams
 from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.http_errors import ErrorType
 from fairagents.images import parse_size
@@ -718,8 +718,19 @@ def redact_paths(message: str) -> str:
     return _PATH.sub("<path>", message)
 
 
-# A URL with a host (http://replica:8000/v1, redis://10.0.0.5:6379/0), or an IPv4 address with its port.
-_ADDRESS = re.compile(r"\b[a-zA-Z][\w+.-]*://[^\s'\"<>()]+|'?\b\d{1,3}(?:\.\d{1,3}){3}\b(?::\d+|', ?\d+)?")
+# A URL with a host (http://replica:8000/v1, redis://10.0.0.5:6379/0); an IPv4 address, with its port if
+# it has one (10.0.0.5:6379, ('10.0.0.5', 6379)); an IPv6 address in brackets ([::1]:8000) or quoted in
+# a socket address (('::1', 8000, 0, 0)); a host name with its port (replica-2.internal:8000). A host
+# name has a letter, and a port 2-5 digits that no ``:`` or ``.`` and digit follow: ``3:1``, ``12:30``
+# and ``08:46:30`` are not addresses.
+_ADDRESS = re.compile(
+    r"(?<![\w+.-])[a-zA-Z][\w+.-]*://[^\s'\"<>()]+"
+    r"|'?\b\d{1,3}(?:\.\d{1,3}){3}\b(?::\d+|', ?\d+)?"
+    r"|\[[0-9a-fA-F]*:[0-9a-fA-F]*:[0-9a-fA-F:.]*(?:%\w+)?\](?::\d{1,5})?"
+    r"|'[0-9a-fA-F]*:[0-9a-fA-F]*:[0-9a-fA-F:.]*(?:%\w+)?'(?:, ?\d+){0,3}"
+    r"|(?<![\w.-])(?=[\w.-]*[a-zA-Z])[a-zA-Z0-9](?:[\w-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[\w-]*[a-zA-Z0-9])?)*"
+    r":\d{2,5}\b(?![.:]\d)"
+)
 
 
 def redact_addresses(message: str) -> str:
@@ -734,6 +745,17 @@ def redact_addresses(message: str) -> str:
         "replica <address> of 'chat' did not answer in 60 s"
         >>> redact_addresses("Connect call failed ('10.0.0.7', 8000)")
         'Connect call failed (<address>)'
+        >>> redact_addresses("Cannot connect to host replica-2.internal:8000 ssl:default")
+        'Cannot connect to host <address> ssl:default'
+        >>> redact_addresses("no answer from [::1]:8000 nor ('fe80::1', 8000, 0, 0)")
+        'no answer from <address> nor (<address>)'
+
+        Ordinary text is left alone:
+
+        >>> redact_addresses('ratio 3:1 at 12:30, T08:46:30, {"a": 1}')
+        'ratio 3:1 at 12:30, T08:46:30, {"a": 1}'
+        >>> redact_addresses("model 'chat': no such model")
+        "model 'chat': no such model"
     """
     return _ADDRESS.sub("<address>", message)
 

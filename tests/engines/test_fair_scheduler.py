@@ -331,3 +331,28 @@ def test_metrics_report_service_queues_and_weights_with_bounded_labels():
     assert sample("fairagents_queued_requests", OVERFLOW, OVERFLOW) == 0.0
     series = {s.labels["app"] for m in registry.collect() for s in m.samples}
     assert series == {"a", "b", OVERFLOW}
+
+
+def test_metrics_keep_their_published_service_by_label_so_names_beyond_the_caps_cost_nothing():
+    from prometheus_client import CollectorRegistry
+
+    from fairagents.engines.fair_metrics import OVERFLOW, SchedulerMetrics
+
+    registry = CollectorRegistry()
+    metrics = SchedulerMetrics("chat", "0", max_apps=2, max_agents=2, interval=0.0, registry=registry)
+
+    def service(app, agent):
+        labels = {"model_name": "chat", "engine": "0", "app": app, "agent": agent}
+        return registry.get_sample_value("fairagents_service_unified_tokens_total", labels)
+
+    names = [(f"app-{i}", f"agent-{j}") for i in range(50) for j in range(20)]
+    metrics.publish([(app, agent, 1.0) for app, agent in names], [])
+    assert OVERFLOW == "_other"  # the server's overflow label too
+    assert len(metrics._published) <= 2 * (2 + 1) + 1  # bounded by the caps, not by the 1,000 names
+    assert service("app-0", "agent-0") == 1.0 and service("app-0", OVERFLOW) == 18.0
+    assert service(OVERFLOW, OVERFLOW) == 48 * 20
+    grown = [(app, agent, 3.0 if (app, agent) == ("app-7", "agent-3") else 1.0) for app, agent in names]
+    metrics.publish(grown, [])  # one overflowed name grows: its label's sum grows by as much, once
+    metrics.publish(grown, [])
+    assert service(OVERFLOW, OVERFLOW) == 48 * 20 + 2
+    assert service("app-0", "agent-0") == 1.0

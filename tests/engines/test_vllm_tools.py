@@ -5,7 +5,10 @@ outputs, which the arbiter asks for under ``tool_choice="required"``, a named fu
 and a JSON response format.
 """
 
+import asyncio
 import json
+import time
+import uuid
 
 import jsonschema
 import pytest
@@ -89,3 +92,27 @@ async def test_a_schema_vllm_cannot_compile_is_bad_input_and_costs_nothing(text_
         assert arbiter.stats().apps == {} or arbiter.stats().apps["a"].failed == 0
         ok = await bot.chat("chat", MSG, max_tokens=4, ignore_eos=True)  # others unaffected
     assert ok.usage.completion_tokens == 4
+
+
+async def test_another_apps_structured_request_is_served_while_the_largest_accepted_schema_compiles(text_engine):
+    limit = fa.RequestLimits().max_enum_values
+    fresh = [f"{uuid.uuid4().hex[:12]}" for _ in range(limit)]  # values no earlier compile has seen: no cache hit
+    big = {"type": "object", "properties": {"v": {"enum": fresh}}, "required": ["v"], "additionalProperties": False}
+    async with Shared(text_engine) as arbiter:
+        heavy, quiet = arbiter.app("heavy").agent("bot"), arbiter.app("quiet").agent("bot")
+        with pytest.raises(fa.InvalidParameterError, match="max_enum_values"):  # one past the limit costs nothing
+            await heavy.chat("chat", MSG, max_tokens=8, response_format={
+                "type": "json_schema", "json_schema": {"name": "big", "schema": {**big, "properties": {
+                    "v": {"enum": [*fresh, "one-more"]}}}}})
+        began = time.monotonic()
+        at_limit = asyncio.create_task(heavy.chat("chat", MSG, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "big", "schema": big}}))
+        await asyncio.sleep(0)
+        reply = await quiet.chat("chat", MSG, max_tokens=8, seed=1, response_format={
+            "type": "json_schema", "json_schema": {"name": "zone", "schema": ZONE}})
+        waited = time.monotonic() - began
+        await at_limit
+    jsonschema.validate(reply.json(), ZONE)
+    # a 100,000-value enum compiled for 32 s here before it was refused; at the limit, the
+    # quiet app's request is not held for more than a few seconds even on a loaded machine
+    assert waited < 5.0, waited

@@ -21,6 +21,12 @@ from tests.server._support import KEYS, MSG, client, live, make_config, wait_unt
 DEFAULT = fa.Agent("default", fa.App("driving"))
 
 
+def declare_default(arbiter):
+    """Declare DEFAULT in process: a request the server refuses declares nothing (it is undone)."""
+    tenants = arbiter.tenants
+    tenants.declare_agent(tenants.apps["driving"], DEFAULT.name, DEFAULT.weight, None)
+
+
 def pool(**engine_kw):
     arbiter = fa.Arbiter(in_flight=1, drain_timeout=1.0, restart=None)
     engine = FakeEngine(**{"tokens_per_reply": 3, **engine_kw})
@@ -48,6 +54,7 @@ def same_answer(local, remote):
 async def test_bad_input_raises_what_the_server_path_raises(request_kw, openai_kind, fairagents_kind):
     arbiter, engine = pool()
     async with live(arbiter, make_config()) as (url, _), client(url) as remote_client:
+        declare_default(arbiter)
         local_client = AsyncFairOpenAI(arbiter, agent=DEFAULT)
         with pytest.raises(openai_kind) as remote:
             await remote_client.chat.completions.create(messages=MSG, **request_kw)
@@ -63,6 +70,7 @@ async def test_a_full_queue_is_a_rate_limit_error_with_the_server_paths_retry_he
     arbiter, _ = pool(tokens_per_reply=50, token_time=0.01)
     config = make_config(apps={"driving": {"api_key": KEYS["driving"], "max_queued": 1}})
     async with live(arbiter, config) as (url, _), client(url) as remote_client:
+        declare_default(arbiter)
         local_client = AsyncFairOpenAI(arbiter, agent=DEFAULT)
         running = asyncio.create_task(remote_client.chat.completions.create(model="chat", messages=MSG))
         await wait_until(lambda: arbiter.stats().apps["driving"].in_flight == 1)
@@ -84,6 +92,7 @@ async def test_a_full_queue_is_a_rate_limit_error_with_the_server_paths_retry_he
 async def test_a_failure_mid_stream_is_an_api_error_as_the_servers_error_event_gives_it():
     arbiter, engine = pool(tokens_per_reply=200, token_time=0.005)
     async with live(arbiter, make_config()) as (url, _), client(url) as remote_client:
+        declare_default(arbiter)
         local_client = AsyncFairOpenAI(arbiter, agent=DEFAULT)
         failures = []
         for c in (remote_client, local_client):

@@ -1,6 +1,7 @@
 """Clients that are slow or silent: streams nobody reads, bodies that do not arrive, headers that never end."""
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -95,3 +96,23 @@ async def test_a_connection_that_never_completes_its_headers_is_closed(sent):
         finally:
             sock.close()
     assert 0.4 < time.monotonic() - started < 3
+
+
+async def test_a_pipelined_request_does_not_clear_the_deadline_of_a_response_left_unread():
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", FakeEngine(reply=WORD * 300))
+    body = json.dumps({"model": "chat", "messages": MSG, "max_tokens": 300}).encode()
+    async with live(arbiter, make_config(stream_stall_timeout=1.0, body_timeout=30.0)) as (url, _):
+        sock = _silent_socket(int(url.rsplit(":", 1)[1]))
+        try:
+            sock.sendall(_request(body, KEYS["driving"]))  # a reply of some 10 MB, which it never reads
+            await wait_until(lambda: len(arbiter.ledger.records) == 1)
+            await asyncio.sleep(0.1)  # the reply is sent: its unread deadline runs
+            sock.sendall(_request(b"", KEYS["driving"], length=100))  # the next request's headers, and no body
+            await asyncio.sleep(2.0)
+            reply = b""
+            with contextlib.suppress(ConnectionResetError):  # cut: it ends at once, where kept it would wait 30 s
+                reply = await _reply(sock, timeout=5)
+        finally:
+            sock.close()
+    assert len(reply) < len(WORD) * 300

@@ -8,9 +8,10 @@ import time
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.requests import Request
 
 import fairagents as fa
-from fairagents.constants import HEADER_AGENT
+from fairagents.constants import HEADER_AGENT, HEADER_AGENT_WEIGHT, HEADER_APP
 from fairagents.server import Config, create_app
 from fairagents.server import fairness as fairness_module
 from fairagents.server import metrics as metrics_module
@@ -179,6 +180,35 @@ async def test_idle_identities_declared_by_requests_are_forgotten():
     assert fairness["apps"]["driving"]["agents"]["passing"]["done"] == 2
 
 
+async def test_an_app_whose_agents_are_all_forgotten_stays_in_the_views():
+    """Only agents are forgotten: a configured app left with none shown keeps its place, its service and its share."""
+    now = [0.0]
+    config = make_config(observer_key="sk-observer", public_views=False, identity_idle_seconds=60,
+                         views_cache_seconds=0)
+    async with live(fake(), config) as (url, gateway):
+        gateway.clock = lambda: now[0]
+        async with httpx.AsyncClient(base_url=url) as http:
+            await call(http, bearer("driving"), "planner")
+            await call(http, bearer("studio"), "writer")
+            gateway.view.sample()
+            before = (await http.get("/v1/fairness", headers=OBSERVER)).json()["apps"]["studio"]
+            now[0] = 61
+            assert gateway.forget_idle() == [("studio", "writer")]  # driving's planner is configured
+            gateway.view.sample()
+            everything = (await http.get("/v1/fairness", headers=OBSERVER)).json()
+            own = (await http.get("/v1/fairness", headers=bearer("studio"))).json()
+            metrics = (await http.get("/metrics", headers=OBSERVER)).text
+    studio = everything["apps"]["studio"]
+    assert set(everything["apps"]) == {"driving", "studio"}
+    assert studio["agents"] == {} and studio["service"] == before["service"] > 0 and studio["done"] == 1
+    assert everything["history"]["apps"]["studio"][-1] == before["service"]  # its total does not drop
+    assert set(own["apps"]) == {"studio", "_other"} and own["apps"]["studio"]["service"] == before["service"]
+    shares = {s.labels["app"]: s.value for f in text_string_to_metric_families(metrics)
+              if f.name == "fairagents_app_service_share_ratio" for s in f.samples}
+    assert set(shares) == {"driving", "studio"} and shares["studio"] > 0
+    assert 'agent="writer"' not in metrics
+
+
 async def test_health_answers_while_the_views_of_thousands_of_identities_are_built(monkeypatch):
     """The views are formatted in a thread: /health, asked while they are being built, answers before either ends.
 
@@ -225,3 +255,86 @@ def test_the_samples_past_the_window_keep_each_agent_s_service_only_now_and_then
     body = view.snapshot(app="driving")
     assert len(body["history"]["time"]) <= fairness_module.HISTORY_POINTS
     assert len(body["history"]["agents"]["driving/planner"]) == len(body["history"]["time"])
+
+
+def _scope_request(headers):
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": raw,
+                    "query_string": b""})
+
+
+async def test_refused_requests_of_new_agents_declare_nothing_and_count_toward_no_limit():
+    apps = {"driving": {"api_key": KEYS["driving"], "max_agents": 2}, "studio": {"api_key": KEYS["studio"]}}
+    config = make_config(apps, observer_key="sk-observer", public_views=False, views_cache_seconds=0)
+    arbiter = fake()
+    stops = [f"s{i}" for i in range(50)]
+    refused = {
+        "bad-json": ("/v1/chat/completions", b"{not json"),
+        "no-model": ("/v1/chat/completions", {"model": "gpt-9", "messages": MSG}),
+        "many-stops": ("/v1/chat/completions", {"model": "chat", "messages": MSG, "stop": stops}),
+        "no-tokens": ("/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 0}),
+        "no-image-model": ("/v1/images/generations", {"prompt": "a red car", "model": "sdxl"}),
+    }
+    async with asgi(arbiter, config) as (http, gateway):
+        for name, (path, body) in refused.items():
+            headers = {**bearer("driving"), HEADER_AGENT: name}
+            sent = ({"content": body, "headers": {**headers, "Content-Type": "application/json"}}
+                    if isinstance(body, bytes) else {"json": body, "headers": headers})
+            response = await http.post(path, **sent)
+            assert 400 <= response.status_code < 500, (name, response.text)
+        gateway.view.sample()
+        fairness = (await http.get("/v1/fairness", headers=OBSERVER)).text
+        metrics = (await http.get("/metrics", headers=OBSERVER)).text
+        for name in refused:
+            assert (("driving", name) not in arbiter.tenants.agents and ("driving", name) not in gateway._agents
+                    and f'"{name}"' not in fairness and f'"{name}"' not in metrics)
+        assert gateway._agent_count["driving"] == 0 and not gateway._holds and not gateway._fresh
+        await call(http, bearer("driving"), "first")  # max_agents is 2: the refused names took none of it
+        await call(http, bearer("driving"), "second")
+        third = await http.post("/v1/chat/completions", json={"model": "chat", "messages": MSG},
+                                headers={**bearer("driving"), HEADER_AGENT: "third"})
+        assert third.status_code == 400 and third.json()["error"]["code"] == "unknown_agent"
+    assert {name for app, name in arbiter.tenants.agents if app == "driving"} == {"first", "second"}
+
+
+async def test_with_keys_off_a_refused_request_of_a_new_app_declares_no_app():
+    arbiter = fake()
+    async with asgi(arbiter, Config.model_validate({"server": {"auth": False, "max_apps": 1}})) as (http, gateway):
+        response = await http.post("/v1/chat/completions", content=b"{not json",
+                                   headers={HEADER_APP: "ghost", "Content-Type": "application/json"})
+        assert response.status_code == 400
+        assert "ghost" not in arbiter.tenants.apps and "ghost" not in gateway._apps and not gateway._fresh_apps
+        await call(http, {HEADER_APP: "real"})  # max_apps is 1: the refused app took none of it
+    assert set(arbiter.tenants.apps) == {"real"} and set(arbiter.tenants.agents) == {("real", "default")}
+
+
+async def test_a_new_agent_another_request_holds_is_undeclared_only_when_the_last_one_ends():
+    arbiter = fake()
+    async with asgi(arbiter, make_config()) as (_, gateway):
+        first, second = (_scope_request({**bearer("driving"), HEADER_AGENT: "twin"}) for _ in range(2))
+        assert await gateway.identify(first) is not None and await gateway.identify(second) is not None
+        gateway.view.sample()  # taken while they are handled
+        gateway.release(first)  # the other request still holds it: it may yet queue
+        assert ("driving", "twin") in arbiter.tenants.agents
+        gateway.release(second)
+        assert ("driving", "twin") not in arbiter.tenants.agents and ("driving", "twin") not in gateway._agents
+        assert all(("driving", "twin") not in (served or {}) for _, served, _, _ in gateway.view.samples)
+        again = _scope_request({**bearer("driving"), HEADER_AGENT: "kept"})
+        who = await gateway.identify(again)
+        await arbiter.chat("chat", MSG, agent=who, max_tokens=2)  # it queued a request: it stays
+        gateway.release(again)
+        assert ("driving", "kept") in arbiter.tenants.agents and ("driving", "kept") in gateway._agents
+
+
+async def test_a_request_with_conflicting_settings_does_not_bring_a_forgotten_agent_back():
+    now = [0.0]
+    async with asgi(fake(), make_config(identity_idle_seconds=60, views_cache_seconds=0)) as (http, gateway):
+        gateway.clock = lambda: now[0]
+        await call(http, bearer("studio"), "passing")
+        now[0] = 61
+        assert gateway.forget_idle() == [("studio", "passing")]
+        response = await http.post("/v1/chat/completions", json={"model": "chat", "messages": MSG},
+                                   headers={**bearer("studio"), HEADER_AGENT: "passing", HEADER_AGENT_WEIGHT: "3"})
+        assert response.status_code == 400
+        assert ("studio", "passing") in gateway.view.hidden and ("studio", "passing") not in gateway._seen
+        assert not gateway._holds
