@@ -108,7 +108,7 @@ async def test_another_apps_structured_request_is_served_while_the_largest_accep
         at_limit = asyncio.create_task(heavy.chat("chat", MSG, max_tokens=8, response_format={
             "type": "json_schema", "json_schema": {"name": "big", "schema": big}}))
         await asyncio.sleep(0)
-        reply = await quiet.chat("chat", MSG, max_tokens=8, seed=1, response_format={
+        reply = await quiet.chat("chat", MSG, max_tokens=64, seed=1, response_format={
             "type": "json_schema", "json_schema": {"name": "zone", "schema": ZONE}})
         waited = time.monotonic() - began
         await at_limit
