@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fairagents import engines, policies
 from fairagents.admission import Statera
-from fairagents.arbiter import AgentHandle, AppHandle, Arbiter, Restart
+from fairagents.runtime.arbiter import AgentHandle, AppHandle, Arbiter, Restart
 from fairagents.cost import CostModel, ModelProfile, RawTokenCost, UnifiedTokenCost, service_bound
 from fairagents.errors import (
     BadInputError,
@@ -30,7 +30,7 @@ from fairagents.errors import (
 )
 from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
 from fairagents.limits import RequestLimits
-from fairagents.portal import Portal
+from fairagents.runtime.portal import Portal
 from fairagents.reply import ImageReply, Reply, Timing, TokenLogprob, Usage
 from fairagents.tools import ToolCall
 from fairagents.request import Outcome, Request

@@ -1,65 +1,15 @@
 """Statera admission (H-MAS Alg. 2): a conformal length bound and a two-loop controller steer the dispatcher.
 
 Without it the dispatcher reserves every request's worst case, ``prompt + max_tokens``
-KV tokens, under a fixed in-flight limit and token budget (:mod:`fairagents.dispatcher`):
-nothing is ever preempted, and a model whose callers ask for far more ``max_tokens``
-than they use runs far fewer requests than its KV cache could hold. :class:`Statera`
-is H-MAS's answer (§3.4.2; Appendix E.2, Alg. 2), an option of the arbiter and the
-simulator (``admission="statera"``) that works under any policy:
-
-**(A)–(B) The admission fence (eq. 4, eq. 2).** A request's output length is
-predicted when it arrives (``l_pred``, the shared online
-:class:`~fairagents.policies.predict.LengthPredictor`, per agent and modality), and
-bounded by ``l_upper = l_pred + q₁₋ε(D_b)``, where ``D_b`` holds the errors
-``e = l_real − l_pred`` of the finished requests whose prompt length fell in the same
-bucket ``b``. The request reserves ``prompt + l_upper`` tokens instead of
-``prompt + max_tokens``, and a model admits while the reservations of its running
-requests stay within ``B_token ≤ M_cap · (1 − δ_frag)`` (eq. 2), ``M_cap`` being the
-model's token budget (its KV capacity). The quantile is split-conformal: with ``n``
-errors in the bucket, ``q`` is the ``⌈(n + 1)(1 − ε)⌉``-th smallest, so a new request
-of the bucket exceeds its bound with probability at most ``ε`` when errors are
-exchangeable. A request that does outgrow its bound has its reservation raised, token
-by token, to what it holds, so the fence always counts real usage; the engine may then
-preempt (vLLM recomputes), which is the risk ``ε`` buys throughput with.
-
-**(C) The two loops (Alg. 2 lines 9–13).** Each cycle (``period`` seconds, at the
-first dispatcher event after it ends) the window-averaged utilisation ``ū`` is
-tracked against a band ``[u_low, u_high]``: ``e = ū − clip(ū, band)``. The inner loop
-moves the token budget, ``B ← Proj[B_min, B_max](B − η_B · e)``; the outer loop moves
-the in-flight limit on the error averaged over the last ``W`` cycles,
-``N ← Proj[N_min, N_max](N − η_N · ē)``. ``B_max`` is the fenced capacity and
-``N_max`` the model's configured in-flight limit: Statera only ever tightens them.
-
-Where the paper leaves it open, and what is chosen here:
-
-- **Utilisation.** The paper tracks window-averaged GPU utilisation. An arbiter outside
-  the engine sees two things that saturate with load: KV occupancy (tokens the running
-  requests hold, prompt + output so far, over ``M_cap · (1 − δ_frag)``, time-averaged
-  over the cycle) and decode speed (the measured time per output token over the TPOT
-  objective of each request that states one, a moving average). ``ū`` is the larger of
-  the occupancy and ``u_high ×`` the TPOT ratio, so TPOT exactly on target sits on the
-  band's upper edge and anything slower throttles.
-- **``B_token``.** In the paper it caps the decode tokens issued per scheduling cycle,
-  a knob inside the engine. Outside it, the nearest knob is the dispatcher's token
-  budget (tokens of KV reserved by the running requests): it bounds the tokens in
-  flight. That is what the inner loop moves.
-- **Step sizes.** ``η_B`` and ``η_N`` are given as shares of ``B_max`` and ``N_max`` per
-  unit of error (a 10-point excursion above the band with ``eta_budget=0.5`` takes 5 %
-  of the budget off in one cycle). ``B_min``/``N_min`` are ``min_budget × B_max`` and
-  ``min_slots``.
-- **Buckets.** Prompt-length buckets are powers of two (``⌊log₂ prompt⌋``), each keeping
-  its last ``history`` errors (the workload drifts). A bucket with too few errors for
-  the quantile (fewer than ``⌈(1 − ε)/ε⌉``) borrows the errors of all buckets; with too
-  few of those as well, the bound is ``max_tokens`` — the dispatcher's worst case, so
-  Statera starts exactly as safe as admission without it.
-- **What calibrates.** Only finished requests (a cancelled or failed request's length
-  is not its natural length), and only those the predictor had learned something for
-  when they arrived: before that it guesses ``max_tokens / 2``, and those errors say
-  nothing about the predictor that follows (such requests reserve ``max_tokens``). The
-  predictor keeps learning, so errors are only approximately exchangeable: coverage
-  is measured (``covered / calibrated``) rather than assumed.
-- **Work conservation.** A model with nothing running always takes the policy's next
-  request, whatever the two loops say, so a tightened limit cannot leave it idle.
+KV tokens, under a fixed in-flight limit and token budget, and a model whose callers
+ask for far more ``max_tokens`` than they use runs far fewer requests than its KV cache
+could hold. :class:`Statera` (H-MAS §3.4.2, Appendix E.2) reserves ``prompt + l_upper``
+instead, where ``l_upper = l_pred + q₁₋ε`` bounds the request's output by its predicted
+length plus a split-conformal quantile of past prediction errors (:class:`ConformalBound`),
+and two loops tighten each model's token budget and in-flight limit when it runs hot.
+It works under any policy, in the arbiter and the simulator (``admission="statera"``).
+The algorithm, and what is chosen where the paper leaves it open, are explained in
+[Capacity and admission](../concepts/capacity.md#the-algorithm-and-what-is-chosen-where-the-paper-leaves-it-open).
 
 Examples:
     >>> import fairagents as fa
@@ -95,7 +45,7 @@ from fairagents.policies.predict import LengthPredictor
 
 if TYPE_CHECKING:
     from fairagents.cost import CostModel
-    from fairagents.dispatcher import ModelState, Ticket
+    from fairagents.records import ModelState, Ticket
     from fairagents.request import Request
 
 __all__ = ["ConformalBound", "Statera", "StateraState", "make_admission"]
@@ -167,13 +117,7 @@ class ConformalBound:
 
 @dataclass(slots=True)
 class StateraState:
-    """One model's controls and the measurements they are steered by.
-
-    Examples:
-        >>> from fairagents.admission import StateraState
-        >>> StateraState(budget_max=900, slots_max=8).errors
-        []
-    """
+    """One model's controls and the measurements they are steered by."""
 
     budget_max: int | None
     """``B_max = M_cap · (1 − δ_frag)`` (tokens), or ``None`` for a model without a token budget."""

@@ -103,9 +103,13 @@ class CostModel(Protocol):
     counters only grow.
 
     Examples:
+        Anything that prices service takes a cost model:
+
         >>> import fairagents as fa
-        >>> isinstance(fa.RawTokenCost(), fa.CostModel)
-        True
+        >>> def charge(cost: fa.CostModel, model: str, prompt: int, output: int) -> float:
+        ...     return cost.input_cost(model, prompt) + cost.output_cost(model, output)
+        >>> charge(fa.RawTokenCost(), "chat", 10, 5)
+        20.0
     """
 
     def input_cost(self, model: str, n: int) -> float:

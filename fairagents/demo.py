@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.images import to_png
 from fairagents.stats import ClientSnapshot, Stats

@@ -1,73 +1,17 @@
 """The dispatcher: what is admitted, what runs, and what it costs — for the arbiter and the simulator alike.
 
-One synchronous object owns every admission decision. The live
-:class:`~fairagents.Arbiter` is an async adapter over it (futures, streams, engine
-calls); the simulator drives the same object on a virtual clock. So the guarantees
-proven on the simulator are properties of the code that serves.
-
-It is pure like the policies: no asyncio, no clock of its own (``now`` comes in, in
-seconds), no engine calls. Drivers report **events** — :meth:`~Dispatcher.arrive`,
-:meth:`~Dispatcher.cancel`, :meth:`~Dispatcher.progress`, :meth:`~Dispatcher.finish`,
+One synchronous object owns every admission decision: the live arbiter is an async
+adapter over it, and the simulator drives it on a virtual clock, so what is proven on
+the simulator holds for the code that serves. It is pure like the policies: ``now``
+comes in (seconds), and it calls no engine. Drivers report events — :meth:`~Dispatcher.arrive`,
+:meth:`~Dispatcher.progress`, :meth:`~Dispatcher.finish`, :meth:`~Dispatcher.cancel`,
 :meth:`~Dispatcher.fail`, :meth:`~Dispatcher.model_down`, :meth:`~Dispatcher.model_up`,
-:meth:`~Dispatcher.close` — and each returns the :class:`Changes` it caused: the
-tickets to start on their engines now, and the tickets that ended. Dispatching is
-not an event of its own: it happens inside every event, whenever a model has room.
-
-**Admission.** A model takes a waiting request when all three hold:
-
-- it has a free **slot** (its in-flight limit: requests handed to its engine at once);
-- the pool has a free slot, if the models share a pool-wide limit;
-- its **token budget** has room for the request's reservation: ``prompt + max_tokens``
-  tokens, rounded up to the engine's KV block, of the model's KV capacity.
-
-The reservation is the request's worst case, so the engine never runs out of KV for
-what it was handed: it never preempts, and nothing waits in its own (FCFS) queue, so
-the order of service stays the policy's. The price is throughput when requests ask
-for far more ``max_tokens`` than they use: the budget then runs fewer requests than
-the KV could hold. That is the choice made here — a guarantee over a guess; set a
-larger budget than the KV (``token_budget=``) to overcommit knowingly, and the engine
-then preempts in its own order when output runs long.
-
-**Per-app share (optional).** ``app_share`` caps what one app may hold of a model: at
-most ``max(1, ⌊share × slots⌋)`` of its slots and ``share × token budget`` of its KV
-tokens (an app holding nothing may always run one request). So a flooding app cannot
-take every slot, and another app's request finds one free within one request's run
-time. The cap holds requests back *before* the policy sees them: an app's requests
-are shown to the policy only while those it has running or shown fit within its cap;
-the rest wait, in arrival order, in the dispatcher, and are shown as the app's running
-requests end. Every request the policy picks can therefore run, and to the policy a
-held-back request simply arrives later. Capping is not work-conserving — with only
-the capped app asking, the rest of the model stays idle — which is the point: it
-buys the other apps' latency with the capped app's throughput.
-
-**Admission control (optional).** ``admission=Statera()`` trades the worst-case
-guarantee for throughput, as H-MAS does (:mod:`fairagents.admission`): a request
-reserves ``prompt`` plus a conformal upper bound on its output instead of
-``max_tokens`` (exceeded with probability ``ε``; a request that outgrows it has its
-reservation raised as it goes), and a two-loop controller tightens each model's
-in-flight limit and token budget (``slot_limit``, ``budget_limit``) when the model runs
-hot. A model with nothing running always takes the policy's next request.
-
-When the policy's choice for a model does not fit the budget, the model takes nothing
-else until it does (no smaller request jumps ahead): skipping would hand the model to
-whoever asks least, and a large request could wait forever. A request whose
-reservation exceeds the whole budget is refused at arrival
-(:class:`~fairagents.ContextLengthError`), so the head always fits once the model
-drains: a model with waiting requests is never left with nothing running (work
-conservation).
-
-**Pricing.** One cost model prices everything (:attr:`Dispatcher.cost`): input is
-charged at dispatch and output as :meth:`~Dispatcher.progress` reports it; the
-``charge`` callback receives every amount (the arbiter's ledger, the simulator's
-charge list). The policy prices its own counters through its cost model, which is the
-same object unless the policy counts raw tokens on purpose (``vtc``).
-
-**It never raises into a bystander.** Events about one request raise only for that
-request's own bad input (at :meth:`~Dispatcher.arrive`, before anything changes) or a
-driver's bug (:class:`~fairagents.errors.ProtocolError`). Ending a request that has
-already ended is a no-op, so a cancellation and a completion racing in one tick are
-both safe. ``is_live`` lets the driver veto a dispatch: a request whose caller left
-before its turn came is ended as cancelled, uncharged, and the slot goes to the next.
+:meth:`~Dispatcher.close` — and each returns the :class:`~fairagents.records.Changes` it
+caused: the tickets to start now, and those that ended. A model takes the policy's next
+request while it has a free slot (and the pool one) and its token budget has room for
+the request's reservation, ``prompt + max_tokens`` rounded up to the KV block. The
+rules, the per-app share and queue bound, Statera admission and what each costs are
+explained in [Capacity and admission](../concepts/capacity.md).
 
 Examples:
     >>> import fairagents as fa
@@ -92,10 +36,8 @@ Examples:
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -105,139 +47,20 @@ from fairagents.errors import (
     EngineError,
     FairAgentsError,
     InvalidParameterError,
+    OverloadedError,
     ProtocolError,
     ShutdownError,
     UnknownModelError,
 )
-from fairagents.metrics import RequestRecord
 from fairagents.policies.base import Policy
+from fairagents.records import Changes, ModelState, Ticket, TicketState
 from fairagents.request import Outcome, Request
 
 if TYPE_CHECKING:
     from fairagents.admission import Statera
 
+# The records live in fairagents.records; they are re-exported here for the dispatcher's drivers.
 __all__ = ["Changes", "Dispatcher", "ModelState", "Ticket", "TicketState"]
-
-
-class TicketState(enum.Enum):
-    """Where a request is.
-
-    Examples:
-        >>> from fairagents.dispatcher import TicketState
-        >>> TicketState.WAITING.value
-        'waiting'
-    """
-
-    WAITING = "waiting"
-    RUNNING = "running"
-    DONE = "done"
-
-
-@dataclass(eq=False, slots=True)
-class Ticket:
-    """One request's admission and accounting, from arrival to its end.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.dispatcher import Ticket
-        >>> who = fa.Agent("bot", fa.App("a"))
-        >>> Ticket(fa.Request("r1", who, "chat", 10, 20, 0.0), reserved=32).state.value
-        'waiting'
-    """
-
-    request: Request
-    reserved: int
-    """Tokens of the model's budget this request holds while it runs (raw tokens)."""
-    state: TicketState = TicketState.WAITING
-    dispatched: float | None = None
-    """When it was handed to its engine (seconds), if it was."""
-    first_token: float | None = None
-    """When its first output arrived (seconds), if it did."""
-    ended: float | None = None
-    """When it ended (seconds), if it did."""
-    produced: int = 0
-    """Output tokens generated (raw tokens)."""
-    charged: float = 0.0
-    """Service charged for it so far (the cost model's units: unified tokens)."""
-    outcome: Outcome | None = None
-    error: FairAgentsError | None = None
-    """Why the dispatcher ended it, when it did so itself (model down, shut down)."""
-    held_back: bool = False
-    """Waiting in the dispatcher, not yet shown to the policy: its app is at its share of the model."""
-    predicted: int | None = None
-    """Output tokens predicted, under an admission controller (``l_pred``; at arrival, and again
-    each time the request is considered for dispatch)."""
-    bound: int | None = None
-    """Output tokens reserved for, under an admission controller (``l_upper``; when ``predicted`` is)."""
-
-    def record(self) -> RequestRecord:
-        """The request's record (valid once it ended)."""
-        r = self.request
-        return RequestRecord(
-            r.id, r.app, r.agent.name, r.model, r.arrival, self.dispatched, self.first_token,
-            self.ended if self.ended is not None else r.arrival, r.prompt_tokens, self.produced,
-            self.outcome or Outcome.FAILED, r.agent.effective_slo,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Changes:
-    """What one event caused: requests to start on their engines now, and requests that ended.
-
-    Examples:
-        >>> from fairagents.dispatcher import Changes
-        >>> Changes().started, Changes().ended
-        ([], [])
-    """
-
-    started: list[Ticket] = field(default_factory=list)
-    """Dispatched by this event, in dispatch order: the driver starts each on its engine."""
-    ended: list[Ticket] = field(default_factory=list)
-    """Ended by this event, the event's own request included; each ``outcome`` is set."""
-
-
-@dataclass(eq=False, slots=True)
-class ModelState:
-    """A model's admission state.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.dispatcher import ModelState
-        >>> ModelState("chat", slots=4, token_budget=None, max_model_len=128, block=1).has_slot()
-        True
-    """
-
-    name: str
-    slots: int
-    """Most requests handed to the engine at once."""
-    token_budget: int | None
-    """Most KV tokens reserved at once (``None``: no token budget)."""
-    max_model_len: int
-    """Longest ``prompt + max_tokens`` the model takes (raw tokens)."""
-    block: int
-    """Reservations are rounded up to this many tokens (the engine's KV block)."""
-    running: int = 0
-    reserved: int = 0
-    """KV tokens reserved by its running requests."""
-    used: int = 0
-    """KV tokens its running requests hold now: prompt + output so far."""
-    down: EngineError | None = None
-    """Why it is down, while it is."""
-    slot_limit: int | None = None
-    """In-flight limit set by an admission controller (≤ ``slots``), if one steers the model."""
-    budget_limit: int | None = None
-    """Token budget set by an admission controller (≤ ``token_budget``), if one steers the model."""
-
-    def has_slot(self) -> bool:
-        if self.down is not None or self.running >= self.slots:
-            return False
-        return self.slot_limit is None or self.running < self.slot_limit or not self.running
-
-    def fits(self, ticket: Ticket) -> bool:
-        if self.token_budget is None or not self.running:
-            return True  # alone, a request always fits: arrive() refused any larger than the whole budget
-        budget = self.token_budget if self.budget_limit is None else self.budget_limit
-        return self.reserved + ticket.reserved <= budget
 
 
 _NOTHING = Changes()
@@ -257,6 +80,10 @@ class Dispatcher:
             means its caller has gone: it ends as cancelled, uncharged.
         app_share: called with an app's name: the largest share (0 < share ≤ 1) of a
             model's slots and token budget that app may hold, or ``None`` for no cap.
+        queue_bound: called with an app's name: the most requests that app may have
+            waiting for one model (held back by its share included), or ``None`` for no
+            bound; past it :meth:`arrive` (and :meth:`check_queue`) raise
+            :class:`~fairagents.errors.OverloadedError`.
         admission: an admission controller that reserves predicted bounds instead of
             worst cases and steers each model's in-flight limit and token budget
             (:class:`~fairagents.admission.Statera`); ``None``: worst-case reservations
@@ -285,6 +112,7 @@ class Dispatcher:
         charge: Callable[[float, Request, float], None] | None = None,
         is_live: Callable[[str], bool] | None = None,
         app_share: Callable[[str], float | None] | None = None,
+        queue_bound: Callable[[str], int | None] | None = None,
         admission: Statera | None = None,
         gate: Callable[[Ticket, ModelState], bool] | None = None,
     ) -> None:
@@ -301,10 +129,12 @@ class Dispatcher:
         self._withdrawn: list[Ticket] = []  # ended by is_live during the current event
         self._closed = False
         self._app_share = app_share
+        self._queue_bound = queue_bound
         self.admission = admission
         self.gate = gate
         self._held: dict[tuple[str, str], list[int]] = {}  # (app, model) -> [requests, tokens] running or shown
         self._held_back: dict[tuple[str, str], deque[Ticket]] = {}  # (app, model) -> waiting, not yet shown
+        self._waiting: dict[tuple[str, str], int] = {}  # (app, model) -> requests waiting, held back or shown
 
     # -- the pool ------------------------------------------------------------------
 
@@ -351,8 +181,10 @@ class Dispatcher:
         """Requests waiting or running."""
         return list(self._tickets.values())
 
-    def queued(self, model: str | None = None) -> int:
-        """Requests waiting for ``model`` (or for any model), those held back by an app's share included."""
+    def queued(self, model: str | None = None, app: str | None = None) -> int:
+        """Requests waiting for ``model`` (or for any model), of ``app`` (or of any), held back ones included."""
+        if app is not None:
+            return sum(n for (a, m), n in self._waiting.items() if a == app and (model is None or m == model))
         shown = self.policy.queued(model)
         held = sum(len(q) for (_, m), q in self._held_back.items() if model is None or m == model)
         return shown + held
@@ -373,6 +205,39 @@ class Dispatcher:
             return None
         m = self.model(model)
         return max(1, int(share * m.slots)), None if m.token_budget is None else share * m.token_budget
+
+    def check_queue(self, app: str, model: str) -> None:
+        """Raise what :meth:`arrive` would for a full queue: ``app`` has its bound of requests waiting for ``model``.
+
+        Changes nothing. ``retry_after`` is the model's average run time
+        (:attr:`~fairagents.records.ModelState.run_time`; 1 s before any finished), within [0.05, 60] s.
+
+        Raises:
+            OverloadedError: the app's queue for the model is full.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> from fairagents.dispatcher import Dispatcher
+            >>> d = Dispatcher(fa.policies.FCFS(), fa.UnifiedTokenCost(), queue_bound={"flood": 1}.get)
+            >>> profile = fa.ModelProfile(d_model=64, n_layers=1)
+            >>> _ = d.add_model("chat", profile, slots=1, token_budget=None, max_model_len=99)
+            >>> flood = fa.Agent("bot", fa.App("flood"))
+            >>> _ = d.arrive(fa.Request("r1", flood, "chat", 1, 1, arrival=0.0), now=0.0)   # runs
+            >>> _ = d.arrive(fa.Request("r2", flood, "chat", 1, 1, arrival=0.0), now=0.0)   # waits
+            >>> try:
+            ...     d.check_queue("flood", "chat")
+            ... except fa.OverloadedError as full:
+            ...     print(full.retry_after, full)
+            1.0 app 'flood' has 1 requests queued for model 'chat', its bound; retry later
+            >>> d.check_queue("other", "chat")   # no bound
+        """
+        bound = None if self._queue_bound is None else self._queue_bound(app)
+        if bound is not None and self._waiting.get((app, model), 0) >= bound:
+            m = self.model(model)
+            raise OverloadedError(
+                f"app {app!r} has {bound} requests queued for model {model!r}, its bound; retry later",
+                retry_after=min(max(m.run_time or 1.0, 0.05), 60.0), model=model, app=app,
+            )
 
     def ticket(self, request_id: str) -> Ticket | None:
         """The ticket of a request that has not ended, if any."""
@@ -407,6 +272,7 @@ class Dispatcher:
 
         Raises:
             UnknownModelError: the model is not in the pool.
+            OverloadedError: the app's queue for the model is full (:meth:`check_queue`).
             ContextLengthError: ``prompt + max_tokens`` exceeds the model's context or
                 its whole token budget.
             EngineError: the model is down.
@@ -418,6 +284,7 @@ class Dispatcher:
         m = self.model(request.model)
         if request.id in self._tickets:
             raise ProtocolError(f"request id {request.id!r} is already queued or running", **about)
+        self.check_queue(request.app, m.name)
         size = request.prompt_tokens + request.max_tokens
         if size > m.max_model_len:
             raise ContextLengthError(
@@ -442,6 +309,7 @@ class Dispatcher:
         else:
             self._show(ticket, now)  # raises (queuing nothing) for a request the policy cannot price
         self._tickets[request.id] = ticket
+        self._waiting[key] = self._waiting.get(key, 0) + 1
         return self._changes(m, now, [])
 
     def progress(self, request_id: str, new_tokens: int, now: float) -> float:
@@ -549,7 +417,9 @@ class Dispatcher:
         r = ticket.request
         del self._tickets[r.id]
         m = self._models[r.model]
-        if ticket.state is TicketState.RUNNING:
+        if ticket.state is TicketState.WAITING:
+            self._unwait(r)
+        else:
             m.running -= 1
             m.reserved -= ticket.reserved
             if self.admission is not None:
@@ -558,6 +428,9 @@ class Dispatcher:
             self.pool_running -= 1
             if self.admission is not None:
                 self.admission.on_end(ticket, outcome is Outcome.FINISHED, self.cost)
+            if outcome is Outcome.FINISHED and ticket.dispatched is not None:
+                run = now - ticket.dispatched
+                m.run_time = run if m.run_time is None else 0.8 * m.run_time + 0.2 * run
         ticket.state = TicketState.DONE
         ticket.outcome = outcome
         ticket.ended = now
@@ -578,6 +451,14 @@ class Dispatcher:
                 del self._held[key]
         if not self._closed and m.down is None:
             self._show_held_back(key, now)
+
+    def _unwait(self, r: Request) -> None:
+        key = (r.app, r.model)
+        n = self._waiting[key] - 1
+        if n:
+            self._waiting[key] = n
+        else:
+            del self._waiting[key]
 
     def _within_share(self, ticket: Ticket) -> bool:
         r = ticket.request
@@ -618,6 +499,7 @@ class Dispatcher:
 
     def _refused(self, ticket: Ticket, err: FairAgentsError, now: float) -> None:
         del self._tickets[ticket.request.id]
+        self._unwait(ticket.request)
         ticket.held_back = False
         ticket.state = TicketState.DONE
         ticket.outcome = Outcome.FAILED
@@ -712,6 +594,7 @@ class Dispatcher:
             self._withdrawn.append(ticket)
             return False
         self.policy.on_dispatch(r, now)
+        self._unwait(r)
         ticket.state = TicketState.RUNNING
         ticket.dispatched = now
         m.running += 1

@@ -70,8 +70,6 @@ class FairAgentsError(Exception):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.UnknownModelError, fa.FairAgentsError)
-        True
         >>> err = fa.EngineError("model 'chat' is down", model="chat", request_id="fa-7")
         >>> err.model, err.app, err.request_id
         ('chat', None, 'fa-7')
@@ -100,8 +98,11 @@ class BadInputError(FairAgentsError, ValueError):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.BadInputError, ValueError)
-        True
+        >>> try:
+        ...     fa.Agent("critic", fa.App("studio"), weight=-1)
+        ... except fa.BadInputError as err:   # fix the input: a retry fails the same way
+        ...     print(type(err).__name__, isinstance(err, ValueError))
+        InvalidParameterError True
     """
 
 
@@ -146,8 +147,9 @@ class UnknownAppError(BadInputError):
 
     Examples:
         >>> import fairagents as fa
-        >>> str(fa.UnknownAppError("unknown app 'x'"))
-        "unknown app 'x'"
+        >>> err = fa.UnknownAppError("unknown app 'studio'", app="studio")
+        >>> err.app, isinstance(err, fa.BadInputError)
+        ('studio', True)
     """
 
 
@@ -156,8 +158,9 @@ class UnknownAgentError(BadInputError):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.UnknownAgentError, ValueError)
-        True
+        >>> err = fa.UnknownAgentError("unknown agent 'critic'", app="studio", agent="critic")
+        >>> err.app, err.agent
+        ('studio', 'critic')
     """
 
 
@@ -166,8 +169,9 @@ class ContextLengthError(BadInputError):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.ContextLengthError, fa.BadInputError)
-        True
+        >>> err = fa.ContextLengthError("prompt + max_tokens exceeds the context", model="chat", param="max_tokens")
+        >>> err.model, err.param   # ask for fewer tokens, or shorten the prompt
+        ('chat', 'max_tokens')
     """
 
 
@@ -188,8 +192,9 @@ class ModalityError(BadInputError):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.errors.ModalityError, ValueError)
-        True
+        >>> err = fa.ModalityError("model 'chat' takes no images (it is a text model)", model="chat")
+        >>> err.model, isinstance(err, fa.BadInputError)
+        ('chat', True)
     """
 
 
@@ -199,9 +204,13 @@ class EngineError(FairAgentsError):
     Not a ``ValueError``: the same request may succeed once the engine is back.
 
     Examples:
+        A retry policy that retries what may succeed later, and nothing else:
+
         >>> import fairagents as fa
-        >>> issubclass(fa.EngineError, ValueError)
-        False
+        >>> def retryable(err):
+        ...     return isinstance(err, fa.EngineError | fa.OverloadedError)
+        >>> retryable(fa.EngineError("model 'chat' is down", model="chat")), retryable(fa.UnknownModelError("x"))
+        (True, False)
     """
 
 
@@ -246,8 +255,11 @@ class ShutdownError(FairAgentsError):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.ShutdownError, ValueError)
-        False
+        >>> try:
+        ...     raise fa.ShutdownError("the arbiter is closed and admits no new requests", request_id="fa-7")
+        ... except fa.ShutdownError as err:   # not the caller's fault: resend it to a running arbiter
+        ...     print(err.request_id, isinstance(err, ValueError))
+        fa-7 False
     """
 
 
@@ -260,6 +272,11 @@ class ProtocolError(FairAgentsError, RuntimeError):
 
     Examples:
         >>> import fairagents as fa
-        >>> issubclass(fa.errors.ProtocolError, ValueError), issubclass(fa.errors.ProtocolError, RuntimeError)
-        (False, True)
+        >>> policy = fa.policies.FCFS()
+        >>> req = fa.Request(id="r1", agent=fa.Agent("a", fa.App("x")), model="m", prompt_tokens=1,
+        ...                  max_tokens=1, arrival=0.0)
+        >>> policy.on_dispatch(req, now=0.0)   # dispatched without arriving first
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.ProtocolError: request 'r1' is not waiting
     """

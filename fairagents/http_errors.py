@@ -36,7 +36,7 @@ from fairagents.errors import (
 )
 
 if TYPE_CHECKING:
-    from fairagents.arbiter import Arbiter
+    from fairagents.runtime.arbiter import Arbiter
 
 __all__ = ["ErrorType", "HTTPError", "error_body", "http_error"]
 

@@ -139,8 +139,10 @@ class App:
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.App("studio", weight=2.0).weight
-        2.0
+        >>> studio = fa.App("studio", weight=2.0, slo=fa.SLO(e2e=30.0))   # twice a weight-1 app's share
+        >>> writer = fa.Agent("writer", studio)
+        >>> writer.key, writer.effective_slo   # its agents take the app's SLO unless they state one
+        (('studio', 'writer'), SLO(ttft=None, tpot=None, e2e=30.0))
     """
 
     name: str
@@ -435,7 +437,7 @@ def identity_args(agent: Agent) -> dict[str, Any]:
     """The arguments under which ``agent`` travels to an engine that schedules by identity.
 
     vLLM's ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP), read by
-    :class:`~fairagents.engines.fair_scheduler.FairScheduler`.
+    :class:`~fairagents.vllm.scheduler.FairScheduler`.
 
     Examples:
         >>> import fairagents as fa

@@ -13,7 +13,7 @@ A chat message's content may be a list of OpenAI-style parts. An image part is
 Reading an image checks it against :class:`ImageLimits` before decoding the pixels
 (the header says how large it is), so a huge image costs nothing but its header.
 Everything here is synchronous and CPU-bound: the arbiter runs it in its
-preprocessing pool, off the event loop (see :mod:`fairagents.preprocessing`).
+preprocessing pool, off the event loop (see :mod:`fairagents.runtime.preprocessing`).
 
 Examples:
     >>> import base64, io

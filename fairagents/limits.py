@@ -37,7 +37,10 @@ try:
 except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
-__all__ = ["DEFAULT_LIMITS", "RequestLimits"]
+__all__ = ["DEFAULT_LIMITS", "MAX_TOP_LOGPROBS", "RequestLimits"]
+
+#: Most alternatives per output token a request may ask for (``top_logprobs``), as in OpenAI's API.
+MAX_TOP_LOGPROBS = 20
 
 # Keys whose value maps names to subschemas: entering them is not a level of nesting.
 _NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})

@@ -20,12 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
-from fairagents.identity import SLO
+from fairagents.records import RequestRecord
 from fairagents.request import Outcome
 
 __all__ = [
     "Charge",
-    "ClientStats",
+    "ClientSnapshot",
     "RequestRecord",
     "backlog_intervals",
     "client_stats",
@@ -37,76 +37,8 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """The life of one request (times in seconds on the run's clock).
-
-    Examples:
-        >>> from fairagents.metrics import RequestRecord
-        >>> from fairagents import Outcome
-        >>> r = RequestRecord("r1", "app", "agent", "chat", arrival=0.0, dispatched=0.5,
-        ...                   first_token=0.7, finished=1.7, prompt_tokens=8, output_tokens=11,
-        ...                   outcome=Outcome.FINISHED)
-        >>> r.queue_wait, r.ttft, r.tpot, r.e2e
-        (0.5, 0.7, 0.1, 1.7)
-    """
-
-    id: str
-    app: str
-    agent: str
-    model: str
-    arrival: float
-    """When the request arrived."""
-    dispatched: float | None
-    """When it left the queue for its engine (``None`` if it never did)."""
-    first_token: float | None
-    """When its first output token was produced."""
-    finished: float
-    """When it ended, however it ended."""
-    prompt_tokens: int
-    """Prompt length (raw tokens)."""
-    output_tokens: int
-    """Output tokens actually generated (raw tokens)."""
-    outcome: Outcome
-    slo: SLO | None = None
-
-    @property
-    def queue_wait(self) -> float | None:
-        """Seconds between arrival and dispatch."""
-        return None if self.dispatched is None else self.dispatched - self.arrival
-
-    @property
-    def ttft(self) -> float | None:
-        """Seconds between arrival and the first output token."""
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean seconds per output token after the first."""
-        if self.first_token is None or self.output_tokens < 2:
-            return None
-        return (self.finished - self.first_token) / (self.output_tokens - 1)
-
-    @property
-    def e2e(self) -> float:
-        """Seconds between arrival and the end."""
-        return self.finished - self.arrival
-
-    def slo_met(self) -> bool | None:
-        """Whether a finished request met its SLO (``None`` without an SLO or if it did not finish)."""
-        if self.slo is None or self.outcome is not Outcome.FINISHED or self.first_token is None:
-            return None
-        return self.slo.met(ttft=self.first_token - self.arrival, tpot=self.tpot, e2e=self.e2e)
-
-
-@dataclass(frozen=True, slots=True)
 class Charge:
-    """Service delivered to an agent at an instant, in unified tokens.
-
-    Examples:
-        >>> from fairagents.metrics import Charge
-        >>> Charge(time=1.0, app="a", agent="t", amount=32.0).amount
-        32.0
-    """
+    """Service delivered to an agent at an instant, in unified tokens."""
 
     time: float
     """When (seconds)."""
@@ -117,34 +49,49 @@ class Charge:
 
 
 @dataclass(frozen=True, slots=True)
-class ClientStats:
-    """Per-app or per-agent totals and latency percentiles of a run.
+class ClientSnapshot:
+    """One app's or agent's standing: service, outcomes and latency percentiles (unified tokens, seconds).
+
+    The simulator's :meth:`~fairagents.simulation.SimResult.app_stats` and the arbiter's
+    :meth:`~fairagents.Arbiter.stats` both report it (percentiles are NaN without samples).
 
     Examples:
-        >>> from fairagents.metrics import ClientStats
-        >>> "service" in ClientStats.__slots__
-        True
+        >>> from fairagents.metrics import Charge, RequestRecord, client_stats
+        >>> from fairagents import Outcome
+        >>> done = RequestRecord("1", "x", "t", "m", 0.0, 0.5, 0.6, 1.0, 1, 2, Outcome.FINISHED)
+        >>> (x,) = client_stats([done], [Charge(0.5, "x", "t", 4.0)], {"x": 1.0})
+        >>> x.name, x.service, x.done, x.wait_p50
+        ('x', 4.0, 1, 0.5)
     """
 
     name: str
     """App name, or ``app/agent``."""
     weight: float
-    service: float
-    """Unified tokens delivered."""
-    share: float
-    """Fraction of all service delivered in the run."""
     weight_share: float
-    """Fraction the weights entitle it to, among the clients listed beside it."""
-    requests: int
+    """Its weight over the weights of its peers (all apps listed; or its app's agents)."""
+    service: float
+    """Unified tokens delivered (charged) so far."""
+    share: float
+    """Its service over its peers' service."""
+    done: int
     """Requests that finished."""
     cancelled: int
     wait_p50: float
     wait_p99: float
     ttft_p50: float
     ttft_p99: float
-    e2e_p50: float
-    slo_attainment: float | None
-    """Fraction of finished requests with an SLO that met it."""
+    failed: int = 0
+    queued: int = 0
+    """Requests waiting now (the arbiter's; 0 once a simulated run has ended)."""
+    in_flight: int = 0
+    """Requests running now (the arbiter's; 0 once a simulated run has ended)."""
+    rejected: int = 0
+    """Arrivals refused because its app's queue for the model was full (``max_queued``: the 429);
+    counted by the simulator (the server counts the arbiter's in its fairness view)."""
+    e2e_p50: float = math.nan
+    """Median seconds from arrival to the end, of finished requests."""
+    slo_attainment: float | None = None
+    """Fraction of finished requests with an SLO that met it (``None``: none had one)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -318,12 +265,14 @@ def client_stats(
     weights: Mapping[str, float],
     key: str = "app",
     until: float | None = None,
-) -> list[ClientStats]:
+    rejected: Mapping[str, int] | None = None,
+) -> list[ClientSnapshot]:
     """Per-app (or per-agent, named ``app/agent``) totals and percentiles of a run.
 
     ``weights`` names the clients to list; an agent's ``weight_share`` is its share of
     its own app. With ``until``, service counts only what was delivered up to then
     (say, while traffic arrived), so shares show who got the pool under contention.
+    ``rejected`` gives each client's refused arrivals, if they were counted.
 
     Examples:
         >>> from fairagents.metrics import RequestRecord, Charge, client_stats
@@ -355,14 +304,16 @@ def client_stats(
         ttfts = [r.ttft for r in done if r.ttft is not None]
         slo = [met for r in done if (met := r.slo_met()) is not None]
         out.append(
-            ClientStats(
+            ClientSnapshot(
                 name=name,
                 weight=weight,
                 service=service.get(name, 0.0),
                 share=service.get(name, 0.0) / total,
                 weight_share=weight / group_weight[group(name)],
-                requests=len(done),
+                done=len(done),
+                failed=sum(r.outcome is Outcome.FAILED for r in recs),
                 cancelled=sum(r.outcome is Outcome.CANCELLED for r in recs),
+                rejected=0 if rejected is None else rejected.get(name, 0),
                 wait_p50=percentile(waits, 50),
                 wait_p99=percentile(waits, 99),
                 ttft_p50=percentile(ttfts, 50),

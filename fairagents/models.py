@@ -19,11 +19,6 @@ token counts and timings are real. Models are built once into ``$FAIRAGENTS_HOME
 Building needs ``torch``, ``transformers`` and ``tokenizers`` (the ``cpu`` or ``gpu``
 extra), and ``diffusers`` for the image model. Each model is built the first time it is
 asked for (``ensure_default_models(["vision"])`` builds only that one).
-
-Examples:
-    >>> from fairagents import models
-    >>> models.home().name
-    'fairagents'
 """
 
 from __future__ import annotations
@@ -34,18 +29,19 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from fairagents._logging import get_logger
-from fairagents.engines.base import LOAD_LOCK
 from fairagents.errors import InvalidParameterError, ModelLoadError
 
 __all__ = [
     "DEFAULT_IMAGE_MODEL",
     "DEFAULT_TEXT_MODEL",
     "DEFAULT_VISION_MODEL",
+    "LOAD_LOCK",
     "build_image_model",
     "build_text_model",
     "build_vision_model",
@@ -56,6 +52,10 @@ __all__ = [
 ]
 
 log = get_logger("fairagents.models")
+
+#: Held while a thread imports model libraries and loads or builds a model: transformers' lazy
+#: imports are not thread-safe, and engines start in parallel threads.
+LOAD_LOCK = threading.Lock()
 
 #: Name of the embedded text model; bump the suffix when the recipe changes.
 DEFAULT_TEXT_MODEL = "tiny-llama-v2"
@@ -179,9 +179,7 @@ def ensure_default_models(kinds: Iterable[str] = ("text", "vision", "image")) ->
 
     Kinds are ``"text"``, ``"vision"`` and ``"image"``; each is built at most once,
     under a file lock, into a staging folder renamed into place when complete. In one
-    process a build holds :data:`~fairagents.engines.base.LOAD_LOCK`, as engines do
-    while they load: engines start in parallel threads, and importing transformers'
-    lazily loaded classes in two threads at once can fail.
+    process a build holds :data:`LOAD_LOCK`, as engines do while they load.
     """
     builders = {
         "text": (DEFAULT_TEXT_MODEL, build_text_model),

@@ -1,13 +1,4 @@
-"""What a model call returns: the text, its usage in raw and unified tokens, and its timing.
-
-Examples:
-    >>> from fairagents.reply import Reply, Timing, Usage
-    >>> reply = Reply(text="hi", finish_reason="stop", model="chat", request_id="r1",
-    ...               usage=Usage(prompt_tokens=3, completion_tokens=1, unified_tokens=5.0),
-    ...               timing=Timing(queue_wait=0.0, ttft=0.1, e2e=0.2))
-    >>> reply.usage.total_tokens
-    4
-"""
+"""What a model call returns: the text, its usage in raw and unified tokens, and its timing."""
 
 from __future__ import annotations
 
@@ -85,8 +76,9 @@ class Timing:
 
     Examples:
         >>> from fairagents.reply import Timing
-        >>> Timing(queue_wait=0.5, ttft=0.7, e2e=2.0).ttft
-        0.7
+        >>> t = Timing(queue_wait=0.5, ttft=0.75, e2e=2.0)
+        >>> t.ttft - t.queue_wait, t.e2e - t.ttft   # prefill once dispatched, then decoding
+        (0.25, 1.25)
     """
 
     queue_wait: float
@@ -102,9 +94,12 @@ class Reply:
     """The result of a chat call.
 
     Examples:
-        >>> from fairagents.reply import Reply
-        >>> "text" in Reply.__slots__
-        True
+        >>> from fairagents.reply import Reply, Timing, Usage
+        >>> reply = Reply(text='{"city": "Oslo"}', finish_reason="stop", model="chat", request_id="r1",
+        ...               usage=Usage(prompt_tokens=3, completion_tokens=6, unified_tokens=15.0),
+        ...               timing=Timing(queue_wait=0.0, ttft=0.1, e2e=0.2))
+        >>> reply.json()["city"], reply.usage.total_tokens
+        ('Oslo', 9)
     """
 
     text: str
@@ -140,9 +135,15 @@ class ImageReply:
     steps × images); ``timing.ttft`` is the time to the first denoising step.
 
     Examples:
-        >>> from fairagents.reply import ImageReply
-        >>> "png" in ImageReply.__slots__
-        True
+        >>> import io
+        >>> from PIL import Image
+        >>> from fairagents.reply import ImageReply, Timing, Usage
+        >>> buf = io.BytesIO(); Image.new("RGB", (8, 8)).save(buf, "PNG")
+        >>> reply = ImageReply(images=[Image.new("RGB", (8, 8))], png=[buf.getvalue()], finish_reason="stop",
+        ...                    model="painter", request_id="r2", usage=Usage(12, 64, 200.0),
+        ...                    timing=Timing(queue_wait=0.0, ttft=0.3, e2e=1.5))
+        >>> reply.images[0].size, reply.png[0][:4]   # e.g. Path("out.png").write_bytes(reply.png[0])
+        ((8, 8), b'\x89PNG')
     """
 
     images: list[Any]

@@ -25,9 +25,15 @@ class Outcome(str, enum.Enum):
     """How a request left the system.
 
     Examples:
+        A policy is told how each request ended; a cancelled waiting one leaves uncharged:
+
         >>> import fairagents as fa
-        >>> fa.Outcome.CANCELLED.value
-        'cancelled'
+        >>> policy = fa.policies.HMFS(fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=4096, n_layers=1)}))
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> req = fa.Request(id="r1", agent=who, model="m", prompt_tokens=10, max_tokens=4, arrival=0.0)
+        >>> policy.on_arrival(req, now=0.0); policy.on_finish(req, fa.Outcome.CANCELLED, now=1.0)
+        >>> policy.queued(), policy.app_counters()
+        (0, {'x': 0.0})
     """
 
     FINISHED = "finished"

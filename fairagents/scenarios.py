@@ -69,14 +69,14 @@ def _table(result: SimResult) -> Table:
     agents = result.agent_stats(until=DURATION)
     for app in apps:
         table.add_row(
-            f"[bold]{app.name}[/]", f"{app.weight_share:.0%}", f"{app.share:.0%}", str(app.requests),
+            f"[bold]{app.name}[/]", f"{app.weight_share:.0%}", f"{app.share:.0%}", str(app.done),
             f"{app.wait_p50:.2f}s", f"{app.wait_p99:.2f}s", f"{app.ttft_p99:.2f}s", _slo(app.slo_attainment),
         )
         for s in agents:
             if s.name.startswith(f"{app.name}/"):
                 table.add_row(
                     f"  {s.name.split('/', 1)[1]}", f"{s.weight_share:.0%}", f"{s.service / max(app.service, 1e-9):.0%}",
-                    str(s.requests), f"{s.wait_p50:.2f}s", f"{s.wait_p99:.2f}s", f"{s.ttft_p99:.2f}s",
+                    str(s.done), f"{s.wait_p50:.2f}s", f"{s.wait_p99:.2f}s", f"{s.ttft_p99:.2f}s",
                     _slo(s.slo_attainment),
                 )
     return table

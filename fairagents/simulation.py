@@ -7,7 +7,9 @@ What runs is decided by the same :class:`~fairagents.dispatcher.Dispatcher` the
 arbiter uses, with each engine's batch size as its slots and its KV capacity as its
 token budget, so a property shown here is a property of the serving path. As in the
 arbiter, a request is dispatched (and its input charged) the moment its model has
-room, and joins the engine's running batch at the next step boundary.
+room, and joins the engine's running batch at the next step boundary. An app given a
+``max_queued`` bound has its arrivals past it refused, as the arbiter answers them
+(``OverloadedError``, the server's 429), and counted in :attr:`SimResult.rejected`.
 
 Examples:
     >>> import fairagents as fa
@@ -33,12 +35,19 @@ from dataclasses import dataclass, field
 
 from fairagents.admission import Statera, make_admission
 from fairagents.cost import UnifiedTokenCost
-from fairagents.dispatcher import Changes, Dispatcher
+from fairagents.dispatcher import Dispatcher
 from fairagents.engines.sim import SimEngine
-from fairagents.errors import InvalidParameterError, UnknownAgentError, UnknownAppError, UnknownModelError
+from fairagents.errors import (
+    InvalidParameterError,
+    OverloadedError,
+    UnknownAgentError,
+    UnknownAppError,
+    UnknownModelError,
+)
 from fairagents.identity import Agent, App
-from fairagents.metrics import Charge, ClientStats, RequestRecord, client_stats, jain_index, max_service_gap
+from fairagents.metrics import Charge, ClientSnapshot, client_stats, jain_index, max_service_gap
 from fairagents.policies import Policy, make_policy
+from fairagents.records import Changes, RequestRecord
 from fairagents.request import Request
 
 __all__ = ["SimRequest", "SimResult", "Workload", "simulate"]
@@ -48,15 +57,7 @@ Length = int | tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
-    """One request of a workload: who sends what to which model, and when.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.simulation import SimRequest
-        >>> SimRequest(at=0.0, agent=fa.Agent("a", fa.App("x")), model="chat",
-        ...            prompt_tokens=10, output_tokens=5).model
-        'chat'
-    """
+    """One request of a workload: who sends what to which model, and when."""
 
     at: float
     """Arrival time (seconds)."""
@@ -142,7 +143,7 @@ class SimResult:
         >>> who = fa.Agent("a", fa.App("x"))
         >>> result = simulate(Workload().burst(who, "m", n=3, prompt=4, output=2), "vtc",
         ...                   {"m": fa.engines.SimEngine(fa.ModelProfile(d_model=4096, n_layers=1))})
-        >>> [s.requests for s in result.app_stats()]
+        >>> [s.done for s in result.app_stats()]
         [3]
     """
 
@@ -165,6 +166,9 @@ class SimResult:
     """Requests the engines preempted (only ``kv="paged"`` engines preempt, when admission overcommits)."""
     admission: Statera | None = None
     """The admission controller of the run, if any (its ``states``, ``covered`` and ``calibrated`` after the run)."""
+    rejected: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Arrivals refused per agent ``(app, agent)``: its app had ``max_queued`` requests waiting for the model.
+    :meth:`app_stats` and :meth:`agent_stats` report them per app and per agent."""
 
     def app_weights(self) -> dict[str, float]:
         return {name: app.weight for name, app in self.apps.items()}
@@ -172,13 +176,17 @@ class SimResult:
     def agent_weights(self) -> dict[str, float]:
         return {f"{a}/{t}": agent.weight for (a, t), agent in self.agents.items()}
 
-    def app_stats(self, until: float | None = None) -> list[ClientStats]:
+    def app_stats(self, until: float | None = None) -> list[ClientSnapshot]:
         """Per-app totals and percentiles (service delivered up to ``until``, if given)."""
-        return client_stats(self.records, self.charges, self.app_weights(), "app", until)
+        rejected: dict[str, int] = {}
+        for (app, _), n in self.rejected.items():
+            rejected[app] = rejected.get(app, 0) + n
+        return client_stats(self.records, self.charges, self.app_weights(), "app", until, rejected)
 
-    def agent_stats(self, until: float | None = None) -> list[ClientStats]:
+    def agent_stats(self, until: float | None = None) -> list[ClientSnapshot]:
         """Per-agent totals and percentiles (agents named ``app/agent``)."""
-        return client_stats(self.records, self.charges, self.agent_weights(), "agent", until)
+        rejected = {f"{app}/{agent}": n for (app, agent), n in self.rejected.items()}
+        return client_stats(self.records, self.charges, self.agent_weights(), "agent", until, rejected)
 
     def max_app_gap(self, models: list[str] | None = None) -> float:
         """Largest weight-normalised service gap between two backlogged apps (see :func:`max_service_gap`)."""
@@ -202,6 +210,7 @@ def simulate(
     d_base: int | None = None,
     pool_running: int | None = None,
     admission: str | Statera | None = None,
+    max_queued: Mapping[str, int] | None = None,
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
 
@@ -222,6 +231,10 @@ def simulate(
             :class:`~fairagents.Statera`: reservations by predicted bound and the two
             loops, as ``Arbiter(admission=...)``. It overcommits the worst case, so the
             engines must model what a real engine then does: ``SimEngine(kv="paged")``.
+        max_queued: app name → the most requests it may have waiting for one model, as
+            ``arbiter.app(name, max_queued=...)``: an arrival past it is refused (the
+            arbiter's ``OverloadedError``, the server's 429) and counted in
+            :attr:`SimResult.rejected`. Apps not named are unbounded.
 
     Raises:
         BadInputError: a bad workload (an unknown model or app, a request that does not
@@ -243,13 +256,17 @@ def simulate(
     policy_obj = make_policy(policy, cost)
     controller = make_admission(admission)
     if controller is not None:
-        reserving = sorted(m for m, e in engines.items() if getattr(e, "kv", "reserve") != "paged")
+        reserving = sorted(m for m, e in engines.items() if e.kv != "paged")
         if reserving:
             raise InvalidParameterError(
                 f"admission {controller.name!r} reserves less than max_tokens, so a simulated engine must model KV "
                 f"as vLLM pages it and preempt: use SimEngine(kv='paged') for {', '.join(reserving)}")
+    bounds = dict(max_queued or {})
+    for app, bound in bounds.items():
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+            raise InvalidParameterError(f"max_queued must be an integer ≥ 1, got {bound!r}", app=app)
     requests = _validate(workload, engines, apps)
-    run = _Run(policy_obj, engines, cost, pool_running, controller)
+    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds)
     return run.play(requests)
 
 
@@ -282,7 +299,7 @@ class _Run:
 
     def __init__(
         self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None,
-        admission: Statera | None = None,
+        admission: Statera | None = None, max_queued: Mapping[str, int] | None = None,
     ) -> None:
         self.policy = policy
         self.engines = engines
@@ -291,7 +308,8 @@ class _Run:
         self.charges: list[Charge] = []
         self._add_charge = self.charges.append
         self.admission = admission
-        self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge, admission=admission)
+        self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge, admission=admission,
+                                     queue_bound=max_queued.get if max_queued else None)
         for model, engine in engines.items():
             # The engine's batch and KV capacity are the dispatcher's slots and token budget.
             self.dispatcher.add_model(model, engine.profile, slots=engine.max_running,
@@ -303,6 +321,7 @@ class _Run:
         self.records: list[RequestRecord] = []
         self.order: dict[str, list[str]] = {m: [] for m in engines}
         self.idle_with_backlog = 0
+        self.rejected: dict[tuple[str, str], int] = {}
 
     def push(self, t: float, kind: int, payload: object) -> None:
         heapq.heappush(self.events, (t, kind, next(self.seq), payload))
@@ -321,7 +340,7 @@ class _Run:
         while self.events:
             now, kind, _, payload = heapq.heappop(self.events)
             if kind == self._ARRIVAL:
-                self._apply(self.dispatcher.arrive(payload, now))  # type: ignore[arg-type]
+                self._arrive(payload, now)  # type: ignore[arg-type]
             elif kind == self._STEP:
                 self._step_done(payload, now)  # type: ignore[arg-type]
             else:
@@ -338,9 +357,18 @@ class _Run:
             end=now,
             idle_with_backlog=self.idle_with_backlog,
             dispatch_order=self.order,
-            preemptions=sum(getattr(e, "preemptions", 0) for e in self.engines.values()),
+            preemptions=sum(e.preemptions for e in self.engines.values()),
             admission=self.admission,
+            rejected=self.rejected,
         )
+
+    def _arrive(self, req: Request, now: float) -> None:
+        try:
+            changes = self.dispatcher.arrive(req, now)
+        except OverloadedError:  # its app's queue for the model is full: refused, as the arbiter's 429
+            self.rejected[req.agent_key] = self.rejected.get(req.agent_key, 0) + 1
+            return
+        self._apply(changes)
 
     def _apply(self, changes: Changes) -> None:
         for ticket in changes.started:
@@ -370,7 +398,7 @@ class _Run:
         # One token for every request of the step, in batch order; a request's end (and the
         # dispatches it frees room for) comes before the next request's token is charged.
         progress, finish = self.dispatcher.progress, self.dispatcher.finish
-        for state in self.engines[model]._end_step():
+        for state in self.engines[model].end_step():
             progress(state.request.id, 1, now)
             if state.generated >= state.output_tokens:
                 self._apply(finish(state.request.id, now))

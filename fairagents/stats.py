@@ -14,38 +14,10 @@ from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fairagents.metrics import Charge, RequestRecord, percentile
+from fairagents.metrics import Charge, ClientSnapshot, RequestRecord, percentile
 from fairagents.request import Outcome
 
 __all__ = ["ClientSnapshot", "Ledger", "Stats"]
-
-
-@dataclass(frozen=True, slots=True)
-class ClientSnapshot:
-    """One app's or agent's standing (service in unified tokens, times in seconds).
-
-    Examples:
-        >>> from fairagents.stats import ClientSnapshot
-        >>> "weight_share" in ClientSnapshot.__slots__
-        True
-    """
-
-    weight: float
-    weight_share: float
-    """Its weight over the weights of its peers (all apps; or its app's agents)."""
-    service: float
-    """Unified tokens charged so far."""
-    share: float
-    """Its service over its peers' service."""
-    done: int
-    failed: int
-    cancelled: int
-    queued: int
-    in_flight: int
-    wait_p50: float
-    wait_p99: float
-    ttft_p50: float
-    ttft_p99: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +25,12 @@ class Stats:
     """A snapshot of the arbiter: per app and per agent (agents keyed ``app/agent``).
 
     Examples:
-        >>> from fairagents.stats import Stats
-        >>> Stats(apps={}, agents={}).apps
-        {}
+        >>> from fairagents.stats import Ledger
+        >>> ledger = Ledger()
+        >>> ledger.charge(0.0, "a", "t", 12.0)
+        >>> stats = ledger.snapshot({"a": 1.0}, {("a", "t"): 1.0}, queued={("a", "t"): 2}, in_flight={})
+        >>> stats.apps["a"].service, stats.agents["a/t"].queued
+        (12.0, 2)
     """
 
     apps: dict[str, ClientSnapshot]
@@ -110,18 +85,28 @@ class Ledger:
         """Per-app and per-agent standing of every declared app and agent."""
         waits: dict[tuple[str, str], list[float]] = defaultdict(list)
         ttfts: dict[tuple[str, str], list[float]] = defaultdict(list)
+        e2es: dict[tuple[str, str], list[float]] = defaultdict(list)
+        slos: dict[tuple[str, str], list[bool]] = defaultdict(list)
         for r in self.records:
+            key = (r.app, r.agent)
             if r.queue_wait is not None:
-                waits[(r.app, r.agent)].append(r.queue_wait)
+                waits[key].append(r.queue_wait)
             if r.ttft is not None:
-                ttfts[(r.app, r.agent)].append(r.ttft)
+                ttfts[key].append(r.ttft)
+            if r.outcome is Outcome.FINISHED:
+                e2es[key].append(r.e2e)
+                if (met := r.slo_met()) is not None:
+                    slos[key].append(met)
 
-        def snap(keys: list[tuple[str, str]], weight: float, weight_sum: float, peer_service: float) -> ClientSnapshot:
+        def snap(name: str, keys: list[tuple[str, str]], weight: float, weight_sum: float,
+                 peer_service: float) -> ClientSnapshot:
             service = sum(self._service.get(k, 0.0) for k in keys)
             outcomes = [self._outcomes[k] for k in keys if k in self._outcomes]
             w = [x for k in keys for x in waits.get(k, [])]
             t = [x for k in keys for x in ttfts.get(k, [])]
+            met = [x for k in keys for x in slos.get(k, [])]
             return ClientSnapshot(
+                name=name,
                 weight=weight,
                 weight_share=weight / weight_sum if weight_sum else 0.0,
                 service=service,
@@ -135,6 +120,8 @@ class Ledger:
                 wait_p99=percentile(w, 99),
                 ttft_p50=percentile(t, 50),
                 ttft_p99=percentile(t, 99),
+                e2e_p50=percentile([x for k in keys for x in e2es.get(k, [])], 50),
+                slo_attainment=sum(met) / len(met) if met else None,
             )
 
         by_app: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -142,11 +129,11 @@ class Ledger:
             by_app[key[0]].append(key)
         total_service = sum(self._service.get(k, 0.0) for k in agent_weights)
         total_weight = sum(app_weights.values())
-        apps = {a: snap(by_app.get(a, []), w, total_weight, total_service) for a, w in app_weights.items()}
+        apps = {a: snap(a, by_app.get(a, []), w, total_weight, total_service) for a, w in app_weights.items()}
         agents = {}
         for app, keys in by_app.items():
             app_service = sum(self._service.get(k, 0.0) for k in keys)
             app_weight = sum(agent_weights[k] for k in keys)
             for k in keys:
-                agents[f"{k[0]}/{k[1]}"] = snap([k], agent_weights[k], app_weight, app_service)
+                agents[f"{k[0]}/{k[1]}"] = snap(f"{k[0]}/{k[1]}", [k], agent_weights[k], app_weight, app_service)
         return Stats(apps=apps, agents=agents)

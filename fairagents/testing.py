@@ -30,9 +30,9 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.cost import ModelProfile
-from fairagents.engines.base import Delta, GenerationParams, Prompt
+from fairagents.engines.base import Delta, EngineBase, GenerationParams, Prompt
 from fairagents.engines.sim import SimEngine
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Agent, App
@@ -138,7 +138,7 @@ class RecordingPolicy:
         return self.inner.queued(model)
 
 
-class FakeEngine:
+class FakeEngine(EngineBase):
     """A test double of an engine: counts words as tokens and emits canned tokens.
 
     It runs no model and is for testing code around the arbiter (fault handling,
@@ -201,8 +201,7 @@ class FakeEngine:
         self.vocab_size = vocab_size
         self.max_token_bytes = max_token_bytes
         self.prepare_time = prepare_time
-        if max_num_seqs is not None:
-            self.max_num_seqs = max_num_seqs
+        self.max_num_seqs = max_num_seqs
         self.manual = manual
         self.reply = reply
         self.params: dict[str, GenerationParams] = {}

@@ -2,18 +2,15 @@
 
 A chat call may carry OpenAI-style ``tools``, a ``tool_choice`` and a
 ``response_format``. :meth:`OutputSpec.of` checks them (a typed
-:class:`~fairagents.InvalidParameterError`, before anything is charged) and says
-three things about the call:
+:class:`~fairagents.InvalidParameterError`, before anything is charged) and says:
 
-- which tools the model's **chat template** renders into the prompt
-  (:attr:`OutputSpec.template_tools`);
+- which tools the model's **chat template** renders (:attr:`OutputSpec.template_tools`);
 - the **constraint** the engine enforces while decoding (:meth:`OutputSpec.constraint`,
-  the fields of vLLM's ``StructuredOutputsParams``): a JSON schema for
-  ``tool_choice="required"`` (an array of ``{"name", "parameters"}`` objects, one of
-  the tools each; at most one item without ``parallel_tool_calls``) and for a named
-  function (its parameters), as vLLM's OpenAI server builds them; JSON for
-  ``{"type": "json_object"}``; the given schema for ``{"type": "json_schema"}``.
-  With ``tool_choice="auto"`` nothing is enforced: the model may answer or call.
+  vLLM's ``StructuredOutputsParams`` fields): for ``tool_choice="required"`` an array
+  of ``{"name", "parameters"}`` objects (one item without ``parallel_tool_calls``), for
+  a named function its parameters, as vLLM's OpenAI server builds them; JSON for
+  ``{"type": "json_object"}``, the given schema for ``{"type": "json_schema"}``; and
+  nothing with ``tool_choice="auto"``, where the model may answer or call.
 - how to **read** the output back (:class:`ToolReader`): with ``"auto"``, the model's
   tool parser (vLLM's, chosen per model family) finds the calls in the text; with
   ``"required"`` or a named function the constrained JSON is the call.
@@ -48,8 +45,8 @@ from fairagents.errors import InvalidParameterError
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 
 __all__ = [
-    "OutputSpec", "ToolCall", "ToolCallDelta", "ToolReader", "check_tool_replies", "infer_tool_parser", "output_reader",
-    "tool_parser_for",
+    "OutputSpec", "ToolCall", "ToolCallDelta", "ToolReader", "check_output", "check_tool_replies", "infer_tool_parser",
+    "output_reader", "tool_parser_for",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -420,13 +417,23 @@ def output_reader(engine: Any, spec: OutputSpec, model: str = "the model") -> To
     """
     if spec.plain:
         return None
-    if spec.tools and not callable(getattr(engine, "tool_parser", None)):
-        raise InvalidParameterError(f"model {model!r} takes no tools", param="tools")
-    if spec.constraint() is not None and not getattr(engine, "structured_outputs", False):
-        raise InvalidParameterError(
-            f"model {model!r} cannot constrain its output (response_format, or tool_choice 'required' or a function)")
+    check_output(engine, spec, model)
     parser = engine.tool_parser(spec) if spec.calls_tools and spec.tool_choice == "auto" else None
     return spec.reader(parser)
+
+
+def check_output(engine: Any, spec: OutputSpec, model: str = "the model") -> None:
+    """Raise what :func:`output_reader` would for a model that cannot serve ``spec``, building nothing.
+
+    ``engine`` is the model's engine (its capabilities): tools need a tool parser, a
+    constraint needs structured outputs. A caller that prepares a prompt first asks
+    this before the work (:meth:`fairagents.Arbiter.check_admission`).
+    """
+    if spec.tools and engine.tool_parser is None:
+        raise InvalidParameterError(f"model {model!r} takes no tools", param="tools")
+    if spec.constraint() is not None and not engine.structured_outputs:
+        raise InvalidParameterError(
+            f"model {model!r} cannot constrain its output (response_format, or tool_choice 'required' or a function)")
 
 
 class _StringEscaper:

@@ -5,8 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fairagents as fa
-from fairagents.dispatcher import Dispatcher, TicketState
+from fairagents.dispatcher import Dispatcher
 from fairagents.errors import ProtocolError
+from fairagents.records import TicketState
 from fairagents.testing import RecordingPolicy
 
 PROFILE = fa.ModelProfile(d_model=64, n_layers=1)
@@ -14,12 +15,12 @@ A, B = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
 
 
 def make(policy="hmfs", *, slots=4, budget=None, max_model_len=1000, block=1, pool=None, live=None, models=("m",),
-         share=None):
+         share=None, bound=None):
     cost = fa.UnifiedTokenCost(d_base=64)
     charges = []
     d = Dispatcher(fa.policies.make_policy(policy, cost), cost, pool_slots=pool,
                    charge=lambda now, r, amount: charges.append((r.id, amount)), is_live=live,
-                   app_share=None if share is None else share.get)
+                   app_share=None if share is None else share.get, queue_bound=None if bound is None else bound.get)
     for m in models:
         d.add_model(m, PROFILE, slots=slots, token_budget=budget, max_model_len=max_model_len, block=block)
     return d, charges
@@ -161,6 +162,57 @@ def test_driver_bugs_are_protocol_errors_not_bad_input():
     assert d.policy.queued() == 1 and d.model("m").running == 1
 
 
+def test_a_full_queue_refuses_the_app_changing_nothing_until_a_request_starts_or_ends():
+    d, charges = make("fcfs", slots=1, bound={"a": 2}, models=("m", "n"))
+    d.arrive(req("run"), 0.0)
+    d.arrive(req("w1"), 0.0)
+    d.arrive(req("w2"), 0.0)
+    d.arrive(req("b1", B), 0.0)  # another app, unbounded
+    d.arrive(req("n1", model="n"), 0.0)  # the same app, another model
+    assert d.queued("m", app="a") == 2 and d.queued(app="a") == 2
+    before = (d.tickets(), d.queued("m"), list(charges))
+    with pytest.raises(fa.OverloadedError, match="app 'a' has 2 requests queued for model 'm', its bound") as full:
+        d.check_queue("a", "m")
+    assert (full.value.retry_after, full.value.app, full.value.model) == (1.0, "a", "m")  # nothing finished yet
+    with pytest.raises(fa.OverloadedError):
+        d.arrive(req("w3"), 0.0)
+    assert (d.tickets(), d.queued("m"), charges) == before and d.ticket("w3") is None
+    d.cancel("w1", 0.5)  # a waiting request that ends stops counting
+    d.arrive(req("w3"), 0.5)
+    with pytest.raises(fa.OverloadedError):
+        d.check_queue("a", "m")
+    d.finish("run", 1.0)  # w2 starts: it stops counting
+    assert d.queued("m", app="a") == 1
+    d.check_queue("a", "m")
+
+
+def test_requests_held_back_by_a_share_count_as_waiting():
+    d, _ = make(slots=4, share={"a": 0.25}, bound={"a": 1})
+    d.arrive(req("run"), 0.0)
+    d.arrive(req("held"), 0.0)
+    assert d.ticket("held").held_back and d.queued("m", app="a") == 1
+    with pytest.raises(fa.OverloadedError):
+        d.arrive(req("more"), 0.0)
+
+
+def test_run_time_averages_finished_requests_and_sets_retry_after():
+    d, _ = make(slots=1, bound={"a": 1})
+    assert d.model("m").run_time is None
+    d.arrive(req("r1"), 0.0)
+    d.finish("r1", 2.0)
+    assert d.model("m").run_time == 2.0
+    d.arrive(req("r2"), 3.0)
+    d.cancel("r2", 10.0)  # a cancelled request's run time says nothing
+    d.arrive(req("r3"), 10.0)
+    d.finish("r3", 17.0)
+    assert d.model("m").run_time == pytest.approx(0.8 * 2.0 + 0.2 * 7.0)
+    d.arrive(req("r4"), 17.0)
+    d.arrive(req("r5"), 17.0)
+    with pytest.raises(fa.OverloadedError) as full:
+        d.arrive(req("r6"), 17.0)
+    assert full.value.retry_after == pytest.approx(3.0)
+
+
 def test_the_bound_counts_slots_budget_and_pool():
     d, _ = make(slots=4, max_model_len=100)
     assert d.bound() == 2 * 4 * 100  # w_output=2, scale 1, four requests of the longest size
@@ -270,6 +322,9 @@ def test_no_app_ever_holds_more_than_its_share_and_every_request_is_shown_in_ord
     for ids in shown_order.values():  # shown to the policy in arrival order
         assert ids == sorted(ids, key=lambda i: int(i[1:]))
     assert d.queued() == sum(t.state is TicketState.WAITING for t in d.tickets())
+    for name in ("a", "b", "c"):  # what the queue bound counts
+        assert d.queued("m", app=name) == sum(t.state is TicketState.WAITING and t.request.app == name
+                                              for t in d.tickets())
 
 
 def test_cancelling_a_held_back_request_shows_the_one_behind_it_if_it_fits():

@@ -5,7 +5,6 @@ import pytest
 from fairagents import Outcome
 from fairagents.metrics import (
     Charge,
-    RequestRecord,
     backlog_intervals,
     client_stats,
     exfairs_jain_index,
@@ -13,6 +12,7 @@ from fairagents.metrics import (
     max_service_gap,
     percentile,
 )
+from fairagents.records import RequestRecord
 
 
 def rec(app, arrival, dispatched, agent="t", model="m", finished=None, outcome=Outcome.FINISHED):
@@ -77,3 +77,11 @@ def test_client_stats_window_and_shares():
     stats = {s.name: s for s in client_stats(recs, charges, {"x": 3.0, "y": 1.0}, until=5.0)}
     assert stats["x"].share == 0.75 and stats["x"].weight_share == 0.75
     assert stats["y"].wait_p50 == 2.0
+
+
+def test_client_stats_count_every_outcome_and_the_refused():
+    recs = [rec("x", 0.0, 1.0), rec("x", 0.0, None, finished=2.0, outcome=Outcome.FAILED),
+            rec("x", 1.0, None, finished=3.0, outcome=Outcome.CANCELLED)]
+    (x,) = client_stats(recs, [], {"x": 1.0}, rejected={"x": 4})
+    assert (x.done, x.failed, x.cancelled, x.rejected) == (1, 1, 1, 4)
+    assert (x.queued, x.in_flight, x.slo_attainment) == (0, 0, None)

@@ -79,6 +79,21 @@ def test_hmfs_protects_a_victim_that_fcfs_starves():
     assert victim_p99_wait("hmfs") < victim_p99_wait("fcfs") / 5
 
 
+def test_an_app_past_its_max_queued_has_its_arrivals_refused_and_counted():
+    flood, other = fa.Agent("t", fa.App("flood")), fa.Agent("t", fa.App("other"))
+    work = Workload().burst(flood, "m", n=10, prompt=10, output=4).burst(other, "m", n=10, prompt=10, output=4)
+    result = simulate(work, "fcfs", engines(max_running=2), max_queued={"flood": 3})
+    # two run at once, three wait: the other five flood arrivals are refused; the unbounded app queues all ten
+    assert result.rejected == {("flood", "t"): 5}
+    stats = {s.name: s for s in result.app_stats()}
+    assert (stats["flood"].done, stats["flood"].rejected) == (5, 5)
+    assert (stats["other"].done, stats["other"].rejected) == (10, 0)
+    assert [s.rejected for s in result.agent_stats()] == [5, 0]
+    assert len(result.records) == 15 and result.idle_with_backlog == 0
+    with pytest.raises(fa.InvalidParameterError):
+        simulate(work, "fcfs", engines(), max_queued={"flood": 0})
+
+
 def test_workload_builders():
     work = Workload(seed=1).burst(WHO, "m", n=3, at=2.0, prompt=(1, 5), output=2)
     assert [r.at for r in work.requests] == [2.0] * 3

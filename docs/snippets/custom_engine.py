@@ -3,14 +3,15 @@
 import asyncio
 
 import fairagents as fa
-from fairagents.engines import Delta, GenerationParams, Prompt
+from fairagents.engines import Delta, EngineBase, GenerationParams, Prompt
 
 
-class EchoEngine:
+class EchoEngine(EngineBase):
+    max_num_seqs = 8  # an optional capability: the arbiter's in-flight limit for it defaults to 8
+
     def __init__(self, step_time: float = 0.001):
         self.profile = fa.ModelProfile(d_model=512, n_layers=4)
         self.max_model_len = 1024
-        self.max_num_seqs = 8
         self.healthy = True
         self.step_time = step_time
         self._aborted: set[str] = set()

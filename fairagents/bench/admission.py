@@ -35,7 +35,8 @@ from typing import Any
 from rich.table import Table
 
 from fairagents.admission import Statera
-from fairagents.bench import policies as mixed_slo
+from fairagents.bench.policies import _row as mixed_slo_row
+from fairagents.bench.policies import scenario as mixed_slo_scenario
 from fairagents.engines.sim import SimEngine
 from fairagents.simulation import Workload, simulate
 
@@ -51,7 +52,7 @@ ASKS = {"assistant": 1024, "reports": 2048, "inspector": 512, "flood": 1024}
 
 def scenario(seconds: float = 60.0, seed: int = 0) -> tuple[Workload, dict[str, SimEngine]]:
     """``bench policies``' workload with callers asking for generous ``max_tokens``, on paged engines."""
-    return mixed_slo.scenario(seconds, seed, max_tokens=ASKS, kv="paged")
+    return mixed_slo_scenario(seconds, seed, max_tokens=ASKS, kv="paged")
 
 
 def run(policies: Sequence[str] | None = None, seconds: float = 60.0, seed: int = 0) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def run(policies: Sequence[str] | None = None, seconds: float = 60.0, seed: int 
             work, engines = scenario(seconds, seed)
             controller = Statera() if mode == "statera" else None
             result = simulate(work, name, engines, admission=controller)
-            row: dict[str, Any] = mixed_slo._row(result)
+            row: dict[str, Any] = mixed_slo_row(result)
             row["makespan"] = result.end
             row["preemptions"] = result.preemptions
             row["coverage"] = controller.covered / controller.calibrated if controller and controller.calibrated else None

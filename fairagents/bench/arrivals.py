@@ -63,11 +63,6 @@ class ArrivalProcess(Protocol):
     Contract: :meth:`times` returns sorted arrival times in ``[start, end)``, drawing only
     from ``rng`` (the same generator state gives the same times); :meth:`scaled` returns
     the process with every rate multiplied by ``factor`` (> 0), the shape kept.
-
-    Examples:
-        >>> from fairagents.bench.arrivals import ArrivalProcess, Poisson
-        >>> isinstance(Poisson(rate=1.0), ArrivalProcess)
-        True
     """
 
     def times(self, rng: np.random.Generator, start: float, end: float) -> np.ndarray:

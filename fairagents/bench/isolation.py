@@ -17,11 +17,6 @@ victim's latency with no flood is the baseline. ``in_flight`` sets the model's
 in-flight limit (default: the engine's batch capacity). Reported per run: the victim's p50
 and p99 latency and their ratio to the idle baseline, the flood's completed
 requests/s and its 429s/s.
-
-Examples:
-    >>> from fairagents.bench import isolation
-    >>> [name for name, _ in isolation.FLOODS]
-    ['idle', 'honours Retry-After', 'ignores Retry-After']
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.metrics import percentile
 
@@ -175,7 +170,7 @@ async def _run(engine: Engine, options: dict[str, Any], share: float) -> dict[st
     for row in rows[1:]:
         row["p50_over_idle"] = row["victim_p50_s"] / idle["victim_p50_s"]
         row["p99_over_idle"] = row["victim_p99_s"] / idle["victim_p99_s"]
-    in_flight = options["in_flight"] or getattr(engine, "max_num_seqs", None)
+    in_flight = options["in_flight"] or capabilities(engine).max_num_seqs
     return {"load": options | {"share": share}, "in_flight": in_flight, "runs": rows}
 
 

@@ -47,11 +47,6 @@ class LengthDistribution(Protocol):
     """Token counts of prompts or outputs.
 
     Contract: :meth:`sample` returns ``n`` integers ≥ 1 (``int64``), drawing only from ``rng``.
-
-    Examples:
-        >>> from fairagents.bench.lengths import Constant, LengthDistribution
-        >>> isinstance(Constant(256), LengthDistribution)
-        True
     """
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:

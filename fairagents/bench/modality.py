@@ -24,11 +24,6 @@ What the second table shows: the scheduler equalises the currency it counts. Und
 denoising step's hundreds of latent tokens count like LLM tokens. Neither equalises
 slot-seconds: on models this small, fixed per-step overhead, not width × depth,
 dominates wall time, so a unified token is not the same compute on each model here.
-
-Examples:
-    >>> from fairagents.bench import modality
-    >>> modality.POLICIES
-    ('hmfs', 'vtc')
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines import embedded_pool
 from fairagents.metrics import percentile
 

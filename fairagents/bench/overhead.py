@@ -2,45 +2,23 @@
 
 Three measurements, the first two on one real engine, the third on a second one:
 
-1. **Overhead.** The same closed-loop load (``callers`` concurrent callers, each
-   sending requests of ``max_tokens`` output tokens back to back) goes straight to
-   the engine and through the arbiter with ``hmfs`` at the default in-flight limit,
-   alternating, ``rounds`` times each. Reported: output tokens/s of both, their ratio
-   (arbiter/direct, from the summed tokens and times), and p50/p99 TTFT of both.
-2. **In-flight sweep.** Two apps of equal weight, 6 and 60 callers (two requests of 32
-   tokens each), through ``hmfs`` at each limit: throughput; the largest service gap
-   between the two while both waited in the arbiter, as a fraction of ``2U`` (``U``
-   grows with the limit); and each app's median TTFT. A low limit keeps the order
-   with the policy but starves the batch; past the engine's batch capacity the queue
-   moves into the engine's FCFS order, where the arbiter's gap no longer shows but the
-   small app's TTFT climbs to the flood's. The default limit is the engine's batch
-   capacity (``max_num_seqs``); the table also names the smallest limit within 3% of
-   the best throughput.
-3. **KV pressure.** A second engine, the embedded model with a KV cache that holds
-   :data:`PRESSURE_HOLDS` requests (``MESSAGES`` + :data:`PRESSURE_TOKENS` output
-   tokens, ``ignore_eos``: two KV blocks each at their peak; :func:`pressure_kv_bytes`).
-   Two apps of equal weight, 3 and 30 callers by default, backlogged closed-loop
-   through ``hmfs`` for ``kv_seconds`` each way: with the token budget (the default:
-   admission by KV tokens reserved) and by request count alone (``token_budget=None``,
-   in-flight limit the engine's ``max_num_seqs``, 32). Reported for each: output tokens/s over the
-   window; the victim's service over the flood's (its three callers cannot use more
-   than three of the eight requests the KV holds, so about 0.6 is its most); the
-   largest service gap between the apps while both had a request waiting for its first
-   token — in the arbiter's queue or in vLLM's, so that both rows are measured alike —
-   as a fraction of ``2U``; and each app's median TTFT. ``U`` is the same for both rows: the bound with the token
-   budget, i.e. from the KV capacity, which is what the engine can really hold (by
-   request count the arbiter's own ``U`` would assume 32 requests in flight). By request
-   count the arbiter hands vLLM more than its KV holds, so the queue moves into vLLM
-   (FCFS, preempting when the KV runs out) and the policy no longer decides.
+1. **Overhead.** The same closed-loop load (``callers`` concurrent callers sending
+   requests of ``max_tokens`` output tokens back to back) goes straight to the engine
+   and through the arbiter with ``hmfs``, alternating, ``rounds`` times each: output
+   tokens/s of both, their ratio, and p50/p99 TTFT, counted from the caller's clock just
+   before the call on both paths.
+2. **In-flight sweep.** Two apps of equal weight, 6 and 60 callers, through ``hmfs`` at
+   each in-flight limit: throughput, the largest service gap between them as a
+   fraction of ``2U``, each app's median TTFT, and the smallest limit within 3% of the
+   best throughput.
+3. **KV pressure.** A second engine whose KV cache holds :data:`PRESSURE_HOLDS`
+   requests (:func:`pressure_kv_bytes`); two apps, 3 and 30 callers, backlogged for
+   ``kv_seconds`` with the token budget (the default) and by request count alone
+   (``token_budget=None``): throughput, the victim's service over the flood's, the
+   largest gap while both had a request waiting for its first token (in the arbiter's
+   queue or vLLM's) as a fraction of the token budget's ``2U``, and median TTFTs.
 
-TTFT on both paths of the overhead measurement counts from the caller's own clock just
-before the call, so the arbiter's preparing of the prompt is inside it, as the direct
-path's is.
-
-Examples:
-    >>> from fairagents.bench import overhead
-    >>> overhead.SWEEP
-    (2, 4, 8, 16, 32, 64)
+The Benchmarks page in the docs shows a run and explains the results.
 """
 
 from __future__ import annotations
@@ -54,7 +32,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine, GenerationParams
 from fairagents.metrics import max_service_gap, percentile
 

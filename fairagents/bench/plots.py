@@ -1,10 +1,4 @@
-"""The plots of ``fairagents bench run``: service over time, the service gap over time, metrics per policy.
-
-Examples:
-    >>> from fairagents.bench.plots import PLOTS
-    >>> PLOTS
-    ('service.png', 'gap.png', 'metrics.png')
-"""
+"""The plots of ``fairagents bench run``: service over time, the service gap over time, metrics per policy."""
 
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ async def _real(url: str, seconds: float, callers: int, slots: int, max_tokens: 
     from fairagents.shared import RedisStore, SharedCounters
 
     engine = VLLMEngine()
-    engine.shared_capacity = True  # type: ignore[attr-defined]  # every arbiter here sends to this one engine
+    engine.shared_capacity = True  # every arbiter here sends to this one engine
     await engine.start()
     results = []
     try:

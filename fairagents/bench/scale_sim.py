@@ -11,35 +11,10 @@ door knows only its own requests and what the last sync said). The whole run is 
 deterministic event loop on a virtual clock; the store is a
 :class:`~fairagents.shared.MemoryStore` on that clock.
 
-**Network.** A door syncs as the live loop does (:class:`~fairagents.shared.SharedCounters`):
-once at start before serving, then ``interval`` seconds after each reply (doors' phases
-staggered by ``interval / A``). A payload reaches the store ``delay / 2`` after it left
-and the reply the door ``delay / 2`` later; meanwhile the door keeps charging (pending
-charges) and decides on what it last heard.
-
-**Without sharing** (``shared=False``, the honest alternative to compare with) each door
-keeps its own HMFS counters and a fixed ``1/A`` of the slots (no store, no gate): the
-replicas are never over-committed, and each door is fair among its own requests only.
-With one door that is plain HMFS, the baseline of :func:`run_simulated`.
-
-**Workload.** ``agents`` agents, spread evenly over ``apps`` apps of weights cycling
-``weights``. Of app ``i``'s agents, a ``skew`` fraction sends to door ``i mod A`` and the
-rest to the other doors in turn (an agent always to the same door). Each agent is a
-closed loop: one request at a time, the first at a random instant of the first 50 ms,
-each next one ``think`` seconds after the last finished, so every app stays backlogged
-while it has more agents than it gets slots. Prompts of ``PROMPT`` and outputs of
-``OUTPUT`` tokens (uniform, seeded; ``max_tokens`` = output). The gap is measured over
-the whole run; service shares, Jain's index, throughput and occupancy from ``warmup`` on.
-
-**The bound.** ``2 (U / w_min + S)``: ``U`` is a door's :meth:`~fairagents.dispatcher.Dispatcher.bound`
-(all the pool's slots × the longest request), ``w_min`` the smallest app weight (``2U`` at
-weight 1) and ``S`` :func:`~fairagents.shared.staleness_bound` with round trip ``delay``
-and ``r`` the most counter units one door can charge one app per second: the whole
-pool serving that app at full batches, ``R · b / (decode_base + decode_per_seq · b)``
-tokens per second (``b`` = ``slots_per_replica``; prefill only slows a step), each token
-charged its output cost and each request, at least ``OUTPUT[0]`` tokens long, its
-longest prompt's input cost, divided by ``w_min``. It is a rate: the burst of a door
-filling its lease at once is not in it.
+How doors sync, the unshared baseline (``shared=False``: each door its own HMFS
+counters and a fixed ``1/A`` of the slots), the closed-loop workload and the bound
+``2 (U / w_min + S)`` the gap is checked against are described in the docs' API
+reference (*Simulation and metrics*: *Arbiters × replicas, simulated*).
 
 Examples:
     >>> from fairagents.bench.scale_sim import simulate_doors
@@ -62,12 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairagents.cost import ModelProfile, UnifiedTokenCost
-from fairagents.dispatcher import Changes, Dispatcher
+from fairagents.dispatcher import Dispatcher
 from fairagents.engines.sim import SimEngine
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, App
 from fairagents.metrics import _intersect, _merge, jain_index, percentile
 from fairagents.policies.hmfs import HMFS
+from fairagents.records import Changes
 from fairagents.request import Request
 from fairagents.shared import MemoryStore, SharedView, staleness_bound
 
@@ -85,13 +61,7 @@ _STEP, _REPLY, _STORE, _SEND, _ARRIVAL = range(5)  # order of events at one inst
 
 @dataclass(frozen=True, slots=True)
 class ScaleRow:
-    """One simulated run of :func:`simulate_doors`.
-
-    Examples:
-        >>> from fairagents.bench.scale_sim import ScaleRow
-        >>> "gap" in ScaleRow.__slots__ and "wall_s" in ScaleRow.__slots__
-        True
-    """
+    """One simulated run of :func:`simulate_doors`."""
 
     doors: int
     """Arbiters in front of the replicas."""

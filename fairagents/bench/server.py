@@ -13,11 +13,6 @@ requests of ``max_tokens`` output tokens back to back.
 
 The two alternate, ``rounds`` times each. Reported: requests/s, output tokens/s and
 p50/p99 TTFT of both, and the ratio HTTP / in-process of requests/s.
-
-Examples:
-    >>> from fairagents.bench import server
-    >>> server.APPS
-    ('app0', 'app1', 'app2', 'app3')
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.metrics import percentile
 

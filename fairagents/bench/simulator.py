@@ -23,11 +23,6 @@ and a policy update, per token), so ``tokens_per_s`` is the steadiest figure. Ea
 is the best of ``repeats`` runs (as ``timeit`` does): on a shared machine the slower
 runs measure the neighbours.
 
-Options of :func:`run`: ``clients`` (the apps per cell, default 5, 10, 20, 50, 100),
-``rates`` (requests per client per minute, default 2, 4, 8), ``policy`` (default
-``hmfs``), ``minutes`` (simulated, default 10), ``seed`` (default 0), ``repeats``
-(default 3).
-
 Examples:
     >>> from fairagents.bench import simulator
     >>> result = simulator.run(clients=(5,), rates=(4.0,), minutes=1, repeats=1)
@@ -195,6 +190,14 @@ def run(
     repeats: int = 3,
 ) -> dict[str, Any]:
     """``{"policy", "minutes", "seed", "repeats", "cells": [one dict per clients × rate]}``, measured now.
+
+    Args:
+        clients: the apps per cell.
+        rates: requests per client per minute.
+        policy: the policy simulated.
+        minutes: simulated minutes per cell.
+        seed: the workload's seed.
+        repeats: runs per cell; the best counts.
 
     Every argument is checked before the first cell runs (:func:`measure` says what it raises).
     """

@@ -41,12 +41,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fairagents._logging import get_logger
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.bench.plots import write_plots
+from fairagents.engines.base import capabilities
 from fairagents.bench.policies import _met, esg, goodput, safi, slo_attainment
 from fairagents.errors import BadInputError, EngineError, InvalidParameterError, OverloadedError
 from fairagents.metrics import RequestRecord, exfairs_jain_index, jain_index, percentile
-from fairagents.request import Outcome
+from fairagents.request import Outcome, Request
 from fairagents.simulation import SimResult, simulate
 from fairagents.stats import Ledger
 
@@ -292,23 +293,22 @@ _QUEUED: contextvars.ContextVar[list[str]] = contextvars.ContextVar("fairagents_
 """In a sender's task: the id of the request the arbiter queued for it (empty until then)."""
 
 
-class _BenchArbiter(Arbiter):
+def _bench_arbiter(*args: Any, **kwargs: Any) -> Arbiter:
     """An arbiter that keeps every record and charge, and tells each sender whether its request was queued.
 
     A queued request reaches the ledger however it ends; a sender whose request was not
     queued (refused, or given up before it was) records it itself.
     """
+    arbiter = Arbiter(*args, **kwargs)
+    arbiter.runner.ledger = Ledger(keep=sys.maxsize)  # the metrics read every record and charge of the run
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.ledger = Ledger(keep=sys.maxsize)  # the metrics read every record and charge of the run
+    def queued(request: Request) -> None:
+        ids = _QUEUED.get(None)
+        if ids is not None:
+            ids.append(request.id)
 
-    def _submit(self, *args: Any, **kwargs: Any) -> Any:
-        call = super()._submit(*args, **kwargs)
-        queued = _QUEUED.get(None)
-        if queued is not None:
-            queued.append(call.request.id)
-        return call
+    arbiter.runner.submitted.append(queued)
+    return arbiter
 
 
 async def _play(built: Built, policy: str, engines: Mapping[str, Engine], run: int, advance: Callable[[], None]
@@ -323,7 +323,7 @@ async def _play(built: Built, policy: str, engines: Mapping[str, Engine], run: i
     def clock() -> float:  # seconds since the run started, as the simulator counts
         return time.monotonic() - origin
 
-    arbiter = _BenchArbiter(policy, pool_in_flight=built.pool_running, clock=clock)
+    arbiter = _bench_arbiter(policy, pool_in_flight=built.pool_running, clock=clock)
     for model, kind in built.real_models.items():
         arbiter.add_model(model, engines[kind])
     apps, agents = {}, {}
@@ -374,12 +374,12 @@ async def _send(arbiter: Any, i: int, item: Any, kind: str, images: int, engines
     await asyncio.sleep(max(0.0, item.at - clock()))
     engine = engines[kind]
     try:
-        limit = min(engine.max_model_len or 2**31, getattr(engine, "token_capacity", None) or 2**31)
+        limit = min(engine.max_model_len or 2**31, capabilities(engine).token_capacity or 2**31)
         output = min(item.output_tokens, max(1, limit // 4)) if kind != "image" else item.output_tokens
         prompt_len = max(1, min(item.prompt_tokens, limit - output - 1))
         if kind == "text":  # random ids, other for every request and policy: no prefix-cache hits between them
             rng = random.Random(run * 1_000_003 + i)
-            vocab = getattr(engine, "vocab_size", None) or 1000
+            vocab = capabilities(engine).vocab_size or 1000
             ids = tuple(rng.randrange(3, vocab) for _ in range(prompt_len))  # 0-2: special tokens in most vocabularies
             call = arbiter.complete(item.model, Prompt(token_ids=ids), agent=item.agent, max_tokens=output,
                                     ignore_eos=True, arrival=item.at)

@@ -20,11 +20,6 @@ first token (in the arbiter's queue or in vLLM's), over ``2U`` with ``U`` from t
 capacity, the same for every mode; the victim's TTFT p50 and p99. A last table is the
 in-engine queue's decision cost: one pop and one add on a queue of ``n`` apps, for
 ``n`` from 10 to 10,000 (:data:`DECISION_APPS`).
-
-Examples:
-    >>> from fairagents.bench import vllm_scheduler
-    >>> vllm_scheduler.MODES
-    ('vllm', 'fair', 'arbiter')
 """
 
 from __future__ import annotations
@@ -47,12 +42,12 @@ _HAND_EVERYTHING = {"in_flight": 65_536, "token_budget": None}
 
 
 def decision_cost(apps: int, decisions: int = 20_000) -> float:
-    """Microseconds for one pop and one add on a :class:`~fairagents.engines.fair_scheduler.FairQueue` of ``apps`` apps."""
+    """Microseconds for one pop and one add on a :class:`~fairagents.vllm.scheduler.FairQueue` of ``apps`` apps."""
     from vllm import SamplingParams
     from vllm.v1.request import Request as VllmRequest
 
     from fairagents.cost import ModelProfile
-    from fairagents.engines.fair_scheduler import FairCounters, FairQueue, identity
+    from fairagents.vllm.scheduler import FairCounters, FairQueue, identity
 
     counters = FairCounters()
     counters.register("engine", ModelProfile(d_model=4096, n_layers=1))

@@ -1,30 +1,32 @@
 """Engines that run model requests.
 
-:class:`Engine` is the interface the arbiter drives. :class:`SimEngine` is a
-discrete-event simulator of a continuous-batching engine for benchmarks and tests
-(it serves no one).
+:class:`Engine` is the interface the arbiter drives; :class:`EngineBase` gives the
+optional capabilities their defaults. :class:`SimEngine` is a discrete-event simulator
+of a continuous-batching engine for benchmarks and tests (it serves no one).
 
 The real engines live in their own modules, imported on use (they pull in vLLM, torch
-and diffusers): :mod:`fairagents.engines.vllm`, :mod:`~fairagents.engines.vision`,
-:mod:`~fairagents.engines.diffusion`, and :mod:`~fairagents.engines.remote` (remote
+and diffusers): :mod:`fairagents.engines.vllm`, :mod:`~fairagents.engines.vision` and
+:mod:`~fairagents.engines.diffusion` (in this process, on a thread each:
+:mod:`~fairagents.engines.threaded`), and :mod:`~fairagents.engines.remote` (remote
 replicas); :func:`embedded_pool` builds the first three. ``from fairagents.engines
 import VLLMEngine`` (or ``VisionEngine``, ``DiffusionEngine``, ``OpenAIEngine``) imports
 its module then, not before.
 
 Examples:
-    >>> import fairagents as fa
-    >>> fa.engines.SimEngine(fa.ModelProfile(d_model=64, n_layers=2)).max_running
-    16
+    >>> from fairagents.engines import VLLMEngine   # its module is imported now
+    >>> VLLMEngine.__module__
+    'fairagents.engines.vllm'
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fairagents.engines.base import Delta, Engine, GenerationParams, ImageEngine, Prompt
+from fairagents.engines.base import Delta, Engine, EngineBase, GenerationParams, ImageEngine, Prompt, capabilities
 from fairagents.engines.sim import SimEngine, SimProgress
 
-__all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt", "SimEngine", "SimProgress", "embedded_pool"]
+__all__ = ["Delta", "Engine", "EngineBase", "GenerationParams", "ImageEngine", "Prompt", "SimEngine", "SimProgress",
+           "capabilities", "embedded_pool"]
 
 _LAZY = {
     "VLLMEngine": "fairagents.engines.vllm",

@@ -2,52 +2,35 @@
 
 An engine turns a prepared prompt into a stream of :class:`Delta` events. The
 arbiter owns the queue and the order; the engine only runs what it is handed, so
-its own (FCFS) waiting queue stays short.
-
-Examples:
-    >>> from fairagents.engines import Delta, GenerationParams
-    >>> GenerationParams(max_tokens=16).temperature
-    1.0
-    >>> Delta(new_tokens=2, text="hi").finish_reason is None
-    True
+its own (FCFS) waiting queue stays short. :class:`Engine` is the contract;
+:class:`EngineBase` gives the optional capabilities (batch and KV capacity, tools,
+output constraints ...) their defaults, and :func:`capabilities` reads them from any
+engine.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fairagents.cost import ModelProfile
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, identity_args
 from fairagents.reply import TokenLogprob
-from fairagents.tools import ToolCallDelta
+from fairagents.tools import OutputSpec, ToolCallDelta
 
-__all__ = ["Delta", "Engine", "GenerationParams", "ImageEngine", "Prompt"]
+if TYPE_CHECKING:
+    from fairagents.vllm.scheduler import FairCounters
 
-#: Held by an engine's thread while it imports its libraries and loads its model:
-#: transformers' lazy imports are not thread-safe, and engines start in parallel.
-LOAD_LOCK = threading.Lock()
+__all__ = ["Delta", "Engine", "EngineBase", "GenerationParams", "ImageEngine", "Prompt", "capabilities"]
+
 COMPACT_JSON: dict[str, Any] = {"backend": "xgrammar", "disable_any_whitespace": True}
 """vLLM's ``StructuredOutputsConfig`` for compact constrained JSON, which engines use unless told
 ``compact_json=False`` (vLLM takes the whitespace rule per engine, and only with a named backend). A
 replica started with ``vllm serve`` takes it as ``--structured-outputs-config.backend xgrammar
 --structured-outputs-config.disable_any_whitespace true``."""
-
-
-def one_line(err: BaseException, limit: int = 400) -> str:
-    """``err``'s message on one line (whitespace collapsed, at most ``limit`` characters), for a load failure.
-
-    Examples:
-        >>> from fairagents.engines.base import one_line
-        >>> one_line(ValueError("bad config:\\n  field x\\n  must be > 0"))
-        'bad config: field x must be > 0'
-    """
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +160,9 @@ class Delta:
 
     Examples:
         >>> from fairagents.engines import Delta
-        >>> Delta(new_tokens=1, text="!", finish_reason="length").finish_reason
-        'length'
+        >>> stream = [Delta(1, "Hel"), Delta(1, "lo", "stop")]
+        >>> "".join(d.text for d in stream), sum(d.new_tokens for d in stream), stream[-1].finish_reason
+        ('Hello', 2, 'stop')
     """
 
     new_tokens: int
@@ -248,27 +232,19 @@ class Engine(Protocol):
       image engine (:class:`ImageEngine`) makes a request's :class:`Prompt` with
       ``prepare_image``; its ``Delta.new_tokens`` count latent tokens per denoising
       step, and its last event carries the images in ``Delta.images``.
+    - Optional capabilities are :class:`EngineBase`'s attributes: an engine declares
+      those it has (subclassing :class:`EngineBase`, or as attributes of its own).
 
     Examples:
-        >>> import fairagents as fa
-        >>> isinstance(object(), fa.engines.Engine)
-        False
+        >>> from fairagents.engines import Engine
+        >>> from fairagents.testing import FakeEngine
+        >>> isinstance(FakeEngine(), Engine), isinstance(object(), Engine)
+        (True, False)
     """
 
     profile: ModelProfile
     max_model_len: int
     healthy: bool
-
-    # Optional, for chat with tools and structured output (fairagents.tools): ``prepare_chat``
-    # takes ``tools=`` (rendered by the chat template); ``tool_parser(spec)`` returns the
-    # model's tool parser (vLLM's ToolParser), raising InvalidParameterError when it has
-    # none; ``structured_outputs`` (true) means ``generate`` enforces ``params.structured``.
-    #
-    # Optional, read after start() when present: ``max_num_seqs`` (batch capacity: the
-    # default in-flight limit), ``token_capacity`` (KV tokens requests can hold at once:
-    # the default token budget) and ``kv_block_size`` (tokens per KV block). ``shared_capacity``
-    # (true for remote replicas): other arbiters may send to the same capacity, so arbiters
-    # that share counters draw on it as one (fairagents.shared).
 
     async def start(self) -> None:
         """Load the model; idempotent."""
@@ -293,6 +269,79 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None:
         """End a running request early."""
         ...
+
+
+class EngineBase:
+    """The optional capabilities of an engine, with their defaults: subclass it and set those yours has.
+
+    Capacities are read after ``start()``. An engine written against :class:`Engine`
+    alone may declare any of them as attributes of its own; :func:`capabilities`
+    reads them with these defaults.
+
+    Examples:
+        >>> from fairagents.engines import EngineBase
+        >>> class Batched(EngineBase):   # plus Engine's members: profile, start(), generate() ...
+        ...     max_num_seqs = 8
+        >>> engine = Batched()
+        >>> engine.max_num_seqs, engine.token_capacity, engine.kv_block_size, engine.tool_parser
+        (8, None, 1, None)
+    """
+
+    max_num_seqs: int | None = None
+    """Batch capacity: the arbiter's default in-flight limit for the model (``None``: the arbiter's own)."""
+    token_capacity: int | None = None
+    """KV tokens the running requests can hold at once: the arbiter's default token budget (``None``: none)."""
+    kv_block_size: int = 1
+    """Tokens per KV block: the arbiter rounds each request's reservation up to whole blocks."""
+    vocab_size: int | None = None
+    """The model's vocabulary size: a ready prompt's token ids must be below it (``None``: not checked)."""
+    max_token_bytes: int | None = None
+    """The most UTF-8 bytes one token stands for: a prompt of more than ``max_model_len × max_token_bytes``
+    characters is refused without tokenizing it (``None``: no such check)."""
+    structured_outputs: bool = False
+    """``generate`` enforces ``GenerationParams.structured``; without it, output constraints are refused."""
+    tool_parser: Callable[[OutputSpec], Any] | None = None
+    """``tool_parser(spec)``: the model's tool parser (vLLM's ``ToolParser``) for one call's tools, raising
+    :class:`~fairagents.InvalidParameterError` when it has none; ``prepare_chat`` then takes ``tools=``
+    (rendered by the chat template). ``None``: the model takes no tools."""
+    check_params: Callable[[GenerationParams], None] | None = None
+    """``check_params(params)``: refuse, with :class:`~fairagents.InvalidParameterError`, parameters the
+    engine would reject; the arbiter runs it off the event loop before a call is queued."""
+    shared_capacity: bool = False
+    """Other arbiters may send to the same capacity (remote replicas): arbiters that share counters
+    draw on it as one (:mod:`fairagents.shared`)."""
+    scheduler: str | None = None
+    """``"fair"``: the engine orders and preempts by fair counters itself, so the arbiter hands it
+    everything and shares its counters with it (``share_counters``); else it runs what it is handed."""
+    fair_counters: FairCounters | None = None
+    """With ``scheduler="fair"``: the counters the engine charges (``None`` until bound or started)."""
+    share_counters: Callable[[FairCounters, str], None] | None = None
+    """With ``scheduler="fair"``: ``share_counters(counters, name)`` makes the engine charge a pool's
+    counters as model ``name``, before ``start()``."""
+
+
+_CAPABILITIES = tuple(EngineBase.__annotations__)
+
+
+def capabilities(engine: object) -> EngineBase:
+    """``engine``'s optional capabilities: the engine itself if it is an :class:`EngineBase`, else what
+    it declares over :class:`EngineBase`'s defaults (read now: capacities may change on ``start()``).
+
+    Examples:
+        >>> from fairagents.engines import capabilities
+        >>> class Bare:   # an engine written against the Engine protocol alone
+        ...     max_num_seqs = 4
+        >>> caps = capabilities(Bare())
+        >>> caps.max_num_seqs, caps.kv_block_size, caps.structured_outputs
+        (4, 1, False)
+    """
+    if isinstance(engine, EngineBase):
+        return engine
+    view = EngineBase()
+    for name in _CAPABILITIES:
+        if hasattr(engine, name):
+            setattr(view, name, getattr(engine, name))
+    return view
 
 
 @runtime_checkable

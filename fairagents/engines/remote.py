@@ -21,21 +21,11 @@ other machines, through the ``openai`` client:
   configured per replica and summed.
 - **A replica that fails** (connection refused or reset, a 5xx, a failed health check)
   is taken out; it is checked again (``/health``) with exponential backoff (tenacity)
-  and put back when it answers. The rule for the requests it held: one that had
-  produced no token yet is sent again to another healthy replica (it is as if it had
-  waited); one that had produced tokens fails with
-  :class:`~fairagents.EngineError` (its output so far was delivered; sending it
-  again would repeat it). The engine stays ``healthy`` while one replica is; with none
-  left it reports itself dead, and the arbiter's restart brings it back when one
-  answers again.
-
-Examples:
-    >>> from fairagents.engines.remote import OpenAIEngine
-    >>> engine = OpenAIEngine(["http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1"], model="chat",
-    ...                       profile=None, model_path=None)
-    Traceback (most recent call last):
-    ...
-    fairagents.errors.InvalidParameterError: an OpenAIEngine needs the model's files (model_path) or its profile (profile), to price its tokens
+  and put back when it answers. Of the requests it held, one that had produced no
+  token yet is sent again to another healthy replica (as if it had waited); one that
+  had fails with :class:`~fairagents.EngineError` (sending it again would repeat its
+  output). The engine stays ``healthy`` while one replica is; with none left it is
+  dead, and the arbiter's restart brings it back when one answers again.
 """
 
 from __future__ import annotations
@@ -56,10 +46,11 @@ import tenacity
 
 from fairagents._logging import get_logger
 from fairagents.cost import ModelProfile
-from fairagents.engines.base import COMPACT_JSON, Delta, GenerationParams, Prompt
+from fairagents.engines.base import COMPACT_JSON, Delta, EngineBase, GenerationParams, Prompt
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Modality, identity_args
-from fairagents.prompts import render_chat
+from fairagents.models import LOAD_LOCK
+from fairagents.engines.prompts import render_chat
 from fairagents.reply import TokenLogprob
 from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, tool_parser_for
 
@@ -107,7 +98,7 @@ class _ReplicaFailed(Exception):
     """A replica failed (connection, 5xx) — before or after the request produced output."""
 
 
-class OpenAIEngine:
+class OpenAIEngine(EngineBase):
     """A text model on one or more remote OpenAI-compatible (vLLM) servers (see the module docs).
 
     Args:
@@ -145,8 +136,8 @@ class OpenAIEngine:
     """
 
     modality: Modality = Modality.TEXT
-    #: Other arbiters may send to the same replicas: arbiters sharing counters draw on them as one pool.
-    shared_capacity: bool = True
+    shared_capacity = True  # other arbiters may send to the same replicas
+    structured_outputs = True  # passed to the replicas (vLLM's structured outputs)
 
     def __init__(
         self,
@@ -188,12 +179,10 @@ class OpenAIEngine:
         self._given_capacity = token_capacity
         self.token_capacity: int | None = token_capacity
         self._per_replica_seqs = max_num_seqs
-        if max_num_seqs is not None:
-            self.max_num_seqs = max_num_seqs * len(self.replicas)
+        self.max_num_seqs = None if max_num_seqs is None else max_num_seqs * len(self.replicas)
         self.timeout, self.backoff, self.max_backoff = timeout, backoff, max_backoff
         self._transport = transport
         self._closed = False
-        self.vocab_size: int | None = None
         self._logits_vocab: int | None = None  # the model config's vocab_size: the replicas' bound on token ids
         self._tokenizer: Any = None
         self._streams: dict[str, Any] = {}  # request id -> its open stream (to abort it)
@@ -319,9 +308,6 @@ class OpenAIEngine:
         return min(candidates, key=lambda r: r.running) if candidates else None
 
     # -- prompts -----------------------------------------------------------------
-
-    structured_outputs = True
-    """``generate`` passes ``GenerationParams.structured`` to the replica (vLLM's ``structured_outputs``)."""
 
     def check_params(self, params: GenerationParams) -> None:
         """Refuse, before queueing, parameters a vLLM replica would reject, checked here (no network, no GPU).
@@ -618,8 +604,6 @@ def _sleep_first(seconds: float) -> Any:
 def _load_tokenizer(path: str) -> tuple[Any, ModelProfile, int | None]:
     """The model's tokenizer, profile and config vocabulary size (vLLM's ``get_vocab_size``), from its files."""
     from transformers import AutoConfig, AutoTokenizer
-
-    from fairagents.engines.base import LOAD_LOCK
 
     with LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -27,18 +27,6 @@ The KV cache is managed one of two ways (``kv=``):
   the head of the queue, and on rejoining is prefilled again over its prompt and the
   tokens it had generated (which it keeps). This lets a scheduler that admits more
   than the worst case be simulated honestly, preemption cost included.
-
-Examples:
-    >>> import fairagents as fa
-    >>> engine = fa.engines.SimEngine(fa.ModelProfile(d_model=128, n_layers=2), max_running=2)
-    >>> who = fa.Agent("a", fa.App("x"))
-    >>> req = fa.Request(id="r1", agent=who, model="m", prompt_tokens=4, max_tokens=2, arrival=0.0)
-    >>> engine.fits(req)
-    True
-    >>> engine.admit(req, output_tokens=2)
-    >>> end = engine.start_step(now=0.0)
-    >>> [(p.request.id, p.new_tokens, p.first, p.finished) for p in engine.finish_step(end)]
-    [('r1', 1, True, False)]
 """
 
 from __future__ import annotations
@@ -52,7 +40,7 @@ from fairagents.cost import ModelProfile
 from fairagents.errors import ContextLengthError, InvalidParameterError, ProtocolError
 from fairagents.request import Request
 
-__all__ = ["SimEngine", "SimProgress"]
+__all__ = ["SimEngine", "SimProgress", "SimState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +49,12 @@ class SimProgress:
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.engines.SimProgress.__slots__
-        ('request', 'new_tokens', 'first', 'finished')
+        >>> engine = fa.engines.SimEngine(fa.ModelProfile(d_model=128, n_layers=2))
+        >>> req = fa.Request(id="r1", agent=fa.Agent("a", fa.App("x")), model="m", prompt_tokens=4, max_tokens=2,
+        ...                  arrival=0.0)
+        >>> engine.admit(req, output_tokens=2)
+        >>> [(p.request.id, p.new_tokens, p.first, p.finished) for p in engine.finish_step(engine.start_step(0.0))]
+        [('r1', 1, True, False)]
     """
 
     request: Request
@@ -76,10 +68,14 @@ class SimProgress:
 
 
 @dataclass(slots=True)
-class _Running:
+class SimState:
+    """A request in a :class:`SimEngine`: what :meth:`SimEngine.end_step` returns (see its example)."""
+
     request: Request
     output_tokens: int
+    """Output tokens it will generate in all."""
     generated: int = 0
+    """Output tokens generated so far."""
 
 
 class SimEngine:
@@ -109,6 +105,8 @@ class SimEngine:
         Traceback (most recent call last):
         ...
         fairagents.errors.ContextLengthError: prompt (90) + max_tokens (20) exceeds the context of 100 tokens
+        >>> engine.fits(fa.Request(id="ok", agent=who, model="m", prompt_tokens=60, max_tokens=20, arrival=0.0))
+        True
 
         In paged mode two requests that would each reserve 30 tokens share 30 tokens
         of cache until they outgrow it; then the newer one is preempted and resumes,
@@ -130,6 +128,13 @@ class SimEngine:
         >>> engine.preemptions, engine.kv_used, engine.steps
         (1, 0, 11)
     """
+
+    kv: Literal["reserve", "paged"]
+    """How the KV cache is managed (the ``kv`` argument)."""
+    preemptions: int
+    """Requests preempted so far (always 0 with ``kv="reserve"``)."""
+    steps: int
+    """Steps started so far."""
 
     def __init__(
         self,
@@ -171,14 +176,12 @@ class SimEngine:
         self.jitter = jitter
         self.kv = kv
         self.preemptions = 0
-        """Requests preempted so far (always 0 with ``kv="reserve"``)."""
         self.steps = 0
-        """Steps started so far."""
         self._paged = kv == "paged"
         self._rng = random.Random(seed)
-        self._running: dict[str, _Running] = {}  # in the order they joined the batch
-        self._joined: dict[str, _Running] = {}  # those of the batch not prefilled yet (the next step prefills them)
-        self._waiting: OrderedDict[str, _Running] = OrderedDict()  # next to join first
+        self._running: dict[str, SimState] = {}  # in the order they joined the batch
+        self._joined: dict[str, SimState] = {}  # those of the batch not prefilled yet (the next step prefills them)
+        self._waiting: OrderedDict[str, SimState] = OrderedDict()  # next to join first
         self._kv_used = 0
         self._step_end: float | None = None
 
@@ -253,12 +256,12 @@ class SimEngine:
         if req.id in self._running or req.id in self._waiting:
             raise ProtocolError(f"request {req.id!r} is already in the engine")
         if self._paged:
-            self._waiting[req.id] = _Running(req, output_tokens)
+            self._waiting[req.id] = SimState(req, output_tokens)
             self._fill()
             return
         if not self.fits(req):
             raise ProtocolError(f"request {req.id!r} does not fit the running batch now")
-        self._running[req.id] = self._joined[req.id] = _Running(req, output_tokens)
+        self._running[req.id] = self._joined[req.id] = SimState(req, output_tokens)
         self._kv_used += req.prompt_tokens + req.max_tokens
 
     def abort(self, request_id: str) -> bool:
@@ -296,14 +299,23 @@ class SimEngine:
 
     def finish_step(self, now: float) -> list[SimProgress]:
         """End the step in progress: one new token for each request that was in it."""
-        return [SimProgress(s.request, 1, s.generated == 1, s.generated >= s.output_tokens) for s in self._end_step()]
+        return [SimProgress(s.request, 1, s.generated == 1, s.generated >= s.output_tokens) for s in self.end_step()]
 
-    def _end_step(self) -> list[_Running]:
+    def end_step(self) -> list[SimState]:
         """End the step in progress; the states of the requests that were in it, in batch order.
 
         Each gained one token (``generated == 1``: its first; ``generated >= output_tokens``:
         it finished and left the batch). :meth:`finish_step` reports the same as
-        :class:`SimProgress` records; the simulator's loop reads the states and builds none.
+        :class:`SimProgress` records; a simulator's loop can read the states and build none.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> engine = fa.engines.SimEngine(fa.ModelProfile(d_model=128, n_layers=2))
+            >>> engine.admit(fa.Request(id="r1", agent=fa.Agent("a", fa.App("x")), model="m", prompt_tokens=4,
+            ...                         max_tokens=2, arrival=0.0), output_tokens=1)
+            >>> _ = engine.start_step(0.0)
+            >>> [(s.request.id, s.generated, s.output_tokens) for s in engine.end_step()]
+            [('r1', 1, 1)]
         """
         if self._step_end is None:
             raise ProtocolError("no step is in progress")
@@ -324,7 +336,7 @@ class SimEngine:
                 self._kv_used -= self._held(state)
         return batch
 
-    def _held(self, state: _Running) -> int:
+    def _held(self, state: SimState) -> int:
         """KV tokens a running request holds."""
         return state.request.prompt_tokens + (state.generated if self._paged else state.request.max_tokens)
 

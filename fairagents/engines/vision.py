@@ -19,12 +19,6 @@ into the image's tokens exactly as vLLM does (vLLM runs that very processor), so
 ``RequestOutput.prompt_token_ids`` agrees (``tests/engines/test_vision.py`` checks
 it). vLLM is then handed the rendered text and the shrunk images, and processes the
 small images again — cheap, next to decoding the originals.
-
-Examples:
-    >>> from fairagents.engines.vision import VisionEngine
-    >>> engine = VisionEngine()   # the embedded tiny Idefics3, built on start()
-    >>> engine.modality.value, engine.max_images
-    ('vision', 4)
 """
 
 from __future__ import annotations
@@ -36,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairagents._logging import get_logger
-from fairagents.engines.base import LOAD_LOCK, Prompt
+from fairagents.engines.base import Prompt
 from fairagents.engines.vllm import VLLMEngine
 from fairagents.errors import EngineError, InvalidImageError, InvalidParameterError
 from fairagents.identity import Modality
 from fairagents.images import ImageLimits, load_image, split_parts
-from fairagents.prompts import template_messages
+from fairagents.models import LOAD_LOCK
+from fairagents.engines.prompts import template_messages
 
 __all__ = ["VisionEngine"]
 
@@ -67,8 +62,9 @@ class VisionEngine(VLLMEngine):
     Examples:
         >>> from fairagents.engines.vision import VisionEngine
         >>> from fairagents.images import ImageLimits
-        >>> VisionEngine(limits=ImageLimits(max_pixels=1024 * 1024)).limits.max_pixels
-        1048576
+        >>> engine = VisionEngine(max_images=2, limits=ImageLimits(max_pixels=1024 * 1024), kv_cache_bytes=64 * 2**20)
+        >>> engine.engine_args(gpu=False)["limit_mm_per_prompt"]
+        {'image': 2}
     """
 
     modality = Modality.VISION

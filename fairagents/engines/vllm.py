@@ -8,26 +8,21 @@ consumers; ``AsyncLLM`` always spawns an EngineCore process (even with
 tok/s and takes ~3.5 s to shut down. Fully in-process also means one process to
 watch and nothing to leak. So: the synchronous engine, owned by a thread.
 
-How. The event loop never touches the engine: it posts ``add``/``abort``/``stop``
-commands to a thread-safe inbox; the engine thread drains the inbox before every
-``step()`` (and blocks on it when idle), and hands each step's outputs back with one
-``loop.call_soon_threadsafe``. vLLM's ``add_request``, ``abort_request`` and ``step``
-take no locks, so this single-owner design is what makes them safe. vLLM keeps the
-forward context in a module global (on every device, GPU included), so engines in one
-process never step at the same time (a process-wide lock): models of one pool take
-turns on the hardware. To overlap models on one GPU, run each in its own process. The synchronous engine emits nothing for an
-aborted request; the thread ends such a stream itself with ``"abort"``.
+How (:mod:`fairagents.engines.threaded`). The event loop never touches the engine: it
+posts ``add``/``abort``/``stop`` commands to a thread-safe inbox; the engine thread
+drains the inbox before every ``step()`` (and blocks on it when idle), and hands each
+step's outputs back with one ``loop.call_soon_threadsafe``. vLLM's ``add_request``,
+``abort_request`` and ``step`` take no locks, so this single-owner design is what makes
+them safe. vLLM keeps the forward context in a module global (on every device), so
+engines in one process never step at the same time (a process-wide lock): models of one
+pool take turns on the hardware; to overlap models on one GPU, run each in its own
+process. vLLM emits nothing for an aborted request: the thread ends its stream itself.
 
 Environment. Importing this module sets, unless already set,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (in-process) and ``OMP_NUM_THREADS=1``: with
 two OpenMP threads per engine plus the event loop on two cores, spinning OpenMP
 threads stalled steps for seconds. Both must be set before vLLM and torch are first
 imported, so import fairagents before them (or set them yourself).
-
-Examples:
-    >>> from fairagents.engines.vllm import VLLMEngine
-    >>> VLLMEngine(model="some/model", kv_cache_bytes=64 * 2**20).model
-    'some/model'
 """
 
 from __future__ import annotations
@@ -35,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 
@@ -48,10 +42,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fairagents._logging import get_logger  # noqa: E402
 from fairagents.cost import ModelProfile  # noqa: E402
-from fairagents.engines.base import COMPACT_JSON, LOAD_LOCK, Delta, GenerationParams, Prompt, one_line  # noqa: E402
-from fairagents.errors import EngineError, InvalidParameterError, ModelLoadError, ProtocolError  # noqa: E402
+from fairagents.engines.base import COMPACT_JSON, Delta, GenerationParams, Prompt  # noqa: E402
+from fairagents.engines.threaded import ThreadedEngine  # noqa: E402
+from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
-from fairagents.prompts import render_chat  # noqa: E402
+from fairagents.models import LOAD_LOCK  # noqa: E402
+from fairagents.engines.prompts import render_chat  # noqa: E402
 from fairagents.reply import TokenLogprob  # noqa: E402
 from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, tool_parser_for  # noqa: E402
 
@@ -66,17 +62,9 @@ _STEP_LOCK = threading.Lock()
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
 # Engines of this process that have loaded and not yet shut down (by id of their VLLMEngine).
 _live: set[int] = set()
-_names = itertools.count(1)
 
 
-class _Aborted:
-    __slots__ = ()
-
-
-_ABORTED = _Aborted()
-
-
-class VLLMEngine:
+class VLLMEngine(ThreadedEngine):
     """A text model served by vLLM in this process (:class:`~fairagents.engines.vision.VisionEngine` serves VLMs).
 
     ``token_capacity`` and ``kv_block_size`` are read from vLLM on :meth:`start`. Once
@@ -107,7 +95,7 @@ class VLLMEngine:
         dtype: weights' dtype (default: ``"float32"`` on a CPU, the model's own on a GPU).
         scheduler: ``"vllm"`` (vLLM's own FCFS scheduler: the arbiter keeps the queue and
             hands the engine what fits) or ``"fair"``: HMFS inside vLLM's engine loop
-            (:class:`~fairagents.engines.fair_scheduler.FairScheduler`), so the engine
+            (:class:`~fairagents.vllm.scheduler.FairScheduler`), so the engine
             orders its queue and picks preemption victims by app and agent counters; the
             arbiter then hands it everything (see "Capacity and admission").
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
@@ -125,33 +113,24 @@ class VLLMEngine:
             default (any whitespace; the ``auto`` backend, which falls back to guidance
             for schemas xgrammar cannot take).
 
-    Attributes:
-        vocab_size: the model's vocabulary size (``None`` until :meth:`start`); a ready
-            prompt's token ids must be below it.
-        max_token_bytes: the most UTF-8 bytes one token of the tokenizer stands for
-            (``None`` until :meth:`start`, or when the tokenizer does not round-trip text
-            exactly). A prompt of more than ``max_model_len × max_token_bytes``
-            characters cannot fit the context, and is refused without tokenizing it.
-        token_capacity: the KV cache's size in tokens: how many tokens the running
-            requests can hold at once; ``None`` until :meth:`start`. A multiple of
-            ``kv_block_size``.
-        kv_block_size: vLLM's KV cache block size, in tokens (``1`` until :meth:`start`).
-            vLLM allocates a request's KV in whole blocks: a request with ``p`` prompt
-            tokens and ``m`` output tokens holds ``ceil((p + m - 1) / kv_block_size)``
-            blocks at its peak (the last output token is sampled, never cached), so
-            ``ceil((p + m) / kv_block_size)`` blocks is a safe upper bound.
+    On :meth:`start` it also reads ``vocab_size``, and ``max_token_bytes`` from the
+    tokenizer (:func:`max_token_bytes`). vLLM allocates a request's KV in whole blocks: a
+    request with ``p`` prompt tokens and ``m`` output tokens holds
+    ``ceil((p + m - 1) / kv_block_size)`` blocks at its peak (the last output token is
+    sampled, never cached), so ``ceil((p + m) / kv_block_size)`` blocks is a safe bound.
 
     Examples:
         >>> from fairagents.engines.vllm import VLLMEngine
-        >>> engine = VLLMEngine()   # the embedded default, built on start()
-        >>> engine.healthy
-        True
-        >>> engine.token_capacity, engine.kv_block_size
-        (None, 1)
+        >>> engine = VLLMEngine(kv_cache_bytes=64 * 2**20, scheduler="fair")   # nothing loads before start()
+        >>> engine.engine_args(gpu=False)["kv_cache_memory_bytes"] // 2**20, engine.scheduler
+        (64, 'fair')
     """
 
-    modality: Modality = Modality.TEXT
-    """What the served model takes and gives; also which embedded model ``model=None`` builds."""
+    modality = Modality.TEXT
+    kind = "vllm"
+    library = "vLLM"
+    structured_outputs = True
+    """``generate`` enforces ``GenerationParams.structured`` with vLLM's structured outputs."""
 
     def __init__(
         self,
@@ -176,33 +155,18 @@ class VLLMEngine:
             raise InvalidParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if scheduler not in ("vllm", "fair"):
             raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
-        self.model = None if model is None else str(model)
+        super().__init__(model)
         self.scheduler = scheduler
         self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.max_num_seqs = max_num_seqs
         self.compact_json = compact_json
         """Constrained JSON is written without free whitespace (see the ``compact_json`` argument)."""
-        self.healthy = True
-        self.profile = ModelProfile(d_model=1, n_layers=1)  # replaced by the model's own on start()
         self.max_model_len = max_model_len or 0
-        self.token_capacity: int | None = None  # set on start(), from vLLM's KV cache
-        self.vocab_size: int | None = None  # set on start(): prompt token ids must be below it
-        self.max_token_bytes: int | None = None  # set on start(): the cheap context check before tokenizing
-        self.kv_block_size = 1
         self._kv_cache_bytes, self._gpu_memory_utilization, self._dtype = kv_cache_bytes, gpu_memory_utilization, dtype
         self._args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "disable_log_stats": True,
                       **(engine_args or {})}
-        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._sinks: dict[str, asyncio.Queue[Any]] = {}
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._failure: EngineError | None = None
-        self._tokenizer: Any = None
         self._engine: Any = None  # the vllm LLMEngine, owned by the thread; kept for introspection
-        self.fair_counters: Any = None
-        """With ``scheduler="fair"``: the :class:`~fairagents.engines.fair_scheduler.FairCounters` it
-        charges (its own, or a pool's from :meth:`share_counters`); set on :meth:`start`."""
         self._fair_name = "engine"
 
     def engine_args(self, *, gpu: bool | None = None) -> dict[str, Any]:
@@ -245,27 +209,8 @@ class VLLMEngine:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Build the embedded model if needed, then create the engine on its own thread."""
-        if self._thread is not None:
-            if self._thread.is_alive() and self._failure is None:
-                return
-            await self.stop()  # a dead engine: reap its thread, then start anew (a restart)
-        self._failure = None
-        self.healthy = True
-        self._inbox = queue.SimpleQueue()
-        if self.model is None:
-            from fairagents.models import ensure_default_models
-
-            kind = self.modality.value
-            self.model = str((await asyncio.to_thread(ensure_default_models, [kind]))[kind])
-        else:
-            await self._check_source()
-        self._loop = asyncio.get_running_loop()
-        ready: asyncio.Future[Any] = self._loop.create_future()
-        self._thread = threading.Thread(target=self._own, args=(ready,), name=f"fairagents-vllm-{next(_names)}", daemon=True)
-        self._thread.start()
-        engine = self._engine = await ready
+    async def _ready(self, engine: Any) -> None:
+        self._engine = engine
         config = engine.model_config
         self.profile = ModelProfile.of_text_config(config.hf_text_config, self.modality)
         self.max_model_len = int(config.max_model_len)
@@ -286,28 +231,12 @@ class VLLMEngine:
             profile=str(self.profile),
         )
 
-    async def _check_source(self) -> None:
-        from fairagents.models import check_model_source
-
-        try:
-            await asyncio.to_thread(check_model_source, str(self.model))
-        except ModelLoadError:
-            self.healthy = False
-            raise
-
     async def stop(self) -> None:
-        """Stop the engine thread and release the model."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._inbox.put(("stop",))
-        await asyncio.to_thread(thread.join)
-        self._engine = self._tokenizer = None
+        """Stop the engine thread and release the model; requests still running fail with ``EngineError``."""
+        await super().stop()
+        self._engine = None
 
     # -- requests ------------------------------------------------------------------
-
-    structured_outputs = True
-    """``generate`` enforces ``GenerationParams.structured`` with vLLM's structured outputs."""
 
     def prepare_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
         """Render the chat template (with ``tools`` when given) to token ids (vLLM would add a second BOS to text)."""
@@ -338,41 +267,15 @@ class VLLMEngine:
             raise InvalidParameterError(f"the prompt must be a non-empty string, got {text!r}")
         return Prompt(token_ids=tuple(self._tokenizer.encode(text)))
 
-    async def generate(self, request_id: str, prompt: Prompt, params: GenerationParams) -> AsyncIterator[Delta]:
-        """Stream one request; closing the stream early aborts it in the engine."""
-        if self._failure is not None:
-            raise self._failure
-        if self._thread is None:
-            raise EngineError("the engine is not started")
-        if request_id in self._sinks:
-            raise ProtocolError(f"request id {request_id!r} is already running")  # vLLM would merge them
-        sampling = self._sampling(params)
-        sink: asyncio.Queue[Any] = asyncio.Queue()
-        self._sinks[request_id] = sink
-        self._inbox.put(("add", request_id, self._engine_input(prompt), sampling))
-        done = False
-        try:
-            while True:
-                event = await sink.get()
-                if isinstance(event, BaseException):
-                    done = True
-                    raise event
-                if event is _ABORTED:
-                    done = True
-                    yield Delta(0, "", "abort")
-                    return
-                output = event.outputs[0]
-                finished = bool(event.finished)
-                done = finished
-                logprobs = () if params.logprobs is None else self._logprobs(output, params.logprobs)
-                yield Delta(len(output.token_ids), output.text, output.finish_reason if finished else None,
-                            logprobs=logprobs)
-                if finished:
-                    return
-        finally:
-            self._sinks.pop(request_id, None)
-            if not done:  # the consumer left early (break, cancel): free the engine's slot
-                self._inbox.put(("abort", request_id, False))
+    def _command(self, request_id: str, prompt: Prompt, params: GenerationParams) -> tuple[Any, ...]:
+        return "add", request_id, self._engine_input(prompt), self._sampling(params)
+
+    def _delta(self, event: Any, params: GenerationParams) -> Delta:
+        """A step's ``RequestOutput`` of the request (its new tokens: vLLM's outputs are deltas)."""
+        output = event.outputs[0]
+        logprobs = () if params.logprobs is None else self._logprobs(output, params.logprobs)
+        finish = (output.finish_reason or "stop") if event.finished else None
+        return Delta(len(output.token_ids), output.text, finish, logprobs=logprobs)
 
     def check_params(self, params: GenerationParams) -> None:
         """Refuse, before queueing, sampling parameters vLLM would reject (an output constraint it cannot compile).
@@ -430,9 +333,8 @@ class VLLMEngine:
             text = self._tokenizer.decode([token_id])
         return text or ""
 
-    async def abort(self, request_id: str) -> None:
-        """End a running request; its stream ends with ``"abort"``."""
-        self._inbox.put(("abort", request_id, True))
+    def _cancel(self, request_id: str, *, notify: bool) -> None:
+        self._inbox.put(("abort", request_id, notify))
 
     def _engine_input(self, prompt: Prompt) -> dict[str, Any]:
         """What vLLM's ``add_request`` takes for ``prompt`` (a vision engine adds its images)."""
@@ -440,56 +342,36 @@ class VLLMEngine:
 
     # -- the engine thread ---------------------------------------------------------
 
-    def _own(self, ready: asyncio.Future[Any]) -> None:
-        loop = self._loop
-        assert loop is not None
+    def _load(self) -> Any:
+        with LOAD_LOCK:
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+
+            args = self.engine_args()
+            if self.scheduler == "fair":
+                from fairagents.vllm.scheduler import FairCounters, FairScheduler
+
+                if self.fair_counters is None:
+                    self.fair_counters = FairCounters()
+                args.setdefault("scheduler_cls", FairScheduler.sharing(self.fair_counters, self._fair_name))
+            if isinstance(args.get("structured_outputs_config"), Mapping):  # EngineArgs takes only the object
+                from vllm.config import StructuredOutputsConfig
+
+                args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
+            if "logging_config" not in args and "VLLM_CONFIGURE_LOGGING" not in os.environ:
+                from vllm.config.logging import LoggingConfig
+
+                # a library leaves logging to the application: vLLM's own config would print INFO on stdout
+                args["logging_config"] = LoggingConfig(configure_logging=False)
+            engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args))
+            _live.add(id(self))
+        return engine
+
+    def _unload(self, engine: Any) -> None:
         try:
-            with LOAD_LOCK:
-                from vllm.engine.arg_utils import EngineArgs
-                from vllm.v1.engine.llm_engine import LLMEngine
-
-                args = self.engine_args()
-                if self.scheduler == "fair":
-                    from fairagents.engines.fair_scheduler import FairCounters, FairScheduler
-
-                    if self.fair_counters is None:
-                        self.fair_counters = FairCounters()
-                    args.setdefault("scheduler_cls", FairScheduler.sharing(self.fair_counters, self._fair_name))
-                if isinstance(args.get("structured_outputs_config"), Mapping):  # EngineArgs takes only the object
-                    from vllm.config import StructuredOutputsConfig
-
-                    args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
-                if "logging_config" not in args and "VLLM_CONFIGURE_LOGGING" not in os.environ:
-                    from vllm.config.logging import LoggingConfig
-
-                    # a library leaves logging to the application: vLLM's own config would print INFO on stdout
-                    args["logging_config"] = LoggingConfig(configure_logging=False)
-                engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args))
-                _live.add(id(self))
-        except BaseException as err:  # noqa: BLE001 - any failure to load is reported to start()
-            failure = ModelLoadError(f"vLLM could not load {self.model!r}: {one_line(err)}")
-            failure.__cause__ = err
-            self.healthy = False
-            self._failure = failure
-            loop.call_soon_threadsafe(_settle, ready, None, failure)
-            return
-        loop.call_soon_threadsafe(_settle, ready, engine, None)
-        try:
-            self._serve(engine, loop)
-        except BaseException as err:  # noqa: BLE001 - the engine died: fail everything, keep the process
-            failure = EngineError(f"vLLM engine for {self.model!r} failed: {err!r}")
-            failure.__cause__ = err
-            self._failure = failure
-            self.healthy = False
-            log.error("fairagents.vllm.failed", model=self.model, error=repr(err))
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._fail_all, failure)
+            _shutdown(engine, alone=_live == {id(self)})
         finally:
-            with contextlib.suppress(Exception):
-                _shutdown(engine, alone=_live == {id(self)})
             _live.discard(id(self))
-            del engine
-            gc.collect()
 
     def _serve(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
         while True:
@@ -510,12 +392,10 @@ class VLLMEngine:
                 elif kind == "abort":
                     aborts.append(command[1])
                     if command[2]:
-                        events.append((command[1], _ABORTED))
+                        events.append((command[1], Delta(0, "", "abort")))
                 elif kind == "stop":
                     if aborts:
                         engine.abort_request(aborts)
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(self._fail_all, EngineError("the engine stopped"))
                     return
             if aborts:
                 engine.abort_request(aborts)
@@ -525,16 +405,6 @@ class VLLMEngine:
                 events.extend((out.request_id, out) for out in outputs)
             if events:
                 loop.call_soon_threadsafe(self._deliver, events)
-
-    def _deliver(self, events: list[tuple[str, Any]]) -> None:
-        for rid, event in events:
-            sink = self._sinks.get(rid)
-            if sink is not None:
-                sink.put_nowait(event)
-
-    def _fail_all(self, failure: EngineError) -> None:
-        for sink in self._sinks.values():
-            sink.put_nowait(failure)
 
 
 def _kv_capacity(engine: Any) -> tuple[int, int]:
@@ -585,16 +455,6 @@ def _shutdown(engine: Any, *, alone: bool) -> None:
             engine.engine_core.shutdown()
         finally:
             core.cleanup_dist_env_and_memory = original
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
 
 
 #: Text a tokenizer must give back exactly for the cheap context check to trust its token lengths.

@@ -36,6 +36,7 @@ from fairagents.policies.edf import EDF
 from fairagents.policies.exfairs import ExFairS
 from fairagents.policies.fcfs import FCFS
 from fairagents.policies.hmfs import HMFS
+from fairagents.policies.registry import BASE_POLICIES, by_name
 from fairagents.policies.rr import RoundRobin
 from fairagents.policies.sjf import SJF
 from fairagents.policies.two_lane import TwoLane
@@ -48,9 +49,7 @@ __all__ = [
 ]
 
 #: Built-in policies by name.
-POLICIES: dict[str, type[BasePolicy]] = {
-    cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS, ExFairS, Duet, EDF, SJF, WFQ, TwoLane, Adaptive)
-}
+POLICIES: dict[str, type[BasePolicy]] = {**BASE_POLICIES, Adaptive.name: Adaptive}
 
 
 def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
@@ -88,7 +87,7 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
             raise InvalidParameterError(
                 f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}"
             ) from None
-        return cls(cost) if cls.charges_unified_tokens else cls()
+        return by_name(cls, cost)
     if isinstance(policy, Policy):
         return policy
     missing = [name for name in _PROTOCOL if not callable(getattr(policy, name, None))]

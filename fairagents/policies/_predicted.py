@@ -2,33 +2,19 @@
 
 Shared by :class:`~fairagents.policies.edf.EDF`, :class:`~fairagents.policies.sjf.SJF`,
 :class:`~fairagents.policies.wfq.WFQ` and :class:`~fairagents.policies.two_lane.TwoLane`,
-the policy pool Ω of H-MAS (Appendix C.2). In the paper a perception agent predicts
-the output length ``l_pred`` and a prediction agent the latency proxies ``t̂_ttft`` and
-``t̂_tpot`` (§3.2); they are attached to a request when it arrives (Algorithm 1, lines
-3–7) and the policies order by them. Here:
+the policy pool Ω of H-MAS (Appendix C.2):
 
 - ``l_pred``: the shared online :class:`~fairagents.policies.predict.LengthPredictor`,
-  keyed by the request's agent and the modality of its model, learned from every
-  request that finishes, its error measured (``policy.predictor.error``).
-- ``t̂_ttft`` and ``t̂_tpot``: per model, learned online from what the policy observes
-  of the requests it dispatched (:class:`ServiceTimes`): dispatch → first token, and
-  first token → last token per token. The paper predicts them per request with a
-  regression model; a per-model estimate (``t̂_ttft`` a line in the prompt length)
-  is the simplest thing that needs no offline training.
-- ``T_tot = t̂_ttft + t̂_tpot · l_pred`` (§3.2; Algorithm 1, line 6), in seconds.
+  keyed by the request's agent and the modality of its model;
+- ``t̂_ttft`` and ``t̂_tpot``: per model, learned online from the requests the policy
+  dispatched (:class:`ServiceTimes`);
+- ``T_tot = t̂_ttft + t̂_tpot · l_pred`` (§3.2; Algorithm 1, line 6), in seconds;
 - ``D_r = a_r + SLO_ttft + SLO_tpot · l_pred`` (§3.5, under Eq. 5).
 
 Everything is computed once, when a request arrives, and kept until it ends, as in
-Algorithm 1 (the features are pushed with the request into the pool); later
-learning changes the estimates of later requests only. Ordering keys therefore never
+Algorithm 1; later learning changes only later requests. Ordering keys therefore never
 change while a request waits, and every policy keeps plain heaps: O(log n) a decision.
-
-Examples:
-    >>> import fairagents as fa
-    >>> from fairagents.policies._predicted import ServiceTimes
-    >>> times = ServiceTimes(prior_ttft=0.1, prior_tpot=0.02)
-    >>> times.service("chat", prompt_tokens=100, length=50)   # 0.1 + 0.02 · 50, before anything is seen
-    1.1
+See the policies page in the docs (*Choosing a policy*, the H-MAS pool).
 """
 
 from __future__ import annotations
@@ -228,14 +214,7 @@ class KeyedQueues:
 
 @dataclass(slots=True)
 class Estimate:
-    """What was predicted of a request when it arrived.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.policies._predicted import Estimate
-        >>> Estimate(length=40, service=0.9, modality=fa.Modality.TEXT).length
-        40
-    """
+    """What was predicted of a request when it arrived."""
 
     length: int
     """``l_pred``: expected output tokens."""
@@ -262,13 +241,6 @@ class PredictivePolicy(BasePolicy):
     one heap per model, overrides ``_enqueue``/``_dequeue``/``select``. Requests are
     priced in unified tokens (``charges_unified_tokens``), whose model profiles also
     give each model's modality.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.policies._predicted import PredictivePolicy
-        >>> from fairagents.policies.sjf import SJF
-        >>> issubclass(SJF, PredictivePolicy)
-        True
     """
 
     charges_unified_tokens: ClassVar[bool] = True
@@ -318,15 +290,7 @@ class PredictivePolicy(BasePolicy):
     # -- driver-facing -----------------------------------------------------
 
     def select(self, model: str, now: float) -> Request | None:
-        """The waiting request of ``model`` with the least key, or ``None``.
-
-        Examples:
-            >>> import fairagents as fa
-            >>> from fairagents.policies.edf import EDF
-            >>> policy = EDF(fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=64, n_layers=1)}))
-            >>> policy.select("m", now=0.0) is None
-            True
-        """
+        """The waiting request of ``model`` with the least key, or ``None``."""
         return self._queues.head(model)
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:

@@ -1,65 +1,20 @@
 """H-MAS's meta controller: switch the active policy from long-horizon statistics, with guards.
 
-H-MAS (§3.4.1, Appendix C, Alg. 1) keeps a pool Ω of queue structures and lets a slow
-loop pick the active one every ``ΔT_meta`` seconds from a long-horizon view of the
-workload ``V_long``. :class:`Adaptive` is that loop as a policy: it wraps one active
-policy of the pool, and every ``interval`` seconds (of the ``now`` it is given: it
-has no timer, so it decides at the first event after each boundary) it reads what
-the interval showed and applies the paper's rule map (§3.4.1):
+H-MAS (§3.4.1, Appendix C, Alg. 1) keeps a pool Ω of queue orderings and lets a slow
+loop pick the active one. :class:`Adaptive` wraps one active policy of ``pool`` and,
+at the first event after every ``interval`` boundary (it has no timer), applies the
+paper's rule map to what the interval showed, first match wins: a queue longer than
+``bypass_queue`` or a violation rate above ``bypass_violation`` → ``fcfs`` (emergency
+bypass); a length CV above ``length_cv`` with violations above ``violation`` →
+``two_lane``; violations above ``violation`` → ``edf``; Jain's index of the apps'
+weighted service below ``unfairness`` → ``wfq``; otherwise ``sjf``. If within ``guard``
+seconds of a switch the p99 TTFT or the violation rate exceeds ``rho`` × its value
+before, the last stable policy is restored (eq. 12). Waiting requests move to the new
+policy in arrival order; running ones stay with the policy that dispatched them.
+``selector`` lets a model decide instead (``Π_meta``), with the rules as the fallback.
 
-1. **emergency bypass** (``ξ_bypass``, Alg. 1 lines 9–12): more than
-   ``bypass_queue`` requests waiting, or a short-window TTFT violation rate above
-   ``bypass_violation`` → FCFS, until the guard conditions clear;
-2. **isolation**: output-length variance high (coefficient of variation above
-   ``length_cv``) while TTFT violations exceed ``violation`` → ``two_lane``;
-3. **deadlines**: TTFT or TPOT violations above ``violation`` → ``edf``;
-4. **fairness**: Jain's index of the apps' weighted service in the interval below
-   ``unfairness`` → ``wfq``;
-5. otherwise ``sjf`` (Alg. 1 line 1 starts with SJF).
-
-**Rollback guard** (Appendix C.2, eq. 12): after a switch, if within ``guard``
-seconds the p99 TTFT exceeds ``rho`` × its value in the interval before the switch,
-or the violation rate exceeds ``rho`` × its value before, the last stable policy is
-restored (and held for one interval).
-
-**Switching in place** (Appendix C.1): the waiting requests are handed to the new
-policy, in arrival order, and withdrawn from the old one uncharged; requests already
-running stay with the policy that dispatched them, which is told of their progress
-and end. No request is lost, duplicated or reordered against the new policy's order.
-``switches`` records every switch, with the source of its decision.
-
-**A model's decision** (``selector``, Appendix C.2's "LLM-based selector"): at a
-decision the selector is given ``V_long`` (the interval's statistics, the active
-policy, the pool, and the rules' choice) and answers with the model's reply text, at
-once or through a future. The reply must be a JSON decision naming a policy of the pool
-(:mod:`fairagents.policies.selector`); anything else, an answer not there within
-``selector_timeout``, or a failing selector, and the rules decide ("parsing failures
-fall back to local rules"). The model's choice goes through the rollback guard like the
-rules'.
-
-Where the paper leaves it open, and what is chosen here:
-
-- ``Π_meta`` is an LLM in the paper; without a ``selector`` it is the deterministic rule
-  map above (the paper's own fallback when the LLM's answer is invalid).
-  :class:`~fairagents.policies.selector.ModelSelector` asks a model of the pool through
-  an arbiter, as an ordinary request of an agent the user declares.
-- The policy stays pure and never waits: a future-like answer is checked at each later
-  event (arrivals and finishes); until it is there the active policy stays. An answer
-  that is there at the first event after the deadline is still used (the policy has no
-  clock to tell when it came); one that is not is cancelled. One question is pending at
-  a time: a boundary meanwhile asks nothing, but makes its own rules' choice (and
-  baseline) the fallback.
-- The emergency bypass is never delegated: the rules decide it at once, before any
-  question, and it cancels a pending one (as does a rollback). The decision's optional
-  hints ``h_t`` and bypass signal ``ξ_bypass`` are ignored.
-- A model's choice of the active policy switches nothing (it counts as accepted).
-- The thresholds of the rule map are not given in the paper; they are parameters,
-  with defaults chosen on the simulator (``fairagents bench policies``).
-- A policy of the pool is named by its registered name and built with this policy's
-  cost model; ``pool`` limits which ones the rules may pick (one the rules ask for
-  but the pool lacks is skipped for the next rule).
-- "Violation" counts a finished request that missed its TTFT or TPOT SLO (eq. 1);
-  requests without SLOs count as met.
+See the policies page in the docs (*Choosing a policy*, ``adaptive``) for the selector
+protocol and where the paper leaves things open.
 
 Examples:
     >>> import fairagents as fa
@@ -89,7 +44,8 @@ from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError, ProtocolError
 from fairagents.metrics import jain_index, percentile
 from fairagents.policies.base import BasePolicy, Policy
-from fairagents.policies.selector import parse_decision
+from fairagents.policies.decision import parse_decision
+from fairagents.policies.registry import BASE_POLICIES, by_name
 from fairagents.request import Outcome, Request
 
 __all__ = ["Adaptive", "SelectorStats", "Switch"]
@@ -118,11 +74,6 @@ class Switch:
 
     ``reason`` is the rule's reason, or the model's own (``"the model's choice"`` if it
     gave none).
-
-    Examples:
-        >>> from fairagents.policies.adaptive import Switch
-        >>> Switch(10.0, "fcfs", "edf", "deadlines").source
-        'rules'
     """
 
     at: float
@@ -139,11 +90,6 @@ class SelectorStats:
     ``asked`` = ``accepted + malformed + late + errors + dropped`` once no question is
     pending; ``dropped`` counts questions cancelled because the emergency bypass or a
     rollback decided first.
-
-    Examples:
-        >>> from fairagents.policies.adaptive import SelectorStats
-        >>> SelectorStats().asked
-        0
     """
 
     asked: int = 0
@@ -210,9 +156,9 @@ class Adaptive(BasePolicy):
             :meth:`view`), it returns the model's reply text (``str``), or a future-like
             object (``done()``, ``result()``, ``cancel()``: an :class:`asyncio.Task`, a
             :class:`concurrent.futures.Future`) whose result is that text.
-            :class:`~fairagents.policies.selector.ModelSelector` asks a model of the
+            :class:`~fairagents.runtime.selector.ModelSelector` asks a model of the
             pool. The reply is validated by
-            :func:`~fairagents.policies.selector.parse_decision` against the pool; the
+            :func:`~fairagents.policies.decision.parse_decision` against the pool; the
             rules decide instead when it is malformed, late, or the selector fails.
         selector_timeout: seconds (of ``now``) a pending answer is waited for; at the
             first event after that it is cancelled and the rules decide.
@@ -274,10 +220,8 @@ class Adaptive(BasePolicy):
         selector: Callable[[dict[str, Any]], Any] | None = None,
         selector_timeout: float = 5.0,
     ) -> None:
-        from fairagents.policies import POLICIES
-
         super().__init__(cost if cost is not None else UnifiedTokenCost())
-        unknown = [p for p in pool if p not in POLICIES or p == self.name]
+        unknown = [p for p in pool if p not in BASE_POLICIES]
         if unknown:
             raise InvalidParameterError(f"adaptive pool: unknown policy {unknown[0]!r}")
         if initial not in pool:
@@ -365,9 +309,7 @@ class Adaptive(BasePolicy):
     # -- the controller --------------------------------------------------------------------
 
     def _build(self, name: str) -> Policy:
-        from fairagents.policies import make_policy
-
-        return make_policy(name, self.cost)
+        return by_name(BASE_POLICIES[name], self.cost)
 
     def _record(self, req: Request, outcome: Outcome, now: float) -> None:
         if outcome is not Outcome.FINISHED:

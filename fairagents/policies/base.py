@@ -4,17 +4,6 @@ A policy decides which waiting request a model runs next. It is pure and
 synchronous: no asyncio, no clock of its own (``now`` comes in, in seconds), no
 engine calls. The same object then runs in microseconds under a unit test, in the
 simulator on a virtual clock, and inside the live arbiter.
-
-Examples:
-    >>> import fairagents as fa
-    >>> policy = fa.policies.make_policy("fcfs")
-    >>> who = fa.Agent("a", fa.App("x"))
-    >>> req = fa.Request(id="r1", agent=who, model="chat", prompt_tokens=4, max_tokens=8, arrival=0.0)
-    >>> policy.on_arrival(req, now=0.0)
-    >>> policy.select("chat", now=0.0) is req
-    True
-    >>> policy.on_dispatch(req, now=0.0); policy.queued()
-    0
 """
 
 from __future__ import annotations
@@ -54,8 +43,14 @@ class Policy(Protocol):
 
     Examples:
         >>> import fairagents as fa
-        >>> isinstance(fa.policies.HMFS(), fa.policies.Policy)
+        >>> policy = fa.policies.make_policy("fcfs")
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> req = fa.Request(id="r1", agent=who, model="chat", prompt_tokens=4, max_tokens=8, arrival=0.0)
+        >>> policy.on_arrival(req, now=0.0)
+        >>> policy.select("chat", now=0.0) is req
         True
+        >>> policy.on_dispatch(req, now=0.0); policy.queued()
+        0
     """
 
     name: ClassVar[str]
@@ -97,9 +92,30 @@ class BasePolicy(abc.ABC):
     so that a driver bug surfaces as an error rather than a silent unfairness.
 
     Examples:
+        Newest first, the smallest subclass (the base class validates the calls):
+
         >>> import fairagents as fa
-        >>> issubclass(fa.policies.VTC, fa.policies.BasePolicy)
-        True
+        >>> class Newest(fa.policies.BasePolicy):
+        ...     name = "newest"
+        ...     def __init__(self):
+        ...         super().__init__(fa.RawTokenCost())
+        ...         self.stacks: dict[str, list[fa.Request]] = {}
+        ...     def select(self, model, now):
+        ...         stack = self.stacks.get(model)
+        ...         return stack[-1] if stack else None
+        ...     def _enqueue(self, req, now):
+        ...         self.stacks.setdefault(req.model, []).append(req)
+        ...     def _dequeue(self, req, now, dispatched):
+        ...         self.stacks[req.model].remove(req)
+        >>> policy, who = Newest(), fa.Agent("a", fa.App("x"))
+        >>> for i in ("r1", "r2"):
+        ...     policy.on_arrival(fa.Request(i, who, "m", 1, 1, arrival=0.0), now=0.0)
+        >>> r2 = policy.select("m", now=0.0); policy.on_dispatch(r2, now=0.0); r2.id
+        'r2'
+        >>> policy.on_dispatch(r2, now=0.0)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.ProtocolError: request 'r2' is not waiting
     """
 
     name: ClassVar[str]

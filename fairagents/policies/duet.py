@@ -1,86 +1,20 @@
 """DuetInfer's fairness-aware scheduler (Yang et al., "Toward Parallel Serving for Vision-Language
-Models via Modal Decoupling and Scheduling", §III-D and Formula 1; the paper has no numbered
-algorithm, and Formula 1 is its only numbered equation).
+Models via Modal Decoupling and Scheduling", §III-D and Formula 1).
 
-DuetInfer decouples vision encoding from language modelling, so a multimodal request
-reaches the language model's waiting queue later than a text-only request that arrived
-after it. Its scheduler restores the order the requests arrived in at the system:
+Vision encoding runs apart from the language model, so an image request reaches the
+model's queue later than a text request that arrived after it. This policy restores
+arrival order: requests are ranked by ``(arrival_time, cost_estimate)``, compared
+element by element, ties in the order they entered the queue. ``arrival_time`` is the
+system arrival (:attr:`Request.arrival`); the cost is Formula 1,
+``α · L_prefill + β · L̂_decode``, with the decode length predicted per modality by a
+:class:`~fairagents.policies.predict.LengthPredictor`, fixed when the request enters the
+queue. A request that has waited in the queue longer than the ``percentile`` of the
+model's last ``history`` waits ages: its arrival time moves ``aging_step`` seconds
+earlier at every tick of an aging clock of that period (``aging_step=0`` ages
+continuously). Later arrivals never pass a waiting request, so none starves.
 
-- **priority key** (§III-D): the tuple ``(arrival_time, cost_estimate)``, compared
-  lexicographically, ties in FIFO order (the paper's AVL tree keeps a FIFO list per
-  key). ``arrival_time`` is the system-level arrival, :attr:`Request.arrival`, which
-  the preprocessing pool keeps for an image request.
-- **cost estimate** (Formula 1): ``cost = α · L_prefill + β · L̂_decode``, with
-  ``L_prefill`` the prompt tokens and ``L̂_decode`` the output length predicted by a
-  linear regression on the prompt length, one per modality, fitted online from the
-  requests that finished (:class:`~fairagents.policies.predict.LengthPredictor`). It is
-  computed once, when the request enters the queue ("newly arriving requests are
-  assigned an initial priority and placed at the corresponding position").
-- **aging** (§III-D): a request whose waiting time exceeds the 90th percentile of
-  historical waiting times has its priority "incrementally elevated": at every tick of
-  an aging clock of period ``aging_step`` at which its wait exceeds the threshold ``θ``,
-  its arrival time in the key moves ``aging_step`` seconds earlier. A request that
-  has waited ``θ + x`` is thus ranked as if it had arrived about ``x`` seconds earlier.
-
-Where the paper is ambiguous, and what this implementation chose:
-
-1. *Which wait ages.* "Waiting time" is taken in the scheduler's own waiting queue
-   (from :meth:`on_arrival` to :meth:`on_dispatch`), both for a request's wait and for
-   the history ``θ`` is drawn from. Measured from the system arrival instead, aging
-   could never change the order: the key already puts the earliest arrival first, and
-   the longest wait since arrival *is* the earliest arrival. Measured in the queue, it
-   does what §III-D asks of it: a text-only request that has waited long is promoted
-   past multimodal requests that arrived earlier but entered the queue after it.
-2. *What "incrementally elevated" moves.* The arrival component of the key, one
-   ``aging_step`` per tick (cost-only promotion would only reorder requests of equal
-   arrival, whose waits are equal). Ticks are at multiples of ``aging_step`` on the
-   policy's clock, counted with the current ``θ``: after a wait beyond ``θ`` the first
-   step comes within ``aging_step`` seconds. ``aging_step=0`` ages continuously.
-3. *"Historical waiting times".* The waits of the last ``history`` requests dispatched
-   on the same model (each model is one LM worker's queue), nearest-rank percentile.
-   No aging until ``min_history`` waits were seen. Cancelled waiting requests do not
-   count: their wait did not end in service.
-4. *α and β.* The paper says they are "learned from these models" without saying how
-   or giving values. They are parameters, by default the cost model's ``w_input`` and
-   ``w_output`` (1 and 2: a decode token costs twice a prefill token), in raw tokens
-   of the request's model (the paper serves one model; across models the cost only
-   breaks exact ties of the arrival component).
-5. *The regression.* Output tokens on prompt tokens, one least-squares line per
-   modality of the request's model (text, vision, image; models of one modality share
-   their line), fitted on every request that finished (never on a cancelled or failed one, whose length is truncated). Until a
-   modality has ``min_samples`` finished requests the line over all modalities is used,
-   and before any, half of ``max_tokens``. A prediction is clamped to
-   ``[1, max_tokens]``.
-6. *Tuple order.* Lexicographic as written: the cost only orders requests with the same
-   arrival time (a burst, an agent's fan-out) — and the aging promotion. Requests with
-   equal keys go in the order they entered the queue.
-7. *Entry times* are non-decreasing per model: an arrival reported with a ``now``
-   earlier than the last one entered for that model is taken to enter at that time.
-
-Guarantee: a request is only ever passed over, on its model, by requests that arrived
-at the system before it entered the queue (plus ``aging_step / 2``): the queue never
-makes it wait for anything that arrives later, whatever the load (starvation freedom).
-Aging bounds what earlier arrivals that enter the queue late can cost it: once it has
-waited ``θ + x`` in the queue, it goes before every request that has not aged and
-arrived less than about ``x`` seconds before it.
-
-Cost: entering and leaving the queue O(log n) (amortised), a decision O(log n) in the requests
-waiting for the model (two range-minimum queries over the queue in entry order, one for
-requests already aged and one for the others), ``select_among`` O(m log n) over ``m``
-models, a finish O(1), a dispatch O(log n + history).
-
-Examples:
-    >>> import fairagents as fa
-    >>> cost = fa.UnifiedTokenCost({"vlm": fa.ModelProfile(d_model=64, n_layers=1, modality=fa.Modality.VISION)},
-    ...                            d_base=64)
-    >>> policy = fa.policies.duet.Duet(cost)
-    >>> who = fa.Agent("a", fa.App("x"))
-    >>> text = fa.Request(id="text", agent=who, model="vlm", prompt_tokens=8, max_tokens=8, arrival=1.0)
-    >>> image = fa.Request(id="image", agent=who, model="vlm", prompt_tokens=600, max_tokens=8, arrival=0.5)
-    >>> policy.on_arrival(text, now=1.0)
-    >>> policy.on_arrival(image, now=1.8)   # arrived first, entered after its vision encoding
-    >>> policy.select("vlm", now=1.8).id
-    'image'
+See the policies page in the docs (*Choosing a policy*, DuetInfer) for the parameters,
+the guarantee, the costs, and where the paper is ambiguous and what was chosen.
 """
 
 from __future__ import annotations
@@ -267,9 +201,17 @@ class Duet(BasePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> policy = fa.policies.duet.Duet(alpha=1.0, beta=1.0)
-        >>> policy.name, policy.alpha, policy.beta, policy.aging_step
-        ('duet', 1.0, 1.0, 0.1)
+        >>> cost = fa.UnifiedTokenCost({"vlm": fa.ModelProfile(d_model=64, n_layers=1, modality=fa.Modality.VISION)},
+        ...                            d_base=64)
+        >>> policy = fa.policies.duet.Duet(cost)
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> text = fa.Request(id="text", agent=who, model="vlm", prompt_tokens=8, max_tokens=8, arrival=1.0)
+        >>> image = fa.Request(id="image", agent=who, model="vlm", prompt_tokens=600, max_tokens=8, arrival=0.5)
+        >>> policy.on_arrival(text, now=1.0)
+        >>> policy.on_arrival(image, now=1.8)   # arrived first, entered after its vision encoding
+        >>> policy.select("vlm", now=1.8).id
+        'image'
+
         >>> fa.policies.duet.Duet(percentile=1.5)
         Traceback (most recent call last):
         ...
@@ -395,13 +337,7 @@ class Duet(BasePolicy):
     # -- decisions -------------------------------------------------------------
 
     def select(self, model: str, now: float) -> Request | None:
-        """The waiting request with the least key at ``now`` for ``model``, or ``None``.
-
-        Examples:
-            >>> import fairagents as fa
-            >>> print(fa.policies.duet.Duet().select("m", now=0.0))
-            None
-        """
+        """The waiting request with the least key at ``now`` for ``model``, or ``None``."""
         queue = self._queues.get(model)
         if not queue:
             return None

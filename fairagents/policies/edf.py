@@ -1,47 +1,18 @@
 """Earliest deadline first, H-MAS's deadline-driven policy (Appendix C.1–C.2, deadline from §3.5).
 
-Each request gets an absolute deadline when it arrives (§3.5, the definition under Eq. 5)::
+Each request gets an absolute deadline when it arrives (§3.5, under Eq. 5)::
 
     D_r = a_r + SLO_ttft + SLO_tpot · l_pred
 
-and a model runs its waiting request of earliest deadline; "EDF rebuilds a
-deadline-ordered heap keyed by D_r" (Appendix C.1). ``l_pred`` comes from the shared
-output-length predictor (per agent and modality, learned online).
+and a model runs its waiting request of earliest deadline. ``l_pred`` comes from the
+shared output-length predictor. A request whose agent (and app) states no ``ttft`` or
+``tpot`` takes ``default_ttft`` / ``default_tpot`` (13 s and 150 ms per token, the
+loosest template of the paper's Table 6), so every deadline is finite and nothing
+starves. An ``e2e`` objective caps the deadline at ``a_r + SLO_e2e``. Deadlines are
+times, so under a shared pool limit the earliest among the models with room goes first.
 
-Where the paper is silent, and what is done here:
-
-- **No SLO.** A request whose agent (and app) states no SLO, or leaves out ``ttft``
-  or ``tpot``, takes ``default_ttft`` / ``default_tpot``: by default the loosest
-  template of the paper's Table 6 (13 s, 150 ms per token), so it is served behind
-  the requests that state objectives but its deadline stays finite.
-- **End-to-end objective.** The paper has none; when an agent states ``e2e`` the
-  deadline is ``min(D_r, a_r + SLO_e2e)``.
-- **Several models.** A deadline is a time, comparable across models: under a shared
-  pool limit the earliest deadline among the models with room goes first.
-
-Starvation. EDF starves nothing whose deadline is finite: a request ``r`` is passed
-only by requests of an earlier deadline, and a request arriving at ``a'`` has a
-deadline of at least ``a' + min(SLO_ttft + SLO_tpot)``, so once
-``D_r − min(SLO_ttft + SLO_tpot)`` has passed no newcomer goes ahead of ``r``. The
-defaults keep every deadline finite; with ``+inf`` as a default (not allowed here)
-a request without SLO would starve behind a steady stream of requests that have
-one. The bound grows with ``SLO_tpot · l_pred``: a long request with a loose TPOT is
-passed for long. No further guard.
-
-Examples:
-    >>> import fairagents as fa
-    >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
-    >>> policy = fa.policies.edf.EDF(cost)
-    >>> app = fa.App("x")
-    >>> urgent = fa.Agent("pilot", app, slo=fa.SLO(ttft=0.5, tpot=0.05))
-    >>> relaxed = fa.Agent("indexer", app, slo=fa.SLO(ttft=5.0, tpot=0.1))
-    >>> first = fa.Request(id="bulk", agent=relaxed, model="chat", prompt_tokens=10, max_tokens=20, arrival=0.0)
-    >>> later = fa.Request(id="ping", agent=urgent, model="chat", prompt_tokens=10, max_tokens=20, arrival=1.0)
-    >>> policy.on_arrival(first, now=0.0); policy.on_arrival(later, now=1.0)
-    >>> policy.deadline(first), policy.deadline(later)   # l_pred = 10 (half of max_tokens) before any is seen
-    (6.0, 2.0)
-    >>> policy.select("chat", now=1.0).id
-    'ping'
+See the policies page in the docs (*Choosing a policy*, the H-MAS pool) for the
+starvation bound and where the paper is silent.
 """
 
 from __future__ import annotations
@@ -68,8 +39,18 @@ class EDF(PredictivePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.edf.EDF(default_ttft=30.0).name
-        'edf'
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> policy = fa.policies.edf.EDF(cost)
+        >>> app = fa.App("x")
+        >>> urgent = fa.Agent("pilot", app, slo=fa.SLO(ttft=0.5, tpot=0.05))
+        >>> relaxed = fa.Agent("indexer", app, slo=fa.SLO(ttft=5.0, tpot=0.1))
+        >>> first = fa.Request(id="bulk", agent=relaxed, model="chat", prompt_tokens=10, max_tokens=20, arrival=0.0)
+        >>> later = fa.Request(id="ping", agent=urgent, model="chat", prompt_tokens=10, max_tokens=20, arrival=1.0)
+        >>> policy.on_arrival(first, now=0.0); policy.on_arrival(later, now=1.0)
+        >>> policy.deadline(first), policy.deadline(later)   # l_pred = 10 (half of max_tokens) before any is seen
+        (6.0, 2.0)
+        >>> policy.select("chat", now=1.0).id
+        'ping'
     """
 
     name: ClassVar[str] = "edf"

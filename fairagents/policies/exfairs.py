@@ -1,104 +1,19 @@
 """ExFairS (Huang et al., "Experiential Fairness", AAAI'26): equity of outcome, not of resources.
 
-Each client's state is its **SLO-Aware Fairness Index** (eq. 4)::
+Each client (an app, or an agent with ``client="agent"``) has an **SLO-Aware Fairness
+Index**, ``SAFI = α · SLO + (1 − α) · Usage`` (eq. 4): its share of requests that
+missed their SLO, and its service (``input + 2·output`` tokens) relative to the most
+served client. Higher is worse. Every ``period`` the clients are paired from both ends
+of the SAFI order; while a pair's gap is at least ``β``, the worse client buys ``R``
+units of resource from the better one with credits (Algorithm 1; ``exchange`` picks the
+formula for ``R``, ``pairs`` which pairs trade). A client's priority is ``−resource``.
+An arriving request moves up its model's queue past a share of the lower-priority
+requests, proportional to its rank, times ``multiplier``, at most ``max_forward``
+positions (Algorithm 2); the queue is then served in order. The period's work runs at
+the first event at or after its end: a policy has no timer.
 
-    SAFI_i = α · SLO_i + (1 − α) · Usage_i
-
-where ``SLO_i`` is the fraction of the client's requests that missed their SLO (eq. 3)
-and ``Usage_i = Service_i / max_j Service_j`` (eq. 2), with ``Service = input + 2·output``
-tokens (eq. 1). A higher SAFI is a worse state. Once per period the clients are sorted
-by SAFI and paired from both ends inwards; while a pair's gap is at least ``β``, the
-worse client (``H``) buys ``R`` units of resource from the better one (``L``) with
-credits (Algorithm 1, ``R`` from eq. 6 by default). A client's resource is its
-priority: ``p = −resource``, smaller ``p`` first. A request arriving for a model is
-not put at the head of that model's queue but advanced past a share of the requests of
-lower priority, proportional to its rank among the queued priorities, times ``M``,
-and at most ``P_max`` positions (Algorithm 2); the queue is then served in order.
-
-The period has no timer of its own (a policy is pure and has no clock): its work runs
-lazily, at the first event (arrival, dispatch, progress or finish) whose ``now`` has
-reached the period's end. Periods start at the first event. A stretch of periods with
-no event in them closes as one period. ``select`` never runs it: it changes nothing.
-
-Where the paper is ambiguous, and what this implementation chose:
-
-1. **Exchange amount R.** Eq. 6 says ``R = ⌊(SAFI_H − SAFI_L)/2 × 10⌋``, Algorithm 1
-   ``R = round(Δ × 5)`` (the same quantity, rounded instead of floored) and the authors'
-   code ``int(min(Δ, 0.5) × 10)`` (twice as much, capped at 5). Eq. 6 is the default;
-   ``exchange="alg1"`` (rounding half up), ``"code"`` or any function of ``Δ`` selects
-   another (:data:`EXCHANGE_RULES`). With eq. 6 and ``β = 0.1`` a gap below 0.2 gives
-   ``R = 0``: such pairs trade nothing, so gaps between ``β`` and 0.2 are not closed
-   by the exchange (Theorem 1 assumes they are).
-2. **Which pairs trade.** The text speaks of the two extreme clients; Algorithm 1 pairs
-   from both ends inwards until a gap falls below ``β``. Algorithm 1 is the default;
-   ``pairs="extremes"`` trades only the first pair.
-3. **Threshold.** Algorithm 1 (line 7) trades at a gap ``≥ β``, the text "exceeds β":
-   ``≥`` (Theorem 1's converged state is every gap ``< β``).
-4. **Resource to priority.** The paper gives clients with more resource precedence but
-   no mapping; Algorithm 2 treats a smaller priority value as higher (it counts
-   ``p < p_new`` as higher and overtakes ``p > p_new``). Priority is ``−resource``, as
-   in the authors' code (a smaller number is a higher priority). A request keeps the
-   priority its client had when it arrived.
-5. **Credit.** Credits only order clients of equal SAFI (Algorithm 1, line 1: the one
-   with more credit first, i.e. treated as worse off); the paper gives them no other use.
-   Ties beyond that go by client name, for determinism.
-6. **Measurement window.** ``SLO_i`` and ``Usage_i`` are measured over the period that
-   just ended (the paper's evaluation counts violations "within a given time window"),
-   not since the start. A client that had nothing judged has ``SLO_i = 0``; if no client
-   was served, every ``Usage_i`` is 0.
-7. **Active clients** (Algorithm 1's input): those with a request waiting or running at
-   the period's end, or served, or with a request judged, during the period. Idle
-   clients keep their resource and credit (the paper has no decay).
-8. **Which requests count** (eq. 3). A request is judged once, against its agent's
-   declared SLO (:attr:`~fairagents.Agent.effective_slo`: end-to-end as in the paper,
-   and TTFT and TPOT where declared, all that are set must hold), when it finishes; a
-   failed request counts as a violation, a cancelled one not at all; a request without
-   an SLO is not counted. With ``count_overdue`` (default) a request still waiting or
-   running at a period's end whose end-to-end (or, before its first token, TTFT)
-   deadline has passed is judged then, as a violation: without it a client whose
-   requests are all stuck in the queue would show no violation, and look best off.
-9. **Service units.** Raw tokens with weights 1:2 (eq. 1) by default, charged as they
-   are served (input at dispatch, output as it streams). Usage is a ratio, so on one
-   model any scale cancels; across models of different sizes pass a
-   :class:`~fairagents.UnifiedTokenCost` to count unified tokens.
-10. **Weights.** ExFairS has none: app and agent weights are ignored.
-11. **Queues.** Algorithm 2 describes one queue. Each model has its own queue and its
-    own priority cache (the priorities of the requests waiting in that queue; line 22
-    adds a request's priority, and it leaves with the request). When models share
-    capacity, the earliest-arriving of the models' queue heads goes first.
-12. **Rounding.** Algorithm 2's ``⌊N_o × (1 − r)⌋`` is computed exactly in integers;
-    floors and comparisons on SAFI gaps allow 1e-9 of floating-point error (so a gap of
-    0.2 computed as ``0.7 − 0.5 = 0.19999999999999996`` gives eq. 6's ``R = 1``).
-
-Theorem 2 (no starvation) holds in this form: a waiting request is passed only by a
-request arriving later, and only while fewer than ``P_max`` requests wait behind it;
-between arrivals the queue is served in order. A request is therefore dispatched after
-finitely many dispatches whenever arrivals stop or ``P_max`` requests queue behind it;
-a request kept at the tail of an overloaded queue by a stream of higher-priority
-arrivals can wait as long as the stream lasts.
-
-Examples:
-    >>> import fairagents as fa
-    >>> from fairagents.policies.exfairs import ExFairS
-    >>> slow = fa.Agent("t", fa.App("slow", slo=fa.SLO(e2e=1.0)))
-    >>> fast = fa.Agent("t", fa.App("fast", slo=fa.SLO(e2e=100.0)))
-    >>> policy = ExFairS(period=10.0)
-    >>> def run(i, who, now, took):   # one request: dispatched at once, 5 tokens out, finished after `took`
-    ...     r = fa.Request(id=i, agent=who, model="m", prompt_tokens=10, max_tokens=5, arrival=now)
-    ...     policy.on_arrival(r, now); policy.on_dispatch(r, now)
-    ...     policy.on_progress(r, 5, now + took); policy.on_finish(r, fa.Outcome.FINISHED, now + took)
-    >>> run("s1", slow, 0.0, 3.0); run("f1", fast, 0.0, 3.0)   # equal service; only "slow" misses its SLO
-    >>> for i in range(4):   # the next period: "fast" queues four requests ...
-    ...     policy.on_arrival(fa.Request(id=f"f{i + 2}", agent=fast, model="m", prompt_tokens=10,
-    ...                                  max_tokens=5, arrival=10.0), now=10.0)
-    >>> {c: round(v, 3) for c, v in policy.safi().items()}   # over the first period, at its end
-    {'slow': 1.0, 'fast': 0.3}
-    >>> policy.exchanges()   # Δ = 0.7: R = ⌊0.7/2 × 10⌋ = 3 (eq. 6)
-    [('slow', 'fast', 3)]
-    >>> policy.on_arrival(fa.Request(id="s2", agent=slow, model="m", prompt_tokens=10,
-    ...                              max_tokens=5, arrival=10.5), now=10.5)
-    >>> [r.id for r in policy.queue("m")]   # ... and "slow" (priority −3) is inserted ahead of them
-    ['s2', 'f2', 'f3', 'f4', 'f5']
+See the policies page in the docs (*Choosing a policy*, ExFairS) for the parameters,
+the starvation bound, and where the paper is ambiguous and what was chosen.
 """
 
 from __future__ import annotations
@@ -277,13 +192,30 @@ class ExFairS(BasePolicy):
             :data:`EXCHANGE_RULES` (``"eq6"``, the default; ``"alg1"``; ``"code"``).
         pairs: ``"all"`` (Algorithm 1) or ``"extremes"`` (only the worst and best client).
         count_overdue: judge a request as a violation at a period's end once its deadline
-            has passed, before it finishes (see ambiguity 8 in the module's notes).
+            has passed, before it finishes (see the policies page in the docs).
 
     Examples:
+        >>> import fairagents as fa
         >>> from fairagents.policies.exfairs import ExFairS
-        >>> policy = ExFairS(client="agent", exchange="alg1")
-        >>> policy.name, policy.client, policy.alpha, policy.beta
-        ('exfairs', 'agent', 0.7, 0.1)
+        >>> slow = fa.Agent("t", fa.App("slow", slo=fa.SLO(e2e=1.0)))
+        >>> fast = fa.Agent("t", fa.App("fast", slo=fa.SLO(e2e=100.0)))
+        >>> policy = ExFairS(period=10.0)
+        >>> def run(i, who, now, took):   # one request: dispatched at once, 5 tokens out, finished after `took`
+        ...     r = fa.Request(id=i, agent=who, model="m", prompt_tokens=10, max_tokens=5, arrival=now)
+        ...     policy.on_arrival(r, now); policy.on_dispatch(r, now)
+        ...     policy.on_progress(r, 5, now + took); policy.on_finish(r, fa.Outcome.FINISHED, now + took)
+        >>> run("s1", slow, 0.0, 3.0); run("f1", fast, 0.0, 3.0)   # equal service; only "slow" misses its SLO
+        >>> for i in range(4):   # the next period: "fast" queues four requests ...
+        ...     policy.on_arrival(fa.Request(id=f"f{i + 2}", agent=fast, model="m", prompt_tokens=10,
+        ...                                  max_tokens=5, arrival=10.0), now=10.0)
+        >>> {c: round(v, 3) for c, v in policy.safi().items()}   # over the first period, at its end
+        {'slow': 1.0, 'fast': 0.3}
+        >>> policy.exchanges()   # Δ = 0.7: R = ⌊0.7/2 × 10⌋ = 3 (eq. 6)
+        [('slow', 'fast', 3)]
+        >>> policy.on_arrival(fa.Request(id="s2", agent=slow, model="m", prompt_tokens=10,
+        ...                              max_tokens=5, arrival=10.5), now=10.5)
+        >>> [r.id for r in policy.queue("m")]   # ... and "slow" (priority −3) is inserted ahead of them
+        ['s2', 'f2', 'f3', 'f4', 'f5']
     """
 
     name: ClassVar[str] = "exfairs"
@@ -353,63 +285,27 @@ class ExFairS(BasePolicy):
     # -- what it knows ------------------------------------------------------
 
     def safi(self) -> dict[Hashable, float]:
-        """SAFI of each client active in the last period that ended (eq. 4), worst first.
-
-        Examples:
-            >>> from fairagents.policies.exfairs import ExFairS
-            >>> ExFairS().safi()   # no period has ended yet
-            {}
-        """
+        """SAFI of each client active in the last period that ended (eq. 4), worst first."""
         return dict(sorted(self._safi.items(), key=lambda kv: (-kv[1], str(kv[0]))))
 
     def exchanges(self) -> list[tuple[Hashable, Hashable, int]]:
-        """The trades of the last period that ended: ``(H, L, R)``, ``H`` buying ``R`` from ``L``.
-
-        Examples:
-            >>> from fairagents.policies.exfairs import ExFairS
-            >>> ExFairS().exchanges()
-            []
-        """
+        """The trades of the last period that ended: ``(H, L, R)``, ``H`` buying ``R`` from ``L``."""
         return list(self._exchanges)
 
     def credits(self) -> dict[Hashable, int]:
-        """Credit of each client that has traded (Algorithm 1; 0 before its first trade).
-
-        Examples:
-            >>> from fairagents.policies.exfairs import ExFairS
-            >>> ExFairS().credits()
-            {}
-        """
+        """Credit of each client that has traded (Algorithm 1; 0 before its first trade)."""
         return dict(self._credit)
 
     def resources(self) -> dict[Hashable, int]:
-        """Resource of each client that has traded (Algorithm 1); its priority is ``−resource``.
-
-        Examples:
-            >>> from fairagents.policies.exfairs import ExFairS
-            >>> ExFairS().resources()
-            {}
-        """
+        """Resource of each client that has traded (Algorithm 1); its priority is ``−resource``."""
         return dict(self._resource)
 
     def priority(self, client: Hashable) -> int:
-        """The priority a request of ``client`` gets if it arrives now: ``−resource`` (smaller first).
-
-        Examples:
-            >>> from fairagents.policies.exfairs import ExFairS
-            >>> ExFairS().priority("any app")
-            0
-        """
+        """The priority a request of ``client`` gets if it arrives now: ``−resource`` (smaller first)."""
         return -self._resource.get(client, 0)
 
     def queue(self, model: str) -> list[Request]:
-        """The requests waiting for ``model``, in the order they will be dispatched.
-
-        Examples:
-            >>> from fairagents.policies.exfairs import ExFairS
-            >>> ExFairS().queue("chat")
-            []
-        """
+        """The requests waiting for ``model``, in the order they will be dispatched."""
         return list(self._queues.get(model, ()))
 
     # -- driver-facing ------------------------------------------------------

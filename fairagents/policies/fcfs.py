@@ -1,15 +1,4 @@
-"""First come, first served: vLLM's own order, the baseline everything is compared with.
-
-Examples:
-    >>> import fairagents as fa
-    >>> policy = fa.policies.FCFS()
-    >>> who = fa.Agent("a", fa.App("x"))
-    >>> late = fa.Request(id="late", agent=who, model="chat", prompt_tokens=1, max_tokens=1, arrival=2.0)
-    >>> early = fa.Request(id="early", agent=who, model="chat", prompt_tokens=1, max_tokens=1, arrival=1.0)
-    >>> policy.on_arrival(late, now=2.0); policy.on_arrival(early, now=2.0)
-    >>> policy.select("chat", now=2.0).id
-    'early'
-"""
+"""First come, first served: vLLM's own order, the baseline everything is compared with."""
 
 from __future__ import annotations
 
@@ -35,8 +24,13 @@ class FCFS(BasePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.FCFS().name
-        'fcfs'
+        >>> policy = fa.policies.FCFS()
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> late = fa.Request(id="late", agent=who, model="chat", prompt_tokens=1, max_tokens=1, arrival=2.0)
+        >>> early = fa.Request(id="early", agent=who, model="chat", prompt_tokens=1, max_tokens=1, arrival=1.0)
+        >>> policy.on_arrival(late, now=2.0); policy.on_arrival(early, now=2.0)
+        >>> policy.select("chat", now=2.0).id
+        'early'
     """
 
     name: ClassVar[str] = "fcfs"

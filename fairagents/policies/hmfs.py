@@ -1,44 +1,15 @@
 """Hierarchical Multi-modal Fair Scheduling (HMFS, Zhang & Hu 2025, Algorithm 1).
 
-Two levels of weighted virtual counters, both charged in unified tokens:
-
-- **apps**: ``C_a``, grown by ``charge / app.weight``;
-- **agents inside an app**: ``C_{a,t}``, grown by ``charge / agent.weight``.
-
-When a model has room, the app with the lowest counter among apps waiting for that
-model goes first, then the lowest-counter agent of that app waiting for it, then
-that agent's earliest request (Alg. 1, lines 20–22). When the models share capacity
-(one waiting queue for the pool, as in Alg. 1), a free slot goes by the same rule
-across every model with room (:meth:`select_among`). Input is charged at dispatch
-(lines 23–24) and output as it streams (lines 27–28).
-
-Counter lift at both levels: an app that becomes active is lifted to
-``max(C_a, min C over active apps)`` (to the counter of the app that left last when
-none is active; lines 6–13), and an agent that becomes active inside its app is lifted
-the same way among the app's agents. The paper resets every agent of a returning app
-to ``C_a`` (line 14); lifting each agent as it becomes active keeps the same
-guarantee (no banked credit at either level) without touching every agent of the app,
-and also covers an agent that idles while its app stays busy, which line 14 misses.
-
-Guarantee (see :func:`fairagents.service_bound` for ``U``): two apps that stay
-backlogged receive weight-normalised service within ``2U`` of each other over any
-interval, and so do two agents of one app. Every decision costs O(log n) in the
-number of apps and agents.
-
-Examples:
-    >>> import fairagents as fa
-    >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
-    >>> policy = fa.policies.HMFS(cost)
-    >>> studio = fa.App("studio")
-    >>> writer, critic = fa.Agent("writer", studio), fa.Agent("critic", studio)
-    >>> for i, who in [("w1", writer), ("w2", writer), ("c1", critic)]:
-    ...     policy.on_arrival(fa.Request(id=i, agent=who, model="chat", prompt_tokens=10,
-    ...                                  max_tokens=4, arrival=0.0), now=0.0)
-    >>> policy.on_dispatch(policy.select("chat", now=0.0), now=0.0)
-    >>> policy.select("chat", now=0.0).id   # the writer paid; the critic goes next
-    'c1'
-    >>> policy.app_counters(), policy.agent_counters("studio")
-    ({'studio': 10.0}, {'writer': 10.0, 'critic': 0.0})
+Two levels of weighted virtual counters, both charged in unified tokens: one per app,
+grown by ``charge / app.weight``, and one per agent inside its app, grown by
+``charge / agent.weight``. When a model has room, the lowest-counter app waiting for it
+goes first, then that app's lowest-counter agent waiting for it, then that agent's
+earliest request; under a shared pool limit, a free slot goes by the same rule across
+every model with room (:meth:`select_among`). Input is charged at dispatch and
+output as it streams. An app or agent that becomes active is lifted to the lowest
+active counter at its level, so nothing banks credit. Two backlogged apps (or two
+agents of one app) receive weight-normalised service within ``2U`` of each other
+(:func:`fairagents.service_bound`). See *Hierarchical fair scheduling* in the docs.
 """
 
 from __future__ import annotations
@@ -65,8 +36,18 @@ class HMFS(BasePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.HMFS().name
-        'hmfs'
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> policy = fa.policies.HMFS(cost)
+        >>> studio = fa.App("studio")
+        >>> writer, critic = fa.Agent("writer", studio), fa.Agent("critic", studio)
+        >>> for i, who in [("w1", writer), ("w2", writer), ("c1", critic)]:
+        ...     policy.on_arrival(fa.Request(id=i, agent=who, model="chat", prompt_tokens=10,
+        ...                                  max_tokens=4, arrival=0.0), now=0.0)
+        >>> policy.on_dispatch(policy.select("chat", now=0.0), now=0.0)
+        >>> policy.select("chat", now=0.0).id   # the writer paid; the critic goes next
+        'c1'
+        >>> policy.app_counters(), policy.agent_counters("studio")
+        ({'studio': 10.0}, {'writer': 10.0, 'critic': 0.0})
     """
 
     name: ClassVar[str] = "hmfs"
@@ -89,13 +70,7 @@ class HMFS(BasePolicy):
         return dict(level.counter) if level is not None else {}
 
     def counters_of(self, agent: Agent) -> tuple[float, float]:
-        """``(C_a, C_{a,t})`` of ``agent``'s app and of the agent (0 for a client not seen yet).
-
-        Examples:
-            >>> import fairagents as fa
-            >>> fa.policies.HMFS().counters_of(fa.Agent("t", fa.App("a")))
-            (0.0, 0.0)
-        """
+        """``(C_a, C_{a,t})`` of ``agent``'s app and of the agent (0 for a client not seen yet)."""
         app = agent.app.name
         level = self._agents.get(app)
         return self._apps.counter.get(app, 0.0), 0.0 if level is None else level.counter.get(agent.name, 0.0)
@@ -104,7 +79,7 @@ class HMFS(BasePolicy):
         """Charge ``amount`` (unified tokens) to ``agent`` and its app, outside the request lifecycle.
 
         For a driver that meters service itself, as the in-engine
-        :class:`~fairagents.engines.fair_scheduler.FairScheduler` does per scheduled
+        :class:`~fairagents.vllm.scheduler.FairScheduler` does per scheduled
         chunk. A client charged before it ever waited starts at its level's floor (the
         lowest active counter), as a newly active one would.
 

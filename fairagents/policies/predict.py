@@ -64,13 +64,7 @@ class _Line:
 
 @dataclass(slots=True)
 class PredictionError:
-    """How far the predictions were from the lengths observed (each measured before it was learned).
-
-    Examples:
-        >>> from fairagents.policies.predict import PredictionError
-        >>> PredictionError().mean_absolute
-        0.0
-    """
+    """How far the predictions were from the lengths observed (each measured before it was learned)."""
 
     samples: int = 0
     absolute: float = 0.0

@@ -2,19 +2,6 @@
 
 ExFairS's baseline. It shares dispatches, not service: an app of long requests
 gets as many turns as an app of short ones, and so more of the model.
-
-Examples:
-    >>> import fairagents as fa
-    >>> policy = fa.policies.RoundRobin()
-    >>> a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
-    >>> reqs = [fa.Request(id=i, agent=w, model="m", prompt_tokens=1, max_tokens=1, arrival=0.0)
-    ...         for i, w in [("a1", a), ("a2", a), ("b1", b)]]
-    >>> for r in reqs: policy.on_arrival(r, now=0.0)
-    >>> order = []
-    >>> while (r := policy.select("m", now=0.0)) is not None:
-    ...     policy.on_dispatch(r, now=0.0); order.append(r.id)
-    >>> order
-    ['a1', 'b1', 'a2']
 """
 
 from __future__ import annotations
@@ -39,8 +26,16 @@ class RoundRobin(BasePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.RoundRobin().name
-        'rr'
+        >>> policy = fa.policies.RoundRobin()
+        >>> a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+        >>> reqs = [fa.Request(id=i, agent=w, model="m", prompt_tokens=1, max_tokens=1, arrival=0.0)
+        ...         for i, w in [("a1", a), ("a2", a), ("b1", b)]]
+        >>> for r in reqs: policy.on_arrival(r, now=0.0)
+        >>> order = []
+        >>> while (r := policy.select("m", now=0.0)) is not None:
+        ...     policy.on_dispatch(r, now=0.0); order.append(r.id)
+        >>> order
+        ['a1', 'b1', 'a2']
     """
 
     name: ClassVar[str] = "rr"

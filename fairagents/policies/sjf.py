@@ -5,39 +5,15 @@ line 6)::
 
     T_tot = t̂_ttft + t̂_tpot · l_pred
 
-"SJF rebuilds a duration-ordered heap keyed by T_tot" (Appendix C.1); it is also the
-topology H-MAS starts with (Algorithm 1, line 1). ``l_pred`` comes from the shared
-output-length predictor; ``t̂_ttft`` (a line in the prompt length) and ``t̂_tpot`` are
-learned per model from the dispatched requests (dispatch → first token, then seconds
-per token), so ``T_tot`` is in seconds and comparable across models.
+``l_pred`` comes from the shared output-length predictor; ``t̂_ttft`` (a line in the
+prompt length) and ``t̂_tpot`` are learned per model from the dispatched requests
+(``prior_ttft`` / ``prior_tpot`` until a model has been observed), so ``T_tot`` is in
+seconds and comparable across models. Pure SJF starves long requests while shorter ones
+keep arriving, so every second waited takes ``aging`` seconds off a request's key
+(``aging=0`` is the paper's pure SJF): a request is passed only by requests arriving
+before ``a_r + T_tot / aging``.
 
-Where the paper is silent, and what is done here:
-
-- **Time model.** The paper predicts ``t̂_ttft`` and ``t̂_tpot`` per request with a
-  regression model trained offline; here they are per-model online estimates
-  (``prior_ttft`` / ``prior_tpot`` until a model has been observed), so on one model
-  the order is that of ``t̂_ttft(prompt) + t̂_tpot · l_pred``.
-- **Starvation guard (a deviation, on by default).** Pure SJF (``aging=0``, the
-  paper's) starves a long request for as long as shorter ones keep arriving. Here a
-  request's key is ``T_tot − aging · (now − a_r)``: every second waited takes
-  ``aging`` seconds off its predicted service time. Since ``now`` is common to every
-  waiting request, the order is that of the fixed key ``T_tot + aging · a_r``, so a
-  heap still serves. A request ``r`` is then passed only by requests arriving before
-  ``a_r + T_tot(r) / aging``: no starvation for ``aging > 0``, with a window ten times
-  ``r``'s predicted service time at the default ``0.1``.
-
-Examples:
-    >>> import fairagents as fa
-    >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
-    >>> policy = fa.policies.sjf.SJF(cost, aging=0.0)
-    >>> who = fa.Agent("a", fa.App("x"))
-    >>> long = fa.Request(id="long", agent=who, model="chat", prompt_tokens=10, max_tokens=400, arrival=0.0)
-    >>> short = fa.Request(id="short", agent=who, model="chat", prompt_tokens=10, max_tokens=20, arrival=0.5)
-    >>> policy.on_arrival(long, now=0.0); policy.on_arrival(short, now=0.5)
-    >>> round(policy.service_time(long), 6), round(policy.service_time(short), 6)   # 0.1 + 0.02 · l_pred
-    (4.1, 0.3)
-    >>> policy.select("chat", now=0.5).id
-    'short'
+See the policies page in the docs (*Choosing a policy*, the H-MAS pool) for more.
 """
 
 from __future__ import annotations
@@ -66,8 +42,16 @@ class SJF(PredictivePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.sjf.SJF().aging
-        0.1
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> policy = fa.policies.sjf.SJF(cost, aging=0.0)
+        >>> who = fa.Agent("a", fa.App("x"))
+        >>> long = fa.Request(id="long", agent=who, model="chat", prompt_tokens=10, max_tokens=400, arrival=0.0)
+        >>> short = fa.Request(id="short", agent=who, model="chat", prompt_tokens=10, max_tokens=20, arrival=0.5)
+        >>> policy.on_arrival(long, now=0.0); policy.on_arrival(short, now=0.5)
+        >>> round(policy.service_time(long), 6), round(policy.service_time(short), 6)   # 0.1 + 0.02 · l_pred
+        (4.1, 0.3)
+        >>> policy.select("chat", now=0.5).id
+        'short'
     """
 
     name: ClassVar[str] = "sjf"

@@ -1,68 +1,20 @@
 """Two-lane isolation with slack order, H-MAS's isolation-based policy (§3.5, Eq. 5; Appendix C.1–C.2).
 
-Requests are split into a latency-sensitive **fast** lane and a throughput-oriented
-**slow** lane on their predicted service time ``T_tot = t̂_ttft + t̂_tpot · l_pred``
-(§3.2), so long generations do not block short ones (head-of-line blocking). Within a
-lane, requests go by the urgency score of Eq. (5)::
+Requests are split on their predicted service time ``T_tot = t̂_ttft + t̂_tpot · l_pred``
+into a **fast** lane (``T_tot`` at most ``threshold`` seconds; by default at most the mean
+``T_tot`` of the model's earlier arrivals) and a **slow** lane, so long generations do
+not block short ones. Within a lane requests go by least slack (Eq. 5)::
 
     S_r = D_r − V_sys − T_tot        D_r = a_r + SLO_ttft + SLO_tpot · l_pred
 
-the remaining slack, least first (§3.5). ``l_pred`` comes from the shared output-length
-predictor; ``t̂_ttft`` and ``t̂_tpot`` are learned per model (see
-:class:`~fairagents.policies.sjf.SJF`).
+``V_sys`` is common to every request at a decision, so each lane is a heap on the fixed
+key ``D_r − T_tot``; :meth:`TwoLane.slack` gives ``S_r`` itself. While both lanes wait,
+a stride gate per model gives the fast lane ``fast_share`` of the dispatches (fast
+first); a lane waiting alone takes every slot. Deadlines and ``T_tot`` are as for
+:class:`~fairagents.policies.edf.EDF` and :class:`~fairagents.policies.sjf.SJF`.
 
-Why a heap suffices. ``V_sys`` is one value for the whole system at a decision, so for
-two requests ``S_r − S_q = (D_r − T_tot(r)) − (D_q − T_tot(q))``: the order by slack
-is the order by the fixed key ``D_r − T_tot(r)``, whatever ``V_sys`` and ``now`` are,
-and each lane is a heap on that key. :meth:`TwoLane.slack` gives ``S_r`` itself.
-
-Where the paper is ambiguous or silent, and what is done here:
-
-- **V_sys** is "the current system delay estimate" in §3.5 but "system virtual time"
-  in Table 3. Here ``V_sys = now + d̂``, with ``d̂`` a moving average of the queueing
-  delays (arrival → dispatch) of the requests dispatched so far, so ``S_r`` is the
-  time left before ``r`` must start, were it to wait as long as requests do now.
-  Either reading leaves the order unchanged (above).
-- **Lane split.** The paper gives no threshold. A request goes to the fast lane if
-  its ``T_tot`` is at most ``threshold`` seconds; by default (``threshold=None``), at
-  most the mean ``T_tot`` of the earlier arrivals for its model (the first one is
-  fast). The lane is fixed at arrival.
-- **Which lane runs.** The paper mentions "lane gates" with a "gate period" and
-  "weighting knobs" (Appendix C.1) but not how they work. Here a gate per model
-  shares dispatches between the lanes by stride scheduling: while both wait, the
-  fast lane gets ``fast_share`` of them and the slow lane the rest (3:1 by default,
-  fast first: each lane's pass advances by ``1 / share`` per dispatch, and the lane
-  whose next dispatch ends at the lower pass goes, the fast one on a tie); a lane
-  alone takes every slot (work conservation). A lane that starts waiting is lifted
-  to the other lane's pass, so it banks no credit, and a model whose lanes both
-  empty starts afresh. There is no time-based gate period: a period in dispatches
-  is implied by the share.
-- **Default SLO** as in :class:`~fairagents.policies.edf.EDF` (13 s, 150 ms/token).
-- **Several models.** Under a shared pool limit, the models' choices compare by
-  slack (``D_r − T_tot``, ``V_sys`` being common).
-
-Starvation. None, with finite deadlines (the defaults): in a lane, a request ``r``
-is passed only by requests of smaller ``D − T_tot``, which arrived before
-``a_r + (D_r − T_tot(r) − a_r) − min(D − T_tot − a)``; and while ``r``'s lane waits,
-the other lane runs at most ``⌈share_other / share_lane⌉ + 2`` requests in a row.
-
-Examples:
-    >>> import fairagents as fa
-    >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
-    >>> policy = fa.policies.two_lane.TwoLane(cost, threshold=1.0)
-    >>> who = fa.Agent("a", fa.App("x"), slo=fa.SLO(ttft=1.0, tpot=0.05))
-    >>> def request(i, max_tokens, at):
-    ...     return fa.Request(id=i, agent=who, model="chat", prompt_tokens=10, max_tokens=max_tokens, arrival=at)
-    >>> reqs = [request("essay", 400, 0.0), request("q1", 20, 0.1), request("q2", 40, 0.2)]
-    >>> for r in reqs:
-    ...     policy.on_arrival(r, now=0.2)
-    >>> [(r.id, policy.lane(r)) for r in reqs]   # T_tot = 0.1 + 0.02 · l_pred: 4.1, 0.3, 0.5
-    [('essay', 'slow'), ('q1', 'fast'), ('q2', 'fast')]
-    >>> order = []
-    >>> while (r := policy.select("chat", now=0.2)) is not None:
-    ...     order.append(r.id); policy.on_dispatch(r, now=0.2)
-    >>> order   # fast lane by slack (q1 1.1, q2 1.5 at 0.2), up to 3 fast for 1 slow; then essay (slack 6.7)
-    ['q1', 'q2', 'essay']
+See the policies page in the docs (*Choosing a policy*, the H-MAS pool) for the
+starvation bound and where the paper is silent and what was chosen.
 """
 
 from __future__ import annotations
@@ -118,8 +70,21 @@ class TwoLane(PredictivePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.two_lane.TwoLane(fast_share=0.5).name
-        'two_lane'
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> policy = fa.policies.two_lane.TwoLane(cost, threshold=1.0)
+        >>> who = fa.Agent("a", fa.App("x"), slo=fa.SLO(ttft=1.0, tpot=0.05))
+        >>> def request(i, max_tokens, at):
+        ...     return fa.Request(id=i, agent=who, model="chat", prompt_tokens=10, max_tokens=max_tokens, arrival=at)
+        >>> reqs = [request("essay", 400, 0.0), request("q1", 20, 0.1), request("q2", 40, 0.2)]
+        >>> for r in reqs:
+        ...     policy.on_arrival(r, now=0.2)
+        >>> [(r.id, policy.lane(r)) for r in reqs]   # T_tot = 0.1 + 0.02 · l_pred: 4.1, 0.3, 0.5
+        [('essay', 'slow'), ('q1', 'fast'), ('q2', 'fast')]
+        >>> order = []
+        >>> while (r := policy.select("chat", now=0.2)) is not None:
+        ...     order.append(r.id); policy.on_dispatch(r, now=0.2)
+        >>> order   # fast lane by slack (q1 1.1, q2 1.5 at 0.2), up to 3 fast for 1 slow; then essay (slack 6.7)
+        ['q1', 'q2', 'essay']
     """
 
     name: ClassVar[str] = "two_lane"
@@ -197,25 +162,13 @@ class TwoLane(PredictivePolicy):
         return self._due[req.id]
 
     def system_time(self, now: float) -> float:
-        """``V_sys = now + d̂``, ``d̂`` the moving average of queueing delays so far.
-
-        Examples:
-            >>> import fairagents as fa
-            >>> fa.policies.two_lane.TwoLane().system_time(5.0)
-            5.0
-        """
+        """``V_sys = now + d̂``, ``d̂`` the moving average of queueing delays so far."""
         return now + self._delay
 
     # -- driver-facing -----------------------------------------------------
 
     def select(self, model: str, now: float) -> Request | None:
-        """The head of the lane whose turn it is on ``model`` (the fast one on a tie), or ``None``.
-
-        Examples:
-            >>> import fairagents as fa
-            >>> fa.policies.two_lane.TwoLane().select("m", now=0.0) is None
-            True
-        """
+        """The head of the lane whose turn it is on ``model`` (the fast one on a tie), or ``None``."""
         gate = self._gates.get(model)
         if gate is None:
             return None

@@ -5,19 +5,6 @@ One counter per client, charged ``w_input`` per prompt token at dispatch and
 client with the lowest counter among those waiting for a model goes next, and a
 client that becomes active is lifted to the lowest active counter (no banked credit).
 No hierarchy, and raw tokens by default: a token is a token on every model.
-
-Examples:
-    >>> import fairagents as fa
-    >>> policy = fa.policies.VTC()
-    >>> a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
-    >>> for i, who in [("a1", a), ("a2", a), ("b1", b)]:
-    ...     policy.on_arrival(fa.Request(id=i, agent=who, model="m", prompt_tokens=10,
-    ...                                  max_tokens=4, arrival=0.0), now=0.0)
-    >>> first = policy.select("m", now=0.0); policy.on_dispatch(first, now=0.0)
-    >>> first.id, policy.select("m", now=0.0).id   # a paid 10 tokens, so b is next
-    ('a1', 'b1')
-    >>> policy.counters()
-    {'a': 10.0, 'b': 0.0}
 """
 
 from __future__ import annotations
@@ -45,8 +32,16 @@ class VTC(BasePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.VTC(client="agent").client
-        'agent'
+        >>> policy = fa.policies.VTC()
+        >>> a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+        >>> for i, who in [("a1", a), ("a2", a), ("b1", b)]:
+        ...     policy.on_arrival(fa.Request(id=i, agent=who, model="m", prompt_tokens=10,
+        ...                                  max_tokens=4, arrival=0.0), now=0.0)
+        >>> first = policy.select("m", now=0.0); policy.on_dispatch(first, now=0.0)
+        >>> first.id, policy.select("m", now=0.0).id   # a paid 10 tokens, so b is next
+        ('a1', 'b1')
+        >>> policy.counters()
+        {'a': 10.0, 'b': 0.0}
     """
 
     name: ClassVar[str] = "vtc"

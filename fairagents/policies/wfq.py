@@ -1,61 +1,21 @@
 """Weighted fair queueing by virtual finish time, H-MAS's fairness-oriented policy (Appendix C.2).
 
-H-MAS names WFQ in its pool ("fairness-oriented policies (WFQ/Stride/…) that enforce
-tenant/class fairness", Appendix C.2; §3.4.1) without defining it, so this is standard
-WFQ (Demers, Keshav & Shenker, SIGCOMM'89) with a self-clocked virtual time (SCFQ,
-Golestani, INFOCOM'94). A request ``r`` of client ``c`` (weight ``w_c``) is stamped when
-it arrives with::
+H-MAS names WFQ without defining it; this is standard WFQ with a self-clocked virtual
+time (SCFQ). A request ``r`` of client ``c`` (weight ``w_c``) is stamped when it arrives::
 
     S_r = max(F_c, V)        F_r = S_r + L_r / w_c        F_c ← F_r
 
-where ``F_c`` is the finish tag of ``c``'s previous request, ``V`` the virtual time and
-``L_r`` the request's size; a model runs its waiting request of least finish tag, and
-``V`` becomes the finish tag of the request dispatched (the largest so far: tags are
-dispatched in increasing order). ``L_r`` is priced by the cost model, in unified
-tokens: ``w_input · T(prompt) + w_output · T(l_pred)``, with ``l_pred`` from the shared
-output-length predictor, since a request's real length is not known until it ends.
+A model runs its waiting request of least finish tag, and ``V`` becomes the tag of the
+request dispatched. ``L_r`` is the predicted size in unified tokens,
+``w_input · T(prompt) + w_output · T(l_pred)``; a tag is fixed at arrival, so
+mispredictions are not corrected. Clients are apps (``client="app"``) or agents
+(``client="agent"``), each with its own weight; tags and ``V`` are global across the
+pool. Unlike :class:`~fairagents.policies.VTC`, which charges tokens as they are served,
+WFQ charges a request's predicted size up front, so among clients of equal standing the
+shorter request goes first. A cancelled waiting request that was its client's latest
+gives its virtual service back. No request starves.
 
-Where the paper is silent, and what is done here:
-
-- **Clients** are apps, weighted by the app's weight (``client="app"``), or agents,
-  each weighted by its own weight (``client="agent"``), as in VTC.
-- **Virtual time.** Self-clocked (above) rather than a GPS emulation: an LLM engine has
-  no fixed rate to emulate. ``V`` and the tags are global across the pool's models,
-  so a client's share is of the whole pool, as with VTC and HMFS.
-- **Mispredictions are not corrected.** A tag is fixed at arrival from ``l_pred``;
-  a client whose lengths are under-predicted gets more than its share until the
-  predictor learns (its error is in ``policy.predictor.error``).
-- **A cancelled waiting request** gives its virtual service back when it was its
-  client's latest (``F_c`` returns to its start tag); otherwise it is not refunded.
-
-How it differs from VTC (:class:`~fairagents.policies.VTC`). VTC looks back: it
-charges each client for tokens actually served, as they stream, and runs the client
-with the least counter. WFQ looks ahead: it charges a request its predicted size when
-it arrives and runs the least finish tag, so among clients of equal standing the
-shorter request goes first, and a client's share is exact only as far as the
-predictions are. Both give an idle client no banked credit (VTC's counter lift, WFQ's
-``max(F_c, V)``).
-
-Starvation. None: a request arriving after ``r`` is stamped at or above the virtual
-time of its arrival, which is at least ``V(a_r)``, and each client's tags rise by at
-least its smallest ``L / w`` per request, so each client passes ``r`` at most
-``(F_r − V(a_r)) · w_c / L_min + 1`` times, however long it keeps sending.
-
-Examples:
-    >>> import fairagents as fa
-    >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
-    >>> policy = fa.policies.wfq.WFQ(cost)
-    >>> a, b = fa.Agent("t", fa.App("a", weight=2.0)), fa.Agent("t", fa.App("b"))
-    >>> for i, who in [("a1", a), ("a2", a), ("b1", b)]:
-    ...     policy.on_arrival(fa.Request(id=i, agent=who, model="chat", prompt_tokens=10,
-    ...                                  max_tokens=20, arrival=0.0), now=0.0)
-    >>> [policy.tags(policy.select("chat", 0.0))]   # L = 10 + 2 · 10 = 30, a's weight 2: F = 15
-    [(0.0, 15.0)]
-    >>> order = []
-    >>> while (r := policy.select("chat", 0.0)) is not None:
-    ...     order.append((r.id, policy.tags(r)[1])); policy.on_dispatch(r, 0.0)
-    >>> order
-    [('a1', 15.0), ('a2', 30.0), ('b1', 30.0)]
+See the policies page in the docs (*Choosing a policy*, the H-MAS pool) for the bound.
 """
 
 from __future__ import annotations
@@ -84,8 +44,19 @@ class WFQ(PredictivePolicy):
 
     Examples:
         >>> import fairagents as fa
-        >>> fa.policies.wfq.WFQ(client="agent").client
-        'agent'
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> policy = fa.policies.wfq.WFQ(cost)
+        >>> a, b = fa.Agent("t", fa.App("a", weight=2.0)), fa.Agent("t", fa.App("b"))
+        >>> for i, who in [("a1", a), ("a2", a), ("b1", b)]:
+        ...     policy.on_arrival(fa.Request(id=i, agent=who, model="chat", prompt_tokens=10,
+        ...                                  max_tokens=20, arrival=0.0), now=0.0)
+        >>> [policy.tags(policy.select("chat", 0.0))]   # L = 10 + 2 · 10 = 30, a's weight 2: F = 15
+        [(0.0, 15.0)]
+        >>> order = []
+        >>> while (r := policy.select("chat", 0.0)) is not None:
+        ...     order.append((r.id, policy.tags(r)[1])); policy.on_dispatch(r, 0.0)
+        >>> order
+        [('a1', 15.0), ('a2', 30.0), ('b1', 30.0)]
     """
 
     name: ClassVar[str] = "wfq"
@@ -106,13 +77,7 @@ class WFQ(PredictivePolicy):
         self._start: dict[str, float] = {}  # waiting request id -> start tag
 
     def virtual_time(self) -> float:
-        """``V``: the finish tag of the latest dispatched request (0 before any).
-
-        Examples:
-            >>> import fairagents as fa
-            >>> fa.policies.wfq.WFQ().virtual_time()
-            0.0
-        """
+        """``V``: the finish tag of the latest dispatched request (0 before any)."""
         return self._vtime
 
     def tags(self, req: Request) -> tuple[float, float]:

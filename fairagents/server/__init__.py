@@ -9,7 +9,7 @@ FastAPI application for an arbiter and :func:`serve` runs it with a graceful SIG
 | --- | --- |
 | :mod:`~fairagents.server.config` | the configuration (TOML or YAML, pydantic): models, apps and keys, agents, policy |
 | :mod:`~fairagents.server.app` | the FastAPI app: endpoints, identity from keys, errors in OpenAI's shape |
-| :mod:`~fairagents.server.wire` | OpenAI request models and response bodies |
+| :mod:`~fairagents.server.wire` | OpenAI response bodies; the request models of :mod:`fairagents.openai_request` |
 | :mod:`~fairagents.server.schema` | the OpenAPI document at ``/openapi.json``: bodies, errors, security |
 | :mod:`~fairagents.server.fetch` | image URLs fetched from allowed hosts only, when configured |
 | :mod:`~fairagents.server.fairness` | the live fairness view behind ``/v1/fairness`` |

@@ -51,8 +51,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+import fairagents.server.wire as wire
 from fairagents._logging import get_logger
-from fairagents.arbiter import AgentHandle, AppHandle, Arbiter
+from fairagents.runtime.arbiter import AgentHandle, AppHandle, Arbiter
 from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
 from fairagents.engines.base import Delta, Engine, Prompt
 from fairagents.errors import (
@@ -67,14 +68,12 @@ from fairagents.errors import (
 )
 from fairagents.http_errors import http_error
 from fairagents.identity import Agent, Modality, agent_from_headers
-from fairagents.server import wire
 from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
 from fairagents.server.dashboard import page
 from fairagents.server.fairness import FairnessView
 from fairagents.server.fetch import ImageFetcher
 from fairagents.server.metrics import CONTENT_TYPE, Metrics
 from fairagents.server.schema import install_openapi
-from fairagents.tools import output_reader
 
 __all__ = ["DEFAULT_APP", "Gateway", "create_app"]
 
@@ -436,9 +435,7 @@ class Gateway:
         chat = isinstance(body, wire.ChatCompletionRequest)
         model = body.model
         request.state.labels = (who.identity.app.name, who.identity.name, model)
-        kwargs = body.sampling(max_tokens)
-        if chat:
-            kwargs.update(body.output_args())  # type: ignore[union-attr]
+        kwargs = body.arbiter_kwargs(max_tokens) if chat else body.sampling(max_tokens)  # type: ignore[union-attr]
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         if not body.stream:
             call: Any = self.arbiter.chat if chat else self.arbiter.complete
@@ -840,10 +837,10 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         arrival = arbiter.clock()  # the request keeps its place while it is parsed and prepared
         body = await gateway.parse(request, who, wire.ChatCompletionRequest, raw)
         request.state.labels = (who.identity.app.name, who.identity.name, body.model)
-        engine = gateway.engine(body.model)
-        arbiter.check_admission(body.model, who)  # a full queue is a 429 before any tokenizing
+        gateway.engine(body.model)
         spec = body.output_spec()
-        output_reader(engine, spec, body.model)  # tools or a format the model cannot serve: a 400, before tokenizing
+        # a full queue is a 429, tools or a format the model cannot serve a 400: before any tokenizing
+        arbiter.check_admission(body.model, who, output=spec)
         messages = body.chat_messages(remote=gateway.fetcher is not None)
         if gateway.fetcher is not None:
             messages = await _until_disconnected(request, gateway.fetcher.inline(messages))

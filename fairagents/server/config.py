@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from fairagents.admission import Statera
-from fairagents.arbiter import Arbiter, Restart
+from fairagents.runtime.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE
 from fairagents.cost import ModelProfile
 from fairagents.engines.base import Engine
@@ -127,8 +127,10 @@ class AgentConfig(_Section):
     """An agent of an app, named by clients in the ``X-Fairagents-Agent`` header.
 
     Examples:
-        >>> from fairagents.server import AgentConfig
-        >>> AgentConfig(weight=2.0).weight
+        >>> from fairagents.server import Config
+        >>> config = Config.model_validate({"server": {"auth": False},
+        ...                                 "apps": {"studio": {"agents": {"writer": {"weight": 2.0}}}}})
+        >>> config.apps["studio"].agents["writer"].weight
         2.0
     """
 
@@ -201,9 +203,10 @@ class ModelConfig(_Section):
     """A model of the pool and the engine that serves it.
 
     Examples:
-        >>> from fairagents.server import ModelConfig
-        >>> ModelConfig().path is None   # the embedded tiny model
-        True
+        >>> from fairagents.server import Config
+        >>> config = Config.model_validate({"server": {"auth": False}, "models": {"chat": {"path": "/models/qwen"}}})
+        >>> config.models["chat"].path
+        '/models/qwen'
     """
 
     engine: Literal["vllm", "vision", "diffusion", "openai"] = "vllm"
@@ -375,8 +378,10 @@ class ImageFetchConfig(_Section):
     """Fetching image URLs for clients (``server.image_fetch``): only from ``allow_hosts``, bounded.
 
     Examples:
-        >>> from fairagents.server.config import ImageFetchConfig
-        >>> ImageFetchConfig(allow_hosts=["images.example.com"]).schemes
+        >>> from fairagents.server import Config
+        >>> config = Config.model_validate({"server": {"auth": False,
+        ...                                            "image_fetch": {"allow_hosts": ["images.example.com"]}}})
+        >>> config.server.image_fetch.schemes
         ['https']
     """
 
@@ -487,9 +492,10 @@ class ServerSettings(_Section):
     """How the server listens, authenticates and shuts down.
 
     Examples:
-        >>> from fairagents.server import ServerSettings
-        >>> ServerSettings().host, ServerSettings().drain_timeout
-        ('127.0.0.1', 30.0)
+        >>> from fairagents.server import Config
+        >>> settings = Config.model_validate({"server": {"auth": False, "port": 9000}}).server
+        >>> settings.host, settings.port
+        ('127.0.0.1', 9000)
     """
 
     host: str = "127.0.0.1"
@@ -519,7 +525,7 @@ class ServerSettings(_Section):
     preprocess_queue_per_app: int | None = Field(default=None, ge=1)
     """Most requests of one app being parsed, tokenized or having images decoded at once
     (per pool); past it, 429. Unset, an app is refused only when the pool holds 256 and
-    the app an equal share of them (see :mod:`fairagents.preprocessing`)."""
+    the app an equal share of them (see :mod:`fairagents.runtime.preprocessing`)."""
     history_seconds: int = Field(default=600, ge=10)
     """How far back ``/v1/fairness`` keeps service samples for the dashboard."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -568,8 +574,6 @@ class Config(_Section):
         ... except ValueError as err:
         ...     print(err.errors()[0]["msg"])
         Value error, API keys are on (server.auth) but app 'a' has none: give it api_key or api_key_env, or set server.auth = false
-        >>> Config.default().server.auth
-        False
     """
 
     policy: str = "hmfs"

@@ -5,26 +5,18 @@ tokens, share against weight share, queued, in flight, wait and TTFT percentiles
 plus each client's cumulative service sampled once a second, so that a page opened
 late still draws the shares over the last minutes.
 
-A fair share is owed only to a backlogged client: one with requests waiting. So each
-app and agent also says whether its demand is met (``demand_met``: nothing of it waits
-for dispatch now; running requests are being served) and, over the sampled window,
-the fraction of samples in which it was backlogged (``backlogged``). A share below the
-entitlement with ``demand_met`` true is a client that asked for less, not a starved
-one.
+A fair share is owed only to a backlogged client. So each app and agent also says
+whether its demand is met (``demand_met``: nothing of it waits for dispatch now) and
+the fraction of the window's samples in which it was backlogged (``backlogged``).
+Entitlements are shared among the *active* clients only (requests queued or running,
+or waiting or served in the last ``window`` seconds): ``entitled_share`` is a client's
+weight over its active peers' weights, ``recent_share`` its share of their service in
+that window, and it is ``below_entitlement`` when it has requests waiting and falls
+short by more than :data:`BELOW_TOLERANCE` of its entitlement.
 
-Entitlements are shared among the *active* clients only: an app (or an agent, among
-its app's agents) is active while it has requests queued or running, or if it had
-requests waiting or received service in the last ``window`` seconds (30). Its
-``entitled_share`` is its weight over the active peers' weights (``None`` when idle),
-and its ``recent_share`` its share of the service delivered in that window. It is
-``below_entitlement`` when it has requests waiting and its recent share falls short of
-its entitlement by more than :data:`BELOW_TOLERANCE` of it. The snapshot reads
-:meth:`~fairagents.Arbiter.stats`, whose percentiles sort the recent records: it is
-cached for ``max_age`` seconds, so many viewers cost the event loop no more than one.
-:meth:`FairnessView.body` copies the numbers on the event loop and builds the JSON in a
-thread; readers at once share one build, reused for ``max_age`` seconds. Its size is
-bounded: the history holds per-app sums of at most :data:`HISTORY_POINTS` points, and
-per-agent history only for the one app asked for.
+The snapshot is cached for ``max_age`` seconds and its JSON built in a thread, so many
+viewers cost the event loop no more than one; the history is bounded
+(:data:`HISTORY_POINTS` points of per-app sums; per-agent history for one app only).
 
 Examples:
     >>> import fairagents as fa
@@ -34,17 +26,10 @@ Examples:
     AgentHandle(driving/planner)
     >>> view = FairnessView(arbiter)
     >>> view.sample()
-    >>> body = view.snapshot()
-    >>> body["apps"]["driving"]["weight"], body["apps"]["driving"]["agents"]["planner"]["service"]
-    (2.0, 0.0)
-    >>> body["history"]["apps"]["driving"]
-    [0.0]
-    >>> body["apps"]["driving"]["demand_met"], body["apps"]["driving"]["backlogged"]
-    (True, 0.0)
-    >>> body["apps"]["driving"]["active"], body["apps"]["driving"]["entitled_share"]   # declared, never used
-    (False, None)
+    >>> driving = view.snapshot()["apps"]["driving"]
+    >>> driving["weight"], driving["agents"]["planner"]["service"], driving["demand_met"], driving["entitled_share"]
+    (2.0, 0.0, True, None)
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -55,7 +40,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairagents.arbiter import Arbiter
+from fairagents.labels import OTHER
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.server.wire import finite
 from fairagents.stats import ClientSnapshot, Stats
 
@@ -67,10 +53,6 @@ BELOW_TOLERANCE = 0.1
 
 #: Most points of the service history in a body: longer histories are thinned.
 HISTORY_POINTS = 300
-
-#: The name of what is summed rather than named: in an app's own view, all other apps; in ``/metrics`` and in
-#: an app's agents here, those past the caps.
-OTHER = "_other"
 
 _Key = tuple[str, str]
 _Sample = tuple[float, dict[_Key, float] | None, frozenset[_Key], dict[str, float]]

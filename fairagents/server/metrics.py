@@ -2,8 +2,8 @@
 
 Every name starts with ``fairagents_`` and is in base units (``_seconds``, ``_total``
 for counters, ``_ratio`` for shares); labels are ``app``, ``agent`` and ``model``
-only. The series are bounded whatever names requests bring (:class:`LabelCap`): the
-first ``max_agents`` agents of an app are named, later ones count as ``agent="_other"``,
+only. The series are bounded whatever names requests bring (:class:`~fairagents.labels.LabelCap`):
+the first ``max_agents`` agents of an app are named, later ones count as ``agent="_other"``,
 apps past ``max_apps`` as ``app="_other"``; histograms have no ``agent`` label.
 
 Counters and histograms of requests are fed by the arbiter's record of each request
@@ -25,16 +25,6 @@ prometheus_client's global one, so several servers in one process do not collide
 | ``fairagents_model_{up,in_flight_limit,queued_requests,in_flight_requests}`` | model | per-model health and load |
 | ``fairagents_pool_in_flight_{requests,limit}`` | | requests running across the pool, and its limit (if set) |
 | ``fairagents_draining`` | | 1 while the server drains after SIGTERM |
-
-Examples:
-    >>> import fairagents as fa
-    >>> from fairagents.server.fairness import FairnessView
-    >>> from fairagents.server.metrics import Metrics
-    >>> arbiter = fa.Arbiter()
-    >>> metrics = Metrics(arbiter, FairnessView(arbiter))
-    >>> metrics.reject("driving", "planner", "chat")
-    >>> [line for line in metrics.render().decode().splitlines() if line.startswith("fairagents_requests_rejected_total")]
-    ['fairagents_requests_rejected_total{agent="planner",app="driving",model="chat"} 1.0']
 """
 
 from __future__ import annotations
@@ -49,10 +39,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fairagents.arbiter import Arbiter
+from fairagents.labels import OTHER, LabelCap
 from fairagents.metrics import RequestRecord
 from fairagents.request import Outcome
-from fairagents.server.fairness import OTHER, FairnessView
+from fairagents.runtime.arbiter import Arbiter
+from fairagents.server.fairness import FairnessView
 
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "OTHER", "LabelCap", "Metrics"]
 
@@ -66,57 +57,6 @@ _LABELS = ("app", "agent", "model")
 _APP_MODEL = ("app", "model")
 
 
-class LabelCap:
-    """Which ``(app, agent)`` label values an identity gets: its names, until the caps are reached.
-
-    Args:
-        max_apps: apps named; later ones are ``OTHER``.
-        max_agents: agents named per app; later ones are ``OTHER``.
-
-    Examples:
-        >>> from fairagents.server.metrics import LabelCap
-        >>> cap = LabelCap(max_apps=1, max_agents=1)
-        >>> cap("a", "x"), cap("a", "y"), cap("b", "x")
-        (('a', 'x'), ('a', '_other'), ('_other', '_other'))
-        >>> cap.forget("a", "x")
-        >>> cap("a", "y")
-        ('a', 'y')
-    """
-
-    def __init__(self, max_apps: int = 64, max_agents: int = 16) -> None:
-        self.max_apps = max_apps
-        self.max_agents = max_agents
-        self._named: dict[str, set[str]] = {}
-
-    def __call__(self, app: str, agent: str) -> tuple[str, str]:
-        agents = self._named.get(app)
-        if agents is None:
-            if len(self._named) >= self.max_apps:
-                return OTHER, OTHER
-            agents = self._named[app] = set()
-        if agent not in agents:
-            if len(agents) >= self.max_agents:
-                return app, OTHER
-            agents.add(agent)
-        return app, agent
-
-    def app(self, app: str) -> str:
-        """The label of an app, without naming it."""
-        return app if app in self._named or len(self._named) < self.max_apps else OTHER
-
-    def names(self, app: str, agent: str) -> bool:
-        """Whether the agent has a label of its own."""
-        return agent in self._named.get(app, ())
-
-    def forget(self, app: str, agent: str) -> None:
-        """Free the agent's label (and the app's, once it names no agent)."""
-        agents = self._named.get(app)
-        if agents is not None:
-            agents.discard(agent)
-            if not agents:
-                del self._named[app]
-
-
 class Metrics:
     """The server's Prometheus registry.
 
@@ -125,7 +65,7 @@ class Metrics:
         view: the fairness view whose (cached) stats the scrape reads.
         draining: whether the server is draining.
         models: per-model figures by name (``healthy``, ``in_flight``, ``in_flight_limit``, ``queued``).
-        max_apps: apps named in labels (see :class:`LabelCap`).
+        max_apps: apps named in labels (see :class:`~fairagents.labels.LabelCap`).
         max_agents: agents named in labels, per app.
 
     Examples:
@@ -133,8 +73,10 @@ class Metrics:
         >>> from fairagents.server.fairness import FairnessView
         >>> from fairagents.server.metrics import Metrics
         >>> arbiter = fa.Arbiter()
-        >>> b"fairagents_draining 0.0" in Metrics(arbiter, FairnessView(arbiter)).render()
-        True
+        >>> metrics = Metrics(arbiter, FairnessView(arbiter))
+        >>> metrics.reject("driving", "planner", "chat")
+        >>> [line for line in metrics.render().decode().splitlines() if line.startswith("fairagents_requests_rejected_total")]
+        ['fairagents_requests_rejected_total{agent="planner",app="driving",model="chat"} 1.0']
     """
 
     def __init__(

@@ -1,31 +1,24 @@
 """The served OpenAPI document: request bodies, errors, success bodies and security, as the server answers them.
 
 The endpoints read and validate their JSON bodies themselves (with
-:func:`~fairagents.server.wire.parse`, so that a bad body is an OpenAI-shaped 400 before
-anything is charged), and they build their responses as plain dicts. FastAPI's own
-document therefore knows neither the bodies nor the errors. :func:`install_openapi`
-completes it, from the request models of :mod:`~fairagents.server.wire` and a table of
-what each endpoint answers:
+:func:`~fairagents.openai_request.parse`, so that a bad body is an OpenAI-shaped 400
+before anything is charged), and build their responses as plain dicts, so FastAPI's own
+document knows neither bodies nor errors. :func:`install_openapi` completes it, from the
+request models of :mod:`~fairagents.openai_request` and a table of what each endpoint
+answers:
 
-- a required ``application/json`` request body on the three ``POST`` endpoints, tightened
-  where the server is stricter than its pydantic model (``stop`` strings are not empty,
-  ``seed`` is 64-bit, tools, ``tool_choice`` and ``response_format`` have OpenAI's
-  shapes, ``top_logprobs`` needs ``logprobs``, a ``tool`` message names its call,
-  unknown fields are accepted only when harmless or empty); what the model cannot say (a
-  prompt over the context, an image for a text model, a tool named twice) is a
+- the JSON request bodies, tightened where the server is stricter than its pydantic
+  model (``stop`` strings not empty, ``seed`` 64-bit, OpenAI's shapes of tools,
+  ``tool_choice`` and ``response_format``, unknown fields only when harmless or empty);
+  what the model cannot say (a prompt over the context, a tool named twice) is a
   documented 400;
-- every error status an endpoint can answer, with OpenAI's error body
-  (:func:`~fairagents.server.wire.error_body`) and the headers the server sends:
-  ``WWW-Authenticate`` on 401, ``Retry-After`` and ``retry-after-ms`` on 429;
-- the success bodies (chat completion, completion, images, models, the fairness view,
-  readiness 200 and 503, liveness), ``text/event-stream`` as a second 200 media type of
-  the two streaming endpoints, Prometheus text for ``/metrics``;
-- the ``bearer`` security scheme on the endpoints that take an app's key, and on the
-  read-only views when an observer key guards them.
+- every error status an endpoint can answer, with OpenAI's error body and the headers
+  the server sends (``WWW-Authenticate`` on 401, ``Retry-After`` on 429);
+- the success bodies, ``text/event-stream`` for the streaming endpoints, Prometheus text
+  for ``/metrics``, and the ``bearer`` security scheme where a key is taken.
 
-The document describes the app's own configuration: with ``server.auth = false`` the
-endpoints take no key but an ``X-Fairagents-App`` header, and without an observer key
-``/metrics`` and ``/v1/fairness`` are open. The test suite fuzzes a live server
+The document describes the app's own configuration (``server.auth = false``: an
+``X-Fairagents-App`` header instead of a key). The test suite fuzzes a live server
 against it.
 
 Examples:
@@ -33,12 +26,9 @@ Examples:
     >>> from fairagents.server import Config, create_app
     >>> app = create_app(fa.Arbiter(), Config.model_validate({"apps": {"driving": {"api_key": "sk-1"}}}))
     >>> chat = app.openapi()["paths"]["/v1/chat/completions"]["post"]
-    >>> chat["requestBody"]["content"]["application/json"]["schema"]
-    {'$ref': '#/components/schemas/ChatCompletionRequest'}
     >>> sorted(chat["responses"]), chat["security"]
     (['200', '400', '401', '404', '413', '429', '503'], [{'bearer': []}])
 """
-
 from __future__ import annotations
 
 import copy
@@ -50,8 +40,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+import fairagents.server.wire as wire
 from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
-from fairagents.server import wire
 from fairagents.server.config import NAME_PATTERN
 
 __all__ = ["install_openapi"]
@@ -434,7 +424,7 @@ def _request_body(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, 
     for name, definition in schema.pop("$defs", {}).items():
         schemas[name] = _tweak(name, _describe(definition))
     schema = _tweak(model.__name__, _describe(schema))
-    if issubclass(model, wire._Sampling):
+    if issubclass(model, wire.ChatCompletionRequest | wire.CompletionRequest):
         schema = _tweak("_sampling", schema)
     schema["properties"].update({name: dict(_ANY_FIELD) for name in sorted(wire.HARMLESS)})
     schema["additionalProperties"] = copy.deepcopy(_EMPTY)

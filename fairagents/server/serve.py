@@ -15,13 +15,6 @@ uvicorn cancelling the requests still open then; the remaining 0.6 s is for uvic
 exit and the interpreter's (a few tenths of a second). The bound assumes engines that
 end an aborted request and stop promptly, as the in-process ones do; a vLLM engine's
 shutdown adds its own time.
-
-Examples:
-    >>> from fairagents.server.serve import free_socket
-    >>> sock = free_socket("127.0.0.1", 0)
-    >>> sock.getsockname()[1] > 0
-    True
-    >>> sock.close()
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from pydantic import ValidationError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fairagents._logging import get_logger
-from fairagents.arbiter import Arbiter
+from fairagents.runtime.arbiter import Arbiter
 from fairagents.constants import HEADER_APP
 from fairagents.errors import InvalidParameterError
 from fairagents.server.app import ABORT_EXTENSION, create_app

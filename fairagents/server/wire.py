@@ -1,24 +1,11 @@
-"""The OpenAI wire format: request models (pydantic) and the response bodies the server sends.
+"""The OpenAI wire format of the server: the response bodies it sends, and the request models it reads.
 
-Requests are validated here, so that a bad one is a 400 before anything is charged:
-tools, ``tool_choice`` and ``response_format`` are checked as
-:meth:`fairagents.tools.OutputSpec.of` checks them, sampling parameters in OpenAI's
-ranges. Fields fairagents does not implement (``echo``, ``best_of``, ``suffix``,
-``prediction``, audio, web search…) are rejected when set rather than silently
-ignored; harmless ones (``user``, ``metadata``) are accepted. Responses are plain dicts
-built by functions, since stream chunks are on the hot path; their shape is the one the
+The request models, and :func:`parse`, are :mod:`fairagents.openai_request`'s (shared
+with the in-process clients), re-exported here. Responses are plain dicts built by
+functions, since stream chunks are on the hot path; their shape is the one the
 ``openai`` client parses. ``usage`` carries one extra field, ``unified_tokens``: what
-the request was charged.
-
-Examples:
-    >>> from fairagents.server.wire import ChatCompletionRequest, parse
-    >>> body = parse(ChatCompletionRequest, b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}')
-    >>> body.model, body.messages[0].for_engine()
-    ('chat', 'hi')
-    >>> parse(ChatCompletionRequest, b'{"model": "chat", "messages": []}')
-    Traceback (most recent call last):
-    ...
-    fairagents.errors.InvalidParameterError: messages: List should have at least 1 item after validation, not 0
+the request was charged. Errors a client sees hide the server's file paths and network
+addresses (:func:`redact_paths`, :func:`redact_addresses`).
 """
 
 from __future__ import annotations
@@ -29,25 +16,29 @@ import re
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, ValidationInfo,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict
 
-from fairagents import http_errors
-from fairagents.engines.base import GenerationParams
-from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.http_errors import ErrorType
-from fairagents.images import parse_size
-from fairagents.limits import DEFAULT_LIMITS, RequestLimits
+from fairagents.http_errors import error_body as _error_body
+from fairagents.limits import MAX_TOP_LOGPROBS
+from fairagents.openai_request import (HARMLESS, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, ChatCompletionRequest,
+                                       ChatMessage, CompletionRequest, ImageGenerationRequest, StreamOptions, parse)
 from fairagents.reply import TokenLogprob
-from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta, check_tool_replies
+from fairagents.tools import ToolCall, ToolCallDelta
 
 __all__ = [
+    "HARMLESS",
+    "MAX_CHOICES",
+    "MAX_COMPLETION_LOGPROBS",
+    "MAX_TOP_LOGPROBS",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "ErrorType",
     "ImageGenerationRequest",
+    "StreamOptions",
     "Usage",
     "chat_choice",
     "chat_chunk",
@@ -58,6 +49,7 @@ __all__ = [
     "completion_chunk",
     "completion_logprobs",
     "error_body",
+    "finite",
     "images_usage",
     "new_id",
     "parse",
@@ -65,398 +57,6 @@ __all__ = [
     "redact_paths",
     "sse",
 ]
-
-M = TypeVar("M", bound=BaseModel)
-
-#: Fields clients commonly send that change nothing here.
-HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
-#: Most choices one request may ask for (``n``), as in OpenAI's API.
-MAX_CHOICES = 128
-#: Most alternatives per token of a chat request (``top_logprobs``) and of a completion (``logprobs``).
-MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
-
-
-def parse(model: type[M], raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> M:
-    """Validate a JSON request body; anything wrong is an :class:`~fairagents.InvalidParameterError`.
-
-    ``limits`` bound its stop strings, logit bias, tools and output constraint.
-
-    Examples:
-        >>> from fairagents.server.wire import CompletionRequest, parse
-        >>> parse(CompletionRequest, b'not json')
-        Traceback (most recent call last):
-        ...
-        fairagents.errors.InvalidParameterError: the request body is not valid JSON: Expecting value: line 1 column 1 (char 0)
-    """
-    try:
-        data = json.loads(raw)
-        json.dumps(data, ensure_ascii=False).encode()  # a lone surrogate ("\\ud800") fails here, not in a tokenizer
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidParameterError(f"the request body is not valid JSON: {err}") from None
-    except UnicodeEncodeError:
-        raise InvalidParameterError("the request body holds text that is not valid Unicode (a lone surrogate)") from None
-    except RecursionError:
-        raise InvalidParameterError("the request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise InvalidParameterError("the request body must be a JSON object")
-    try:
-        return model.model_validate(data, context={"limits": limits})
-    except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        where = _path(first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        raise InvalidParameterError(f"{where}: {message}" if where else message, param=_param(first)) from None
-
-
-# What pydantic adds to an error's location for the member of a union that failed: ``str``, ``list[...]``.
-_UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
-
-
-def _path(loc: Sequence[int | str]) -> str:
-    """A validation error's location as OpenAI writes a field: ``messages[0].content``.
-
-    The members of a union that pydantic names in it, and the keys of a mapping, are left out.
-
-    Examples:
-        >>> from fairagents.server.wire import _path
-        >>> _path(("messages", 0, "content", "str")), _path(("logit_bias", "7"))
-        ('messages[0].content', 'logit_bias')
-    """
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif re.fullmatch(r"[a-z_][a-z0-9_]*", part) and part not in _UNION_MEMBERS:
-            path += f".{part}" if path else part
-    return path
-
-
-def _param(error: Any) -> str | None:
-    """The request field a validation error is about: its location, then the field its validator named below it."""
-    path = _path(error["loc"])
-    inner = getattr((error.get("ctx") or {}).get("error"), "param", None)
-    if inner:
-        path = f"{path}.{inner}" if path else inner
-    return path or None
-
-
-def _limits(info: ValidationInfo) -> RequestLimits:
-    """The bounds :func:`parse` was given (the defaults when a model is validated directly)."""
-    return (info.context or {}).get("limits", DEFAULT_LIMITS)
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    @model_validator(mode="after")
-    def _no_unsupported_fields(self) -> _Body:
-        for name, value in (self.model_extra or {}).items():
-            if name not in HARMLESS and value not in (None, False, 0, [], {}):
-                raise InvalidParameterError(f"{name!r} is not supported by fairagents; remove it", param=name)
-        return self
-
-
-# Numbers and flags are taken as JSON types, strictly: `"temperature": false` or `"1"` is a 400, not 0 or 1.
-_Int = Annotated[int, Strict()]
-_Float = Annotated[float, Strict()]
-_Bool = Annotated[bool, Strict()]
-
-
-class StreamOptions(BaseModel):
-    """``stream_options`` of a streaming request.
-
-    Examples:
-        >>> from fairagents.server.wire import StreamOptions
-        >>> StreamOptions(include_usage=True).include_usage
-        True
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    include_usage: _Bool = False
-    """Send a last chunk with the request's usage."""
-
-
-class _Sampling(_Body):
-    model: str = Field(min_length=1)
-    max_tokens: _Int | None = Field(default=None, ge=1)
-    temperature: _Float | None = Field(default=None, ge=0, le=2)
-    top_p: _Float | None = Field(default=None, gt=0, le=1)
-    n: _Int | None = Field(default=None, ge=1, le=MAX_CHOICES)
-    """Choices to generate: each is a request of its own, charged and scheduled fairly."""
-    seed: _Int | None = None
-    stop: str | list[str] | None = None
-    stream: _Bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: _Float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: _Float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, _Float] | None = None
-    """Token id (as a string) → bias in [-100, 100] added to its logit."""
-    ignore_eos: _Bool = False
-    """vLLM's extension: keep generating past end of sequence (benchmarks)."""
-
-    @model_validator(mode="after")
-    def _checked_sampling(self, info: ValidationInfo) -> _Sampling:
-        _limits(info).check_sampling(stop=self.stop, logit_bias=self.logit_bias)  # before any work on them
-        GenerationParams(1, seed=self.seed, stop=self.stops, logit_bias=self.logit_bias or ())  # ranges, ids
-        return self
-
-    @property
-    def stops(self) -> list[str]:
-        """``stop`` as a list."""
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-
-    @property
-    def choices(self) -> int:
-        """How many choices to generate (``n``, 1 when unset)."""
-        return self.n or 1
-
-    def sampling(self, max_tokens: int) -> dict[str, Any]:
-        """Keyword arguments of :meth:`~fairagents.Arbiter.stream_complete` (and ``stream_chat``).
-
-        Examples:
-            >>> from fairagents.server.wire import CompletionRequest
-            >>> CompletionRequest(model="chat", prompt="a", logit_bias={"7": -100}).sampling(16)["logit_bias"]
-            {7: -100.0}
-        """
-        return {
-            "max_tokens": max_tokens,
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
-            "seed": self.seed,
-            "stop": self.stops,
-            "ignore_eos": self.ignore_eos,
-            "presence_penalty": self.presence_penalty or 0.0,
-            "frequency_penalty": self.frequency_penalty or 0.0,
-            "logit_bias": {int(token): float(bias) for token, bias in (self.logit_bias or {}).items()} or None,
-            **self._logprobs(),
-        }
-
-    def _logprobs(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a stream ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
-
-
-class FunctionCall(BaseModel):
-    """The function of a tool call in an assistant message: its name, and its arguments as JSON text.
-
-    Examples:
-        >>> from fairagents.server.wire import FunctionCall
-        >>> FunctionCall(name="weather", arguments='{"city": "Oslo"}').arguments
-        '{"city": "Oslo"}'
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    name: str = Field(min_length=1)
-    arguments: str = ""
-
-    @model_validator(mode="after")
-    def _json_arguments(self) -> FunctionCall:
-        if self.arguments.strip():
-            try:
-                json.loads(self.arguments)
-            except json.JSONDecodeError:
-                raise InvalidParameterError(f"the arguments of {self.name!r} must be JSON text, "
-                                            f"got {self.arguments[:80]!r}", param="arguments") from None
-        return self
-
-
-class MessageToolCall(BaseModel):
-    """One call in an assistant message's ``tool_calls``, as the model made it.
-
-    Examples:
-        >>> from fairagents.server.wire import MessageToolCall
-        >>> MessageToolCall(id="call_1", function={"name": "weather", "arguments": "{}"}).model_dump()
-        {'id': 'call_1', 'type': 'function', 'function': {'name': 'weather', 'arguments': '{}'}}
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(BaseModel):
-    """One message of a chat; ``content`` is text or a list of content parts.
-
-    Examples:
-        >>> from fairagents.server.wire import ChatMessage
-        >>> ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]).for_engine()
-        'a\\nb'
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[MessageToolCall] | None = None
-    """An assistant's calls of tools (its ``content`` may then be null)."""
-    tool_call_id: str | None = None
-    """Which call a ``tool`` message answers."""
-
-    @model_validator(mode="after")
-    def _tool_fields(self) -> ChatMessage:
-        if self.tool_calls and self.role != "assistant":
-            raise InvalidParameterError(f"only an assistant message carries tool_calls, not a {self.role!r} message",
-                                        param="tool_calls")
-        if self.role == "tool" and not self.tool_call_id:
-            raise InvalidParameterError("a tool message needs the tool_call_id of the call it answers",
-                                        param="tool_call_id")
-        return self
-
-    def for_template(self, *, remote: bool = False) -> dict[str, Any]:
-        """The message as engines take it: ``role`` and ``content`` (see :meth:`for_engine`), tool fields kept."""
-        message: dict[str, Any] = {"role": self.role, "content": self.for_engine(remote=remote)}
-        if self.tool_calls:
-            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-            if self.content is None:
-                message["content"] = None
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        return message
-
-    def for_engine(self, *, remote: bool = False) -> str | list[dict[str, Any]]:
-        """The content as engines take it: text, or text and ``image_url`` parts for a vision model.
-
-        Image URLs must be ``data:`` URLs, or, with ``remote``, also ``http(s)`` URLs
-        (for a server that fetches them from allowed hosts).
-        """
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        for part in self.content:
-            kind = part.get("type")
-            if kind == "text" and isinstance(part.get("text"), str):
-                continue
-            if kind != "image_url":
-                raise InvalidParameterError(f"content part of type {kind!r} is not supported: send text and image_url parts")
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            fetchable = remote and isinstance(url, str) and url.lower().startswith(("https://", "http://"))
-            if not isinstance(url, str) or not (url.startswith("data:") or fetchable):
-                # The server reads nothing from its own disk or network on a client's behalf.
-                raise InvalidImageError("over HTTP an image must be sent as a data URL: data:image/<format>;base64,<data>")
-        if all(part["type"] == "text" for part in self.content):
-            return "\n".join(part["text"] for part in self.content)
-        return [dict(part) for part in self.content]
-
-
-class ChatCompletionRequest(_Sampling):
-    """The body of ``POST /v1/chat/completions``.
-
-    Examples:
-        >>> from fairagents.server.wire import ChatCompletionRequest
-        >>> body = ChatCompletionRequest(model="chat", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5)
-        >>> body.requested_max_tokens()
-        5
-    """
-
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: _Int | None = Field(default=None, ge=1)
-    tools: list[dict[str, Any]] | None = None
-    """Function tools the model may call, as
-    ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
-    tool_choice: str | dict[str, Any] | None = None
-    """``"none"``, ``"auto"`` (the default with tools), ``"required"``, or
-    ``{"type": "function", "function": {"name"}}``."""
-    parallel_tool_calls: _Bool | None = None
-    """Whether the model may make several calls in one turn (default: true)."""
-    response_format: dict[str, Any] | None = None
-    """``{"type": "text"}``, ``{"type": "json_object"}`` or
-    ``{"type": "json_schema", "json_schema": {"name", "schema"}}``."""
-    logprobs: _Bool | None = None
-    """Return each output token's log probability."""
-    top_logprobs: _Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    """Most likely alternatives per token, with ``logprobs``."""
-
-    @model_validator(mode="after")
-    def _checked_output(self, info: ValidationInfo) -> ChatCompletionRequest:
-        self.output_spec(_limits(info)).constraint()  # a spec whose constraint cannot be built is refused here too
-        check_tool_replies([m.model_dump(include={"role", "tool_calls", "tool_call_id"}) for m in self.messages])
-        if self.top_logprobs is not None and not self.logprobs:
-            raise InvalidParameterError("top_logprobs needs logprobs: true", param="top_logprobs")
-        return self
-
-    def output_spec(self, limits: RequestLimits | None = None) -> OutputSpec:
-        """The request's tools, ``tool_choice``, ``parallel_tool_calls`` and ``response_format``, checked."""
-        return OutputSpec.of(tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
-                             response_format=self.response_format, limits=limits)
-
-    def output_args(self) -> dict[str, Any]:
-        """Keyword arguments of :meth:`~fairagents.Arbiter.stream_chat` for the request's tools and format."""
-        return {"tools": self.tools, "tool_choice": self.tool_choice, "parallel_tool_calls": self.parallel_tool_calls,
-                "response_format": self.response_format}
-
-    def _logprobs(self) -> dict[str, Any]:
-        return {"logprobs": bool(self.logprobs), "top_logprobs": self.top_logprobs}
-
-    def requested_max_tokens(self) -> int | None:
-        """``max_completion_tokens`` (the current name) or ``max_tokens``."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def chat_messages(self, *, remote: bool = False) -> list[dict[str, Any]]:
-        """The messages as engines take them (image parts kept; see :meth:`ChatMessage.for_template`)."""
-        out = []
-        for i, message in enumerate(self.messages):
-            try:
-                out.append(message.for_template(remote=remote))
-            except (InvalidParameterError, InvalidImageError) as err:  # a content part it cannot take: say whose
-                err.param = err.param or f"messages[{i}].content"
-                raise
-        return out
-
-
-class CompletionRequest(_Sampling):
-    """The body of ``POST /v1/completions``: one prompt, as text or token ids.
-
-    Examples:
-        >>> from fairagents.server.wire import CompletionRequest
-        >>> CompletionRequest(model="chat", prompt=["once upon a time"]).single_prompt()
-        'once upon a time'
-    """
-
-    prompt: str | list[str] | list[NonNegativeInt] = Field(min_length=1)
-    logprobs: _Int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    """Return each output token's log probability with this many most likely alternatives."""
-
-    def _logprobs(self) -> dict[str, Any]:
-        return {"logprobs": self.logprobs is not None, "top_logprobs": self.logprobs}
-
-    def requested_max_tokens(self) -> int | None:
-        """``max_tokens``."""
-        return self.max_tokens
-
-    def single_prompt(self) -> str | list[int]:
-        """The prompt, text or token ids; several prompts in one request are not supported."""
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
-                raise InvalidParameterError(
-                    "prompt: one prompt per request (send several requests for several prompts)", param="prompt")
-            return self.prompt[0]  # type: ignore[return-value]
-        return self.prompt  # type: ignore[return-value]
-
-
-class ImageGenerationRequest(_Body):
-    """The body of ``POST /v1/images/generations``.
-
-    Examples:
-        >>> from fairagents.server.wire import ImageGenerationRequest
-        >>> ImageGenerationRequest(prompt="a red car").model is None
-        True
-    """
-
-    prompt: str = Field(min_length=1)
-    model: str | None = None
-    n: _Int = Field(default=1, ge=1)
-    size: str | None = None
-    response_format: str | None = None
-    quality: str | None = None
-    style: str | None = None
-
-    def dimensions(self) -> tuple[int, int] | None:
-        """``size`` (``"WIDTHxHEIGHT"``) as ``(width, height)``; ``None`` for the model's own."""
-        return None if self.size is None else parse_size(self.size)
 
 
 class Usage(BaseModel):
@@ -484,13 +84,7 @@ class Usage(BaseModel):
 
 
 def new_id(prefix: str) -> str:
-    """A response id such as ``chatcmpl-…``.
-
-    Examples:
-        >>> from fairagents.server.wire import new_id
-        >>> new_id("cmpl").startswith("cmpl-")
-        True
-    """
+    """A response id such as ``chatcmpl-…``."""
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
@@ -694,7 +288,7 @@ def error_body(message: str, type: ErrorType, code: str | None = None, param: st
         >>> error_body("bad", "invalid_request_error", "invalid_parameter")
         {'error': {'message': 'bad', 'type': 'invalid_request_error', 'param': None, 'code': 'invalid_parameter'}}
     """
-    return http_errors.error_body(redact_addresses(redact_paths(message)), type, code, param)
+    return _error_body(redact_addresses(redact_paths(message)), type, code, param)
 
 
 # An absolute or home-relative path of two or more parts, or a file: URL; not "image/png" or "a/b".

@@ -19,27 +19,11 @@ draws on one capacity per shared model.
   with backoff, and reconciles when the store is back. A door that stops syncing for
   ``ttl`` stops counting for the others.
 
-**What becomes of the guarantee.** With one door, two backlogged apps' weight-normalised
-service differs by at most ``2U`` over any interval (:func:`fairagents.service_bound`).
-A door decides on counters that may miss what the other doors charged since it last
-heard: charges made in the ``≤ 2(Δ + ℓ)`` before a decision (``Δ`` the sync interval,
-``ℓ`` a sync's round trip: the charging door's next sync, then the deciding door's).
-Let ``S`` be the most counter growth any client receives at the other doors in that
-window. A door then picks a client whose true counter is at most ``S`` above the true
-minimum, so VTC's argument goes through with ``U + S`` in place of ``U``: the gap stays
-within ``2(U + S)``. ``S ≤ (A − 1) · r · 2(Δ + ℓ)`` for ``A`` doors each charging a client
-at most ``r`` counter units per second; :func:`staleness_bound` computes it. While the
-store is unreachable there is no pool-wide bound: each door is fair among its own
-requests only.
-
-Examples:
-    >>> import fairagents as fa
-    >>> from fairagents.shared import SharedCounters, MemoryStore
-    >>> store = MemoryStore()
-    >>> door_a = fa.Arbiter(counters=SharedCounters(store, door="a"))
-    >>> door_b = fa.Arbiter(counters=SharedCounters(store, door="b"))
-    >>> door_a.counters.door, door_b.counters.store is store
-    ('a', True)
+**The guarantee** becomes ``2(U + S)``, where ``S`` is the most counter growth a client
+receives at the other doors in the ``2(Δ + ℓ)`` before a decision (``Δ`` the sync
+interval, ``ℓ`` a sync's round trip; :func:`staleness_bound`); while the store
+is unreachable each door is fair among its own requests only. See *Scaling out* in the
+docs for the argument.
 """
 
 from __future__ import annotations

@@ -3,48 +3,14 @@
 Every arbiter (a *door*) calls :meth:`CounterStore.sync` every few milliseconds with a
 :data:`Payload` — the charges it made since its last sync, what waits and runs at it
 now — and gets a :data:`Reply` back: the pool's counters for its clients and what
-waits and runs at the other doors. One sync is one atomic step of the store:
-
-1. doors whose snapshot has expired (no sync for ``ttl`` ms: crashed or cut off) are
-   forgotten;
-2. the door's counter deltas are added (charges commute: ``HINCRBYFLOAT``); a
-   reconciling door then raises each counter to at least its own view (``max``);
-3. the door's snapshot (what waits and runs at it) replaces its last one;
-4. **the lift**: a client that no door had waiting before this step and that waits now
-   is raised to ``max(own, min counter over clients active before)``, or to the counter
-   of the client that left last when none was active — at both levels (apps; agents
-   inside their app). Min and raise happen in one step, so two doors cannot both lift
-   against a stale minimum;
-5. the client of a level that stopped waiting everywhere is remembered as the last to
-   leave (the highest counter among several);
-6. **leases**: of each model whose slots the doors share, the door may hold what it
-   runs plus free slots (those no other door holds by its own lease) for what waits at
-   it — as many as it has waiting when its lowest-counter app is the lowest anywhere,
-   otherwise only those the other doors' waiting requests leave over — plus its part
-   of the slots no waiting request needs (one over the live doors). The door has the
-   **turn** when its lowest-counter app is the lowest waiting anywhere (or nothing
-   waits elsewhere): until its next sync it may reuse the slots its requests free;
-   without the turn it may only start as many requests as it was granted. Leases are
-   computed against every other door's lease, so the doors together never hold more
-   slots than the model has.
+waits and runs at the other doors. One sync is one atomic step of the store (its six
+steps are listed under :class:`CounterStore`).
 
 :class:`MemoryStore` is the reference (the simulator runs it on a virtual clock);
 :class:`RedisStore` runs the same steps as one Lua script (:data:`SYNC_LUA`). A test
 checks that both give the same replies to the same payloads. All of a namespace's keys
 share one Redis Cluster hash tag (``{fairagents:<namespace>}``), so the script's keys
 live on one shard.
-
-Examples:
-    >>> from fairagents.shared import MemoryStore
-    >>> store = MemoryStore(clock=lambda: 0.0)
-    >>> reply = store.apply({"door": "a", "seq": 1, "ttl": 1000, "apps": {"x": 5.0}, "agents": {},
-    ...                      "waiting": {"chat": {"x": {"bot": 1}}}, "running": {}, "want": {"x": ["bot"]}})
-    >>> reply["apps"], reply["doors"]
-    ({'x': 5.0}, 1)
-    >>> other = store.apply({"door": "b", "seq": 1, "ttl": 1000, "apps": {}, "agents": {},
-    ...                      "waiting": {"chat": {"y": {"bot": 2}}}, "running": {"chat": [3, 96]}, "want": {"y": ["bot"]}})
-    >>> other["apps"]["y"], other["turn"]   # y was lifted to x's counter on arrival; x (a tie, first by name) goes first
-    (5.0, {})
 """
 
 from __future__ import annotations
@@ -88,8 +54,11 @@ class StoreUnavailable(ConnectionError):
 
     Examples:
         >>> from fairagents.shared import StoreUnavailable
-        >>> issubclass(StoreUnavailable, ConnectionError)
-        True
+        >>> try:
+        ...     raise StoreUnavailable("redis at redis://db:6379/0 is unreachable")
+        ... except ConnectionError as err:   # the door serves on its own counters, and retries
+        ...     print(err)
+        redis at redis://db:6379/0 is unreachable
     """
 
 
@@ -97,15 +66,50 @@ class StoreUnavailable(ConnectionError):
 class CounterStore(Protocol):
     """Where several arbiters keep one set of fairness counters.
 
-    Contract: :meth:`sync` performs the whole protocol step (module docstring)
-    atomically, or raises :class:`StoreUnavailable` having changed nothing the door
-    cannot resend (a resent payload's deltas count once). :meth:`leave` forgets a
-    door's snapshot, so what waited there stops counting at once.
+    Contract: :meth:`sync` performs the whole protocol step below atomically, or raises
+    :class:`StoreUnavailable` having changed nothing the door cannot resend (a resent
+    payload's deltas count once). :meth:`leave` forgets a door's snapshot, so what
+    waited there stops counting at once.
+
+    The step:
+
+    1. doors whose snapshot has expired (no sync for ``ttl`` ms: crashed or cut off) are
+       forgotten;
+    2. the door's counter deltas are added (charges commute: ``HINCRBYFLOAT``); a
+       reconciling door then raises each counter to at least its own view (``max``);
+    3. the door's snapshot (what waits and runs at it) replaces its last one;
+    4. **the lift**: a client that no door had waiting before this step and that waits now
+       is raised to ``max(own, min counter over clients active before)``, or to the counter
+       of the client that left last when none was active — at both levels (apps; agents
+       inside their app). Min and raise happen in one step, so two doors cannot both lift
+       against a stale minimum;
+    5. the client of a level that stopped waiting everywhere is remembered as the last to
+       leave (the highest counter among several);
+    6. **leases**: of each model whose slots the doors share, the door may hold what it
+       runs plus free slots (those no other door holds by its own lease) for what waits at
+       it — as many as it has waiting when its lowest-counter app is the lowest anywhere,
+       otherwise only those the other doors' waiting requests leave over — plus its part
+       of the slots no waiting request needs (one over the live doors). The door has the
+       **turn** when its lowest-counter app is the lowest waiting anywhere (or nothing
+       waits elsewhere): until its next sync it may reuse the slots its requests free;
+       without the turn it may only start as many requests as it was granted. Leases are
+       computed against every other door's lease, so the doors together never hold more
+       slots than the model has.
 
     Examples:
-        >>> from fairagents.shared import CounterStore, MemoryStore
-        >>> isinstance(MemoryStore(), CounterStore)
-        True
+        A store of your own, here one that counts its syncs:
+
+        >>> from fairagents.shared import CounterStore, MemoryStore, SharedCounters
+        >>> class Counted(MemoryStore):
+        ...     syncs = 0
+        ...     async def sync(self, payload):
+        ...         self.syncs += 1
+        ...         return await super().sync(payload)
+        ...     def describe(self):
+        ...         return "memory, counted"
+        >>> store = Counted()
+        >>> isinstance(store, CounterStore), SharedCounters(store, door="a").describe()
+        (True, 'memory, counted')
     """
 
     async def sync(self, payload: Payload) -> Reply:
@@ -132,9 +136,15 @@ class MemoryStore:
     virtual ``clock`` (seconds). Real deployments use :class:`RedisStore`.
 
     Examples:
-        >>> from fairagents.shared import MemoryStore
-        >>> MemoryStore().describe()
-        'memory'
+        Two arbiters of one process sharing their counters:
+
+        >>> import fairagents as fa
+        >>> from fairagents.shared import SharedCounters, MemoryStore
+        >>> store = MemoryStore()
+        >>> door_a = fa.Arbiter(counters=SharedCounters(store, door="a"))
+        >>> door_b = fa.Arbiter(counters=SharedCounters(store, door="b"))
+        >>> door_a.counters.door, door_b.counters.store is store
+        ('a', True)
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
@@ -157,7 +167,24 @@ class MemoryStore:
         return "memory"
 
     def apply(self, payload: Payload) -> Reply:
-        """The protocol step, synchronously (what :meth:`sync` awaits)."""
+        """The protocol step, synchronously (what :meth:`sync` awaits).
+
+        Examples:
+            >>> from fairagents.shared import MemoryStore
+            >>> store = MemoryStore(clock=lambda: 0.0)
+            >>> reply = store.apply({"door": "a", "seq": 1, "ttl": 1000, "apps": {"x": 5.0}, "agents": {},
+            ...                      "waiting": {"chat": {"x": {"bot": 1}}}, "running": {},
+            ...                      "want": {"x": ["bot"]}})
+            >>> reply["apps"], reply["doors"]
+            ({'x': 5.0}, 1)
+            >>> other = store.apply({"door": "b", "seq": 1, "ttl": 1000, "apps": {}, "agents": {},
+            ...                      "waiting": {"chat": {"y": {"bot": 2}}}, "running": {"chat": [3, 96]},
+            ...                      "want": {"y": ["bot"]}})
+            >>> other["apps"]["y"]   # y was lifted to x's counter on arrival
+            5.0
+            >>> other["turn"]        # x (a tie, first by name) goes first, so b has no turn
+            {}
+        """
         now = int(self.clock() * 1000)
         door = payload["door"]
         apps, agents, doors, left = self.apps, self.agents, self.doors, self.left

@@ -26,13 +26,6 @@ the turn is decided once per sync on the same counters for every door, and no sl
 stays idle longer than about two sync intervals while a request waits for it. Within
 a door, the policy orders its own requests (apps, then agents); an app's agents at
 different doors are ordered by their shared counters only through the lift.
-
-Examples:
-    >>> import fairagents as fa
-    >>> from fairagents.shared import SharedView
-    >>> view = SharedView("door-a", fa.policies.HMFS())
-    >>> view.payload(ttl=1000)["door"], view.connected
-    ('door-a', False)
 """
 
 from __future__ import annotations
@@ -44,7 +37,8 @@ from fairagents.policies.hmfs import HMFS
 from fairagents.request import Request
 
 if TYPE_CHECKING:
-    from fairagents.dispatcher import Dispatcher, ModelState, Ticket
+    from fairagents.dispatcher import Dispatcher
+    from fairagents.records import ModelState, Ticket
     from fairagents.shared.store import Payload, Reply
 
 __all__ = ["SharedView"]

@@ -10,7 +10,8 @@ from fairagents import Outcome
 from fairagents.bench import scale_sim
 from fairagents.bench.scale_sim import WALL_FIELDS, run_simulated, simulate_doors
 from fairagents.errors import InvalidParameterError
-from fairagents.metrics import Charge, RequestRecord, max_service_gap
+from fairagents.metrics import Charge, max_service_gap
+from fairagents.records import RequestRecord
 
 SMALL = dict(replicas=4, slots_per_replica=4, agents=120, apps=6, seconds=2.0)
 # Two doors, each seeing one app only: weights 4:1, each app able to fill the whole pool alone.

@@ -489,5 +489,5 @@ def test_an_engine_that_fails_to_start_cancels_the_other_starts_before_any_stops
 
 
 def test_a_real_run_keeps_every_record_and_charge_however_long():
-    ledger = suite._BenchArbiter("fcfs").ledger  # the default ledger keeps the last 100,000: a long run has more
+    ledger = suite._bench_arbiter("fcfs").ledger  # the default ledger keeps the last 100,000: a long run has more
     assert ledger.records.maxlen > 10**9 and ledger.charges.maxlen > 10**9

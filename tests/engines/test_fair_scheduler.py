@@ -9,7 +9,7 @@ from vllm import SamplingParams
 from vllm.v1.request import Request as VllmRequest
 
 import fairagents as fa
-from fairagents.engines.fair_scheduler import CONFIG_ENV, FairCounters, FairQueue, FairScheduler, Weights, identity
+from fairagents.vllm.scheduler import CONFIG_ENV, FairCounters, FairQueue, FairScheduler, Weights, identity
 
 
 def vreq(rid, app=None, agent=None, at=0.0, prompt=8, max_tokens=16, **extra):
@@ -237,7 +237,7 @@ def test_invalid_fairagents_arguments_are_refused_at_the_door(args):
     from vllm.v1.sample.logits_processor import validate_logits_processors_parameters
     from vllm.v1.worker.gpu.sample.logits_processor import build_custom_logits_processors_params_validator
 
-    from fairagents.engines.fair_args import check_args
+    from fairagents.vllm.args import check_args
 
     with pytest.raises(fa.InvalidParameterError, match=f"vllm_xargs: .*{next(iter(args))}"):
         check_args(args)
@@ -254,8 +254,8 @@ def test_invalid_fairagents_arguments_are_refused_at_the_door(args):
 def test_valid_arguments_pass_and_the_validator_leaves_logits_alone():
     import torch
 
-    from fairagents.engines.fair_args import check_args
     from fairagents.vllm import FairArgsValidator
+    from fairagents.vllm.args import check_args
 
     check_args(None)
     check_args({"fairagents_app": "search", "fairagents_agent": "planner", "fairagents_app_weight": 2,
@@ -296,7 +296,7 @@ def test_counters_keep_service_per_model_app_and_agent():
 def test_metrics_report_service_queues_and_weights_with_bounded_labels():
     from prometheus_client import CollectorRegistry
 
-    from fairagents.engines.fair_metrics import OVERFLOW, SchedulerMetrics
+    from fairagents.vllm.metrics import OVERFLOW, SchedulerMetrics
 
     registry = CollectorRegistry()
     now = [0.0]
@@ -336,7 +336,7 @@ def test_metrics_report_service_queues_and_weights_with_bounded_labels():
 def test_metrics_keep_their_published_service_by_label_so_names_beyond_the_caps_cost_nothing():
     from prometheus_client import CollectorRegistry
 
-    from fairagents.engines.fair_metrics import OVERFLOW, SchedulerMetrics
+    from fairagents.vllm.metrics import OVERFLOW, SchedulerMetrics
 
     registry = CollectorRegistry()
     metrics = SchedulerMetrics("chat", "0", max_apps=2, max_agents=2, interval=0.0, registry=registry)

@@ -194,7 +194,7 @@ def test_vllms_metrics_show_each_apps_service_queues_and_weights(fair_server):
 
 
 def test_metric_labels_are_bounded(fair_server):
-    from fairagents.engines.fair_metrics import MAX_AGENTS, MAX_APPS, OVERFLOW
+    from fairagents.vllm.metrics import MAX_AGENTS, MAX_APPS, OVERFLOW
 
     url = fair_server.url
     for i in range(MAX_AGENTS + 2):  # one app with too many agents

@@ -16,10 +16,9 @@ from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from fairagents.engines.base import LOAD_LOCK
-from fairagents.engines.fair_scheduler import FairCounters, FairScheduler
 from fairagents.engines.vllm import _STEP_LOCK, _live, _shutdown
-from fairagents.models import ensure_default_models
+from fairagents.models import LOAD_LOCK, ensure_default_models
+from fairagents.vllm.scheduler import FairCounters, FairScheduler
 
 pytestmark = pytest.mark.engine
 

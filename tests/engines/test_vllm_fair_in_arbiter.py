@@ -71,7 +71,7 @@ async def test_two_fair_engines_of_one_pool_share_counters_across_models():
 
 
 async def test_a_started_fair_engine_brings_its_counters_to_the_next_arbiter():
-    from fairagents.engines.fair_scheduler import FairCounters
+    from fairagents.vllm.scheduler import FairCounters
     from fairagents.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=2, scheduler="fair")

@@ -120,7 +120,7 @@ async def test_parameters_fairagents_cannot_honour_are_refused():
     client = AsyncFairOpenAI(arbiter, agent=arbiter.app("a").agent("t"))
     async with arbiter:
         for params in (
-            {"n": 2},
+            {"n": 0},
             {"audio": {"voice": "alloy", "format": "wav"}},
             {"prediction": {"type": "content", "content": "x"}},
             {"extra_body": {"guided_json": {}}},
@@ -140,6 +140,25 @@ async def test_parameters_fairagents_cannot_honour_are_refused():
         AsyncFairOpenAI(arbiter, base_url="http://localhost:8000/v1")
     with pytest.raises(fa.InvalidParameterError):
         AsyncFairOpenAI()
+
+
+async def test_n_choices_are_requests_of_their_own_as_a_server_serves_them():
+    arbiter, engine = pool()
+    client = AsyncFairOpenAI(arbiter, agent=arbiter.app("driving").agent("planner"))
+    prompt = engine.prepare_chat(MESSAGES).n_tokens
+    async with arbiter:
+        reply = await client.chat.completions.create(model="chat", messages=MESSAGES, n=2, max_tokens=8)
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, n=3, max_tokens=8, stream=True,
+                                                      stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+    assert [(ch.index, ch.message.content) for ch in reply.choices] == [(0, "t0 t1 t2 "), (1, "t0 t1 t2 ")]
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (prompt, 6)  # the prompt once, as OpenAI
+    assert reply.usage.unified_tokens == 2 * (prompt + 2 * 3)  # each choice charged its prompt and output
+    *pieces, usage = chunks
+    texts = {i: "".join(c.choices[0].delta.content or "" for c in pieces if c.choices[0].index == i) for i in range(3)}
+    assert texts == {i: "t0 t1 t2 " for i in range(3)}
+    assert usage.choices == [] and usage.usage.completion_tokens == 9
+    assert len(arbiter.ledger.records) == 5 and arbiter.stats().agents["driving/planner"].done == 5
 
 
 async def test_images_need_an_image_model_in_the_pool():

@@ -7,9 +7,10 @@ import json
 import pytest
 
 import fairagents as fa
-from fairagents.calls import ModelCalls
+from fairagents.runtime.sampling import ChatArgs
 from fairagents.policies.adaptive import Adaptive
-from fairagents.policies.selector import DESCRIPTIONS, Decision, ModelSelector, decision_prompt, parse_decision
+from fairagents.policies.decision import DESCRIPTIONS, Decision, decision_prompt, parse_decision
+from fairagents.runtime.selector import ModelSelector
 
 POOL = ("fcfs", "edf", "sjf", "two_lane", "wfq")
 
@@ -96,7 +97,8 @@ class FakeArbiter:
         self.text, self.delay, self.calls = text, delay, []
 
     async def chat(self, model, messages, **kwargs):
-        inspect.signature(ModelCalls.chat).bind(self, model, messages, **kwargs)
+        inspect.signature(fa.Arbiter.chat).bind(self, model, messages, **kwargs)
+        assert set(kwargs) - {"agent", "arrival"} <= set(ChatArgs.__annotations__)
         self.calls.append((model, messages, kwargs))
         await asyncio.sleep(self.delay)
         return fa.Reply(self.text, "stop", model, "req-1", fa.Usage(10, 5, 20.0), fa.Timing(0.0, 0.1, 0.2))

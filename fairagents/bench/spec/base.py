@@ -6,11 +6,6 @@ while validating is raised as a pydantic error carrying its field path (``_probl
 which :func:`~fairagents.bench.spec.load_scenario` turns into a :class:`ScenarioProblem`
 with the line of the YAML file; a scenario that cannot be loaded or built raises a
 :class:`ScenarioError`, bad input (a :class:`ValueError`) like any invalid parameter.
-
-Examples:
-    >>> from fairagents.bench.spec import ScenarioError
-    >>> issubclass(ScenarioError, ValueError)
-    True
 """
 
 from __future__ import annotations
@@ -37,11 +32,6 @@ Cycled = PositiveFloat | Annotated[list[PositiveFloat], Field(min_length=1)]
 
 class ScenarioProblem(NamedTuple):
     """One thing wrong in a scenario: where (field path, line) and what.
-
-    Examples:
-        >>> from fairagents.bench.spec import ScenarioProblem
-        >>> ScenarioProblem("apps.chat.weight", 4, "Input should be greater than 0").path
-        'apps.chat.weight'
     """
 
     path: str

@@ -24,16 +24,12 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairagents.arbiter import AgentHandle
+from fairagents import AgentHandle, Portal, Reply
 from fairagents.identity import Agent, identity_headers
-from fairagents.portal import Portal
-from fairagents.reply import Reply
-from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta, output_reader
+from fairagents.openai_request import OUTPUT_PARAMS
+from fairagents.tools import OutputSpec, ToolCall, ToolCallDelta
 
-__all__ = ["Call", "LocalBackend", "Piece", "RemoteBackend"]
-
-# The parameters of a call that shape its output rather than sample it, as Arbiter.chat takes them.
-OUTPUT_PARAMS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+__all__ = ["OUTPUT_PARAMS", "Call", "LocalBackend", "Piece", "RemoteBackend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +106,7 @@ class LocalBackend:
         # tokenizer, off the loop), so its length is known, and sent with the time the call came in.
         arrival = self.arbiter.clock()
         spec = OutputSpec.of(**{name: call.params.get(name) for name in OUTPUT_PARAMS})
-        self.arbiter.check_admission(call.model, call.agent)  # what is refused costs no preparation
-        output_reader(self.arbiter.engine(call.model), spec, call.model)
+        self.arbiter.check_admission(call.model, call.agent, output=spec)  # what is refused costs no preparation
         async with asyncio.timeout(self.timeout):
             prompt = await self.arbiter.prepare_chat(
                 call.model, call.messages, agent=call.agent, tools=spec.template_tools

@@ -57,11 +57,10 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
-from fairagents.arbiter import AgentHandle, Arbiter
-from fairagents.engines.base import GenerationParams
+from fairagents import AgentHandle, Arbiter, Portal
+from fairagents.engines import GenerationParams
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Agent, current_agent
-from fairagents.portal import Portal
 from fairagents.tools import OutputSpec, ToolCallDelta
 from fairagents_langgraph._backends import OUTPUT_PARAMS, Call, LocalBackend, Piece, RemoteBackend
 from fairagents_langgraph._messages import to_openai

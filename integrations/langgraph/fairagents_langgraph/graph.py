@@ -44,7 +44,7 @@ from langchain_core.runnables.config import ensure_config
 from langgraph.constants import START
 from langgraph.pregel import Pregel
 
-from fairagents.arbiter import AppHandle
+from fairagents import AppHandle
 from fairagents.constants import METADATA_AGENT, METADATA_APP, METADATA_WEIGHT
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, App, acting_as

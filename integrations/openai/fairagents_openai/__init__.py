@@ -1,16 +1,14 @@
 """fairagents for OpenAI-client code: :class:`AsyncFairOpenAI` and :class:`FairOpenAI`, drop-in clients.
 
-Examples:
-    >>> import fairagents_openai
-    >>> fairagents_openai.__all__
-    ['AsyncFairOpenAI', 'ChatCompletionEventStream', 'ChatCompletionStream', 'ChatCompletionSyncEventStream', 'ChatCompletionSyncStream', 'FairOpenAI', 'RawResponse']
+They serve through an arbiter in this process, or through a fairagents server; the
+module :mod:`fairagents_openai.client` tells how.
 """
 
 from __future__ import annotations
 
 from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream
-from fairagents_openai._local import ChatCompletionStream
-from fairagents_openai.client import AsyncFairOpenAI, ChatCompletionSyncStream, FairOpenAI, RawResponse
+from fairagents_openai._local import ChatCompletionStream, ChatCompletionSyncStream
+from fairagents_openai.client import AsyncFairOpenAI, FairOpenAI, RawResponse
 
 __all__ = [
     "AsyncFairOpenAI",

@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - openai releases before httpx2
     import httpx  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
-    from fairagents.arbiter import Arbiter
+    from fairagents import Arbiter
 
 __all__ = ["openai_errors", "status_error", "stream_error", "timeout_error"]
 

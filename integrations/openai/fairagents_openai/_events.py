@@ -19,7 +19,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openai
 from openai.lib._parsing import (
@@ -32,10 +32,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ParsedChatCompletion
 
 from fairagents.errors import InvalidParameterError
-from fairagents_openai._local import ChatCompletionStream, given
-
-if TYPE_CHECKING:
-    from fairagents_openai.client import ChatCompletionSyncStream
+from fairagents_openai._local import ChatCompletionStream, ChatCompletionSyncStream, given
 
 __all__ = ["ChatCompletionEventStream", "ChatCompletionSyncEventStream", "parsed", "structured"]
 

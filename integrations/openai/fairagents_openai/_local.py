@@ -1,15 +1,17 @@
 """OpenAI's chat completions and images, served by an arbiter in this process.
 
-Requests are read as the OpenAI API reads them and answered with the ``openai``
-package's own response types, so code written for ``openai.AsyncOpenAI`` runs
-unchanged: tools and tool calls, ``response_format``, logprobs, penalties and
-``logit_bias`` included. What fairagents cannot honour here (``n > 1``: make ``n``
-calls, each scheduled and charged fairly; audio, predicted outputs) is refused with an
+Requests are read as a fairagents server reads them (:mod:`fairagents.openai_request`)
+and answered with the ``openai`` package's own response types, so code written for
+``openai.AsyncOpenAI`` runs unchanged: tools and tool calls, ``response_format``,
+logprobs, penalties, ``logit_bias`` and ``n`` choices included. What fairagents cannot
+honour (audio, predicted outputs…) is refused with an
 :class:`~fairagents.InvalidParameterError` rather than ignored.
 
 Examples:
-    >>> chat_params({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stop": "."})
-    ({'max_tokens': 8, 'stop': ('.',)}, False, False, None)
+    >>> body, stream, include_usage, timeout = chat_request(
+    ...     {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stop": "."})
+    >>> body.arbiter_kwargs()["stop"], stream, include_usage, timeout
+    (['.'], False, False, None)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import base64
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import openai
@@ -30,35 +32,25 @@ from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 
-from fairagents.arbiter import AgentHandle, Arbiter
-from fairagents.engines.base import Delta
+from fairagents import AgentHandle, Arbiter, Portal, Reply, TokenLogprob
+from fairagents.engines import Delta
 from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.identity import Agent, Modality
 from fairagents.images import parse_size
-from fairagents.portal import Portal
-from fairagents.reply import Reply, TokenLogprob
-from fairagents.tools import OutputSpec, check_tool_replies, output_reader
+from fairagents.limits import RequestLimits
+from fairagents.openai_request import HARMLESS, ChatCompletionRequest, join_text, validate
 from fairagents_openai._errors import openai_errors
 
-__all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "chat_completion", "chat_params", "generate_image", "given"]
+__all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "ChatCompletionSyncStream", "chat_completion", "chat_request",
+           "generate_image", "given"]
 
 IN_PROCESS_URL = "fairagents://in-process/v1"
 """The ``base_url`` of a client that serves through an arbiter in this process (no HTTP is spoken)."""
 
-# Parameters about the caller or the transport, not the generation: accepted and not used.
-_IGNORED = frozenset(
-    {"user", "metadata", "store", "extra_headers", "extra_query", "safety_identifier", "prompt_cache_key",
-     "service_tier"}
-)
-# Parameters whose default value asks for nothing.
-_NO_OP = {"n": 1}
-# Read as they are: Arbiter.chat takes them under the same names.
-_PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs",
-           "tools", "tool_choice", "parallel_tool_calls", "response_format")
-_READ = frozenset(
-    {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "extra_body",
-     "timeout", "logprobs", *_PASSED}
-)
+_CHAT = f"{IN_PROCESS_URL}/chat/completions"
+# Options of the openai client's call, not of the request: for HTTP only (ignored here), or read here.
+_TRANSPORT = frozenset({"extra_headers", "extra_query"})
+_CLIENT_OPTIONS = _TRANSPORT | {"extra_body", "timeout"}
 
 
 def given(value: Any) -> bool:
@@ -71,63 +63,51 @@ def given(value: Any) -> bool:
     return value is not None and not isinstance(value, openai.NotGiven | openai.Omit)
 
 
-def chat_params(request: Mapping[str, Any]) -> tuple[dict[str, Any], bool, bool, float | None]:
-    """``create(...)``'s keyword arguments as :meth:`~fairagents.Arbiter.chat` parameters.
+def chat_request(
+    request: Mapping[str, Any], limits: RequestLimits | None = None,
+) -> tuple[ChatCompletionRequest, bool, bool, float | None]:
+    """``create(...)``'s keyword arguments as a validated request, as a fairagents server reads its body.
+
+    ``extra_body`` is merged in, as the ``openai`` client sends it; it may set only
+    fields of the request (``ignore_eos``, vLLM's extension, is one).
 
     Returns:
-        The parameters, whether to stream, whether the stream ends with a usage chunk,
+        The request, whether to stream, whether the stream ends with a usage chunk,
         and the timeout in seconds (``None``: none).
 
     Raises:
-        InvalidParameterError: a parameter fairagents cannot honour.
+        InvalidParameterError: a parameter fairagents cannot honour, or out of its range.
 
     Examples:
         >>> tools = [{"type": "function", "function": {"name": "weather"}}]
-        >>> chat_params({"model": "m", "messages": [], "tools": tools, "tool_choice": "required"})[0]["tool_choice"]
-        'required'
-        >>> chat_params({"model": "m", "messages": [], "n": 2})
+        >>> messages = [{"role": "user", "content": "hi"}]
+        >>> chat_request({"model": "m", "messages": messages, "tools": tools, "n": 2})[0].choices
+        2
+        >>> chat_request({"model": "m", "messages": messages, "extra_body": {"guided_json": {}}})
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: n > 1 is not served in process: make n calls (each is scheduled and charged fairly), or send it to a fairagents server
+        fairagents.errors.InvalidParameterError: fairagents takes no extra_body parameter guided_json
     """
     present = {name: value for name, value in request.items() if given(value)}
-    if present.get("n", 1) != 1:
-        raise InvalidParameterError("n > 1 is not served in process: make n calls (each is scheduled and charged "
-                                    "fairly), or send it to a fairagents server")
-    refused = sorted(
-        name for name, value in present.items() if name not in _READ | _IGNORED and _NO_OP.get(name, object()) != value
-    )
-    if refused:
-        raise InvalidParameterError(f"fairagents cannot honour {', '.join(refused)} in process")
-    params: dict[str, Any] = {name: present[name] for name in _PASSED if name in present}
-    max_tokens = present.get("max_completion_tokens", present.get("max_tokens"))
-    if max_tokens is not None:
-        params["max_tokens"] = max_tokens
-    if "stop" in present:
-        params["stop"] = (present["stop"],) if isinstance(present["stop"], str) else tuple(present["stop"])
-    if present.get("logprobs"):
-        params["logprobs"] = True
+    fields = {name: value for name, value in present.items() if name not in _CLIENT_OPTIONS}
     extra = dict(present.get("extra_body") or {})
-    if extra.pop("ignore_eos", False):  # vLLM's extension
-        params["ignore_eos"] = True
-    if extra:
-        raise InvalidParameterError(f"fairagents takes no extra_body parameter {', '.join(sorted(extra))}")
-    stream = bool(present.get("stream", False))
-    include_usage = bool((present.get("stream_options") or {}).get("include_usage", False))
+    unknown = sorted(set(extra) - set(ChatCompletionRequest.model_fields))
+    if unknown:
+        raise InvalidParameterError(f"fairagents takes no extra_body parameter {', '.join(unknown)}",
+                                    param=f"extra_body.{unknown[0]}")
+    fields.update(extra)
+    body = validate(ChatCompletionRequest, fields, *(() if limits is None else (limits,)))
     timeout = present.get("timeout")
-    return params, stream, include_usage, timeout if isinstance(timeout, int | float) else None
+    return body, body.stream, body.include_usage, timeout if isinstance(timeout, int | float) else None
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
-    """Text-only content part lists as plain strings (what a text model takes); images kept as parts."""
-    if not isinstance(messages, list | tuple):
-        return messages  # the arbiter says what is wrong with it
+def _messages(messages: Sequence[Any]) -> list[Any]:
+    """The messages as given, text-only content part lists as plain strings (what a text model takes)."""
     out = []
     for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            message = {**message, "content": "\n".join(str(p.get("text", "")) for p in content)}
-        out.append(message)
+        content = message.get("content") if isinstance(message, Mapping) else None
+        text = join_text(content) if isinstance(content, list) else None
+        out.append(message if text is None else {**message, "content": text})
     return out
 
 
@@ -137,57 +117,125 @@ async def chat_completion(
     """Serve one ``chat.completions.create(**request)`` through ``arbiter``, on its event loop.
 
     Called from another loop, a ``portal`` (:class:`~fairagents.Portal`) carries the call,
-    and the returned stream's chunks, to and from the arbiter's loop.
+    and the returned stream's chunks, to and from the arbiter's loop. Each of ``n``
+    choices is a request of its own, scheduled and charged fairly.
     """
     if portal is not None:
         served = await portal.run(chat_completion, arbiter, agent, request)
         if isinstance(served, ChatCompletionStream):
             served._portal = portal
         return served
-    model, messages = request.get("model"), _messages(request.get("messages"))
-    params, stream, include_usage, timeout = chat_params(request)
-    if isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
-        check_tool_replies(messages)  # as OpenAI refuses it (other malformed messages: the arbiter says what is wrong)
-    if stream:
-        # Prepare once (images in the arbiter's pool; tools rendered), keeping the call's place in the
-        # queue, so that the usage chunk counts the very prompt that was charged.
-        arrival = arbiter.clock()
-        spec = OutputSpec.of(**{k: params.get(k) for k in ("tools", "tool_choice", "parallel_tool_calls",
-                                                            "response_format")})  # bad tools: before any work
-        arbiter.check_admission(model, agent)  # unknown names, a model down, a full queue: before preparing
-        output_reader(arbiter.engine(model), spec, model)  # tools or a format the model cannot serve, too
-        tools = spec.template_tools
-        prompt = await arbiter.prepare_chat(model, messages, agent=agent, tools=tools)  # type: ignore[arg-type]
-        deltas = arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, **params)  # type: ignore[arg-type]
-        try:
-            first = await anext(deltas)  # bad input raises here, at create(), as the HTTP API answers 400
-        except BaseException:
-            await deltas.aclose()
-            raise
-        return ChatCompletionStream(arbiter, model, prompt.n_tokens, first, deltas, include_usage)  # type: ignore[arg-type]
-    async with asyncio.timeout(timeout):
-        reply = await arbiter.chat(model, messages, agent=agent, **params)  # type: ignore[arg-type]
-    usage = reply.usage
+    body, stream, include_usage, timeout = chat_request(request, arbiter.limits)
+    model, messages, n = body.model, _messages(request["messages"]), body.choices
+    kwargs = body.arbiter_kwargs()
+    async with asyncio.timeout(None if stream else timeout):
+        if not stream and n == 1:
+            replies = [await arbiter.chat(model, messages, agent=agent, **kwargs)]
+        else:
+            # Prepare once (images in the arbiter's pool; tools rendered), keeping the call's place in the
+            # queue, so that every choice, and the usage, count the very prompt that was charged.
+            arrival = arbiter.clock()
+            spec = body.output_spec(arbiter.limits)
+            # unknown names, a model down, a full queue, tools or a format the model cannot serve: before preparing
+            arbiter.check_admission(model, agent, output=spec)
+            prompt = await arbiter.prepare_chat(model, messages, agent=agent, tools=spec.template_tools)
+            if stream:
+                deltas = _merged([arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, **kwargs)
+                                  for _ in range(n)])
+                try:  # bad input raises here, at create(), as the HTTP API answers 400: once every choice started
+                    head = await _head(deltas, n)
+                except BaseException:
+                    await deltas.aclose()
+                    raise
+                return ChatCompletionStream(arbiter, model, prompt.n_tokens, n, head, deltas, include_usage)
+            replies = await _all([arbiter.chat(model, prompt, agent=agent, arrival=arrival, **kwargs)
+                                  for _ in range(n)])
+    first_reply = replies[0]
+    prompt_tokens = first_reply.usage.prompt_tokens
+    completion_tokens = sum(r.usage.completion_tokens for r in replies)
     return ChatCompletion(
-        id=f"chatcmpl-{reply.request_id}",
+        id=f"chatcmpl-{first_reply.request_id}",
         object="chat.completion",
         created=int(time.time()),
-        model=reply.model,
+        model=first_reply.model,
         choices=[
             Choice(
-                index=0,
+                index=i,
                 message=_message(reply),
                 finish_reason=reply.finish_reason,  # type: ignore[arg-type]
-                logprobs=_logprobs(reply.logprobs) if params.get("logprobs") else None,
+                logprobs=_logprobs(reply.logprobs) if kwargs["logprobs"] else None,
             )
+            for i, reply in enumerate(replies)
         ],
         usage=CompletionUsage(
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            total_tokens=usage.total_tokens,
-            unified_tokens=usage.unified_tokens,  # type: ignore[call-arg]  # what fairagents charged
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            unified_tokens=sum(r.usage.unified_tokens for r in replies),  # type: ignore[call-arg]  # what was charged
         ),
     )
+
+
+async def _all(works: list[Any]) -> list[Reply]:
+    """Await ``works`` at once; when one fails, the others are cancelled and its error raised."""
+    tasks = [asyncio.ensure_future(work) for work in works]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _head(events: AsyncIterator[tuple[int, Delta]], n: int) -> list[tuple[int, Delta]]:
+    """The events up to the first of each of ``n`` choices (a choice that fails first fails them all)."""
+    seen: set[int] = set()
+    head: list[tuple[int, Delta]] = []
+    while len(seen) < n and (event := await anext(events, None)) is not None:
+        seen.add(event[0])
+        head.append(event)
+    return head
+
+
+async def _merged(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """The deltas of the choices' streams as ``(choice, delta)``, in the order they come; closing it ends them all.
+
+    Several streams are read at once, each by a task of its own: a choice waiting for
+    dispatch must not hold back the others.
+    """
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]):  # type: ignore[type-var]
+            async for delta in streams[0]:
+                yield 0, delta
+        return
+    events: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[Delta]) -> None:
+        try:
+            async for delta in stream:
+                events.put_nowait((index, delta))
+        except Exception as err:  # the choice failed: the reader raises it
+            events.put_nowait((index, err))
+        else:
+            events.put_nowait((index, None))
+
+    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(streams)
+        while running:
+            index, event = await events.get()
+            if event is None:
+                running -= 1
+            elif isinstance(event, BaseException):
+                raise event
+            else:
+                yield index, event
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
 def _message(reply: Reply) -> ChatCompletionMessage:
@@ -208,7 +256,8 @@ class ChatCompletionStream:
     """The chunks of a streamed completion, as ``openai``'s ``AsyncStream`` yields them.
 
     Iterate it once with ``async for``; ``close()`` (or ``async with``) ends the request
-    early, charged for what it produced. With ``stream_options={"include_usage": True}``
+    early, charged for what it produced. Chunks of ``n`` choices come as they are made,
+    each with its choice's ``index``. With ``stream_options={"include_usage": True}``
     the last chunk has no choices and carries the usage.
 
     Examples:
@@ -232,25 +281,27 @@ class ChatCompletionStream:
         arbiter: Arbiter,
         model: str,
         prompt_tokens: int,
-        first: Delta,
-        deltas: AsyncIterator[Delta],
+        n: int,
+        head: list[tuple[int, Delta]],
+        deltas: AsyncIterator[tuple[int, Delta]],
         include_usage: bool,
     ) -> None:
         self._arbiter = arbiter
         self._model = model
         self._prompt_tokens = prompt_tokens
+        self._n = n
         self._deltas = deltas
         self._include_usage = include_usage
         self._id = f"chatcmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
-        self._chunks = self._iterate(first)
+        self._chunks = self._iterate(head)
         self._portal: Portal | None = None  # set when the caller's loop is not the arbiter's
 
     def __aiter__(self) -> ChatCompletionStream:
         return self
 
     async def __anext__(self) -> ChatCompletionChunk:
-        with openai_errors(f"{IN_PROCESS_URL}/chat/completions", streaming=True):  # as a server's error event
+        with openai_errors(_CHAT, streaming=True):  # as a server's error event
             if self._portal is not None:
                 return await self._portal.run(self._chunks.__anext__)
             return await self._chunks.__anext__()
@@ -272,30 +323,31 @@ class ChatCompletionStream:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _chunk(self, delta: ChoiceDelta, finish: str | None = None,
+    def _chunk(self, index: int, delta: ChoiceDelta, finish: str | None = None,
                logprobs: tuple[TokenLogprob, ...] = ()) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=self._id,
             object="chat.completion.chunk",
             created=self._created,
             model=self._model,
-            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish,  # type: ignore[arg-type]
+            choices=[ChunkChoice(index=index, delta=delta, finish_reason=finish,  # type: ignore[arg-type]
                                  logprobs=_logprobs(logprobs, ChunkLogprobs) if logprobs else None)],
         )
 
-    async def _iterate(self, first: Delta) -> AsyncIterator[ChatCompletionChunk]:
-        produced = 0
-        async with contextlib.aclosing(self._deltas):
-            yield self._chunk(ChoiceDelta(role="assistant", content=""))
-            delta: Delta | None = first
-            while delta is not None:
-                produced += delta.new_tokens
+    async def _iterate(self, head: list[tuple[int, Delta]]) -> AsyncIterator[ChatCompletionChunk]:
+        produced = [0] * self._n
+        async with contextlib.aclosing(self._deltas):  # type: ignore[type-var]
+            for i in range(self._n):
+                yield self._chunk(i, ChoiceDelta(role="assistant", content=""))
+            pending = list(head)
+            while (event := pending.pop(0) if pending else await anext(self._deltas, None)) is not None:
+                i, delta = event
+                produced[i] += delta.new_tokens
                 if delta.tool_calls and delta.finish_reason is not None:  # calls, then the finish in its own chunk
-                    yield self._chunk(_delta(delta), None, delta.logprobs)  # as OpenAI (and openai's helper) has it
-                    yield self._chunk(ChoiceDelta(), delta.finish_reason)
+                    yield self._chunk(i, _delta(delta), None, delta.logprobs)  # as OpenAI (and openai's helper) has it
+                    yield self._chunk(i, ChoiceDelta(), delta.finish_reason)
                 elif delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs:
-                    yield self._chunk(_delta(delta), delta.finish_reason, delta.logprobs)
-                delta = await anext(self._deltas, None)
+                    yield self._chunk(i, _delta(delta), delta.finish_reason, delta.logprobs)
         if self._include_usage:
             yield ChatCompletionChunk(
                 id=self._id,
@@ -306,17 +358,63 @@ class ChatCompletionStream:
                 usage=self._usage(produced),
             )
 
-    def _usage(self, produced: int) -> CompletionUsage:
-        # A stream of deltas carries no usage: price the call as it was charged.
+    def _usage(self, produced: list[int]) -> CompletionUsage:
+        # A stream of deltas carries no usage: price the choices as they were charged (the prompt once each).
         prompt = self._prompt_tokens
         cost = self._arbiter.cost
-        charged = cost.input_cost(self._model, prompt) + cost.output_cost(self._model, produced)
+        charged = sum(cost.input_cost(self._model, prompt) + cost.output_cost(self._model, p) for p in produced)
         return CompletionUsage(
             prompt_tokens=prompt,
-            completion_tokens=produced,
-            total_tokens=prompt + produced,
+            completion_tokens=sum(produced),
+            total_tokens=prompt + sum(produced),
             unified_tokens=charged,  # type: ignore[call-arg]  # what fairagents charged
         )
+
+
+class ChatCompletionSyncStream:
+    """The chunks of a streamed completion for sync code, as ``openai``'s ``Stream`` yields them.
+
+    Iterate it once; ``close()`` (or ``with``) ends the request early, charged for what
+    it produced.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.testing import FakeEngine
+        >>> from fairagents_openai import FairOpenAI
+        >>> arbiter = fa.Arbiter()
+        >>> arbiter.add_model("chat", FakeEngine(tokens_per_reply=50))
+        >>> client = FairOpenAI(arbiter, agent=arbiter.app("a").agent("b"))
+        >>> with client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "go"}],
+        ...                                     stream=True) as chunks:
+        ...     first = [next(chunks).choices[0].delta.role, next(chunks).choices[0].delta.content]
+        >>> first, arbiter.stats().apps["a"].cancelled
+        (['assistant', 't0 '], 1)
+        >>> client.close()
+    """
+
+    def __init__(self, stream: ChatCompletionStream, portal: Portal) -> None:
+        self._stream = stream
+        self._portal = portal
+
+    def __iter__(self) -> Iterator[ChatCompletionChunk]:
+        return self
+
+    def __next__(self) -> ChatCompletionChunk:
+        try:
+            with openai_errors(_CHAT, streaming=True):
+                return self._portal.run_sync(self._stream.__anext__)
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """Stop the request; what it produced so far is charged."""
+        self._portal.run_sync(self._stream.close)
+
+    def __enter__(self) -> ChatCompletionSyncStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _delta(delta: Delta) -> ChoiceDelta:
@@ -338,7 +436,7 @@ async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: Ag
         UnknownModelError: no image model of that name (or none at all) in the pool.
         InvalidParameterError: a parameter the image model cannot honour.
     """
-    options = {k: v for k, v in request.items() if given(v) and k not in _IGNORED}
+    options = {k: v for k, v in request.items() if given(v) and k not in HARMLESS | _TRANSPORT}
     image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
     model = options.pop("model", None)
     if model is not None:

@@ -20,10 +20,9 @@ In process, calls reach the arbiter through a :class:`~fairagents.Portal`: an
 a ``FairOpenAI`` from sync code; an arbiter that is not started is started on a loop
 thread of the portal's own, closed by ``close()``.
 
-Either way a call that fails raises ``openai``'s exception for it, of the status a
-server answers (``openai.NotFoundError`` for an unknown model, ``BadRequestError``,
-``RateLimitError`` when the app's queue is full, ...); in process it is also the
-fairagents error it stands for, so ``except fa.UnknownModelError`` works too.
+Either way a call that fails raises ``openai``'s exception for it, as a server answers
+it (``openai.NotFoundError`` for an unknown model, ``RateLimitError`` for a full queue…);
+in process it is also the fairagents error it stands for.
 
 Examples:
     >>> import asyncio
@@ -47,21 +46,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types import ImagesResponse
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCompletion
+from openai.types.chat import ChatCompletion, ParsedChatCompletion
 
-from fairagents.arbiter import AgentHandle, Arbiter
+from fairagents import AgentHandle, Arbiter, Portal
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, identity_headers
-from fairagents.portal import Portal
 from fairagents_openai._errors import openai_errors
 from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream, parsed, structured
-from fairagents_openai._local import IN_PROCESS_URL, ChatCompletionStream, chat_completion, generate_image
+from fairagents_openai._local import (IN_PROCESS_URL, ChatCompletionStream, ChatCompletionSyncStream, chat_completion,
+                                      generate_image)
 
 __all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI", "RawResponse"]
 
@@ -372,51 +370,6 @@ class FairOpenAI(_Client):
             self.portal.close()
 
     def __enter__(self) -> FairOpenAI:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ChatCompletionSyncStream:
-    """The chunks of a streamed completion for sync code, as ``openai``'s ``Stream`` yields them.
-
-    Iterate it once; ``close()`` (or ``with``) ends the request early, charged for what
-    it produced.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.testing import FakeEngine
-        >>> arbiter = fa.Arbiter()
-        >>> arbiter.add_model("chat", FakeEngine(tokens_per_reply=50))
-        >>> client = FairOpenAI(arbiter, agent=arbiter.app("a").agent("b"))
-        >>> with client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "go"}],
-        ...                                     stream=True) as chunks:
-        ...     first = [next(chunks).choices[0].delta.role, next(chunks).choices[0].delta.content]
-        >>> first, arbiter.stats().apps["a"].cancelled
-        (['assistant', 't0 '], 1)
-        >>> client.close()
-    """
-
-    def __init__(self, stream: ChatCompletionStream, portal: Portal) -> None:
-        self._stream = stream
-        self._portal = portal
-
-    def __iter__(self) -> Iterator[ChatCompletionChunk]:
-        return self
-
-    def __next__(self) -> ChatCompletionChunk:
-        try:
-            with openai_errors(_CHAT, streaming=True):
-                return self._portal.run_sync(self._stream.__anext__)
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    def close(self) -> None:
-        """Stop the request; what it produced so far is charged."""
-        self._portal.run_sync(self._stream.close)
-
-    def __enter__(self) -> ChatCompletionSyncStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

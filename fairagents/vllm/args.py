@@ -17,7 +17,7 @@ other ``fairagents_*`` key (a misspelt one would otherwise be ignored in silence
 Keys without the prefix are other processors' business.
 
 Examples:
-    >>> from fairagents.engines.fair_args import check_args
+    >>> from fairagents.vllm.args import check_args
     >>> check_args({"fairagents_app": "search", "fairagents_app_weight": 2, "seed_hint": 1})
     >>> check_args({"fairagents_app_weight": -3})
     Traceback (most recent call last):
@@ -51,7 +51,7 @@ def check_weight(value: Any, what: str) -> float:
     """``value`` as a weight: a finite number > 0 (a boolean is not one).
 
     Examples:
-        >>> from fairagents.engines.fair_args import check_weight
+        >>> from fairagents.vllm.args import check_weight
         >>> check_weight(2, "app 'a'")
         2.0
     """
@@ -64,7 +64,7 @@ def check_args(extra_args: Mapping[str, Any] | None) -> None:
     """Raise :class:`~fairagents.errors.InvalidParameterError` (a ``ValueError``) for bad ``fairagents_*`` arguments.
 
     Examples:
-        >>> from fairagents.engines.fair_args import check_args
+        >>> from fairagents.vllm.args import check_args
         >>> check_args(None)
         >>> check_args({"fairagents_agent": 7})
         Traceback (most recent call last):

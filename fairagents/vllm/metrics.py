@@ -8,37 +8,17 @@
 | ``fairagents_app_weight`` | model_name, engine, app | the app's weight, as its latest request had it |
 | ``fairagents_agent_weight`` | model_name, engine, app, agent | the agent's weight within its app, likewise |
 
-``model_name`` and ``engine`` are vLLM's own labels (the served model name, the
-engine's data-parallel index). An app's share is its service over the total,
-``sum by (app) (rate(fairagents_service_unified_tokens_total[1m]))``, to compare
-with its share of the weights.
-
-**How they reach ``/metrics``.** :class:`~fairagents.engines.fair_scheduler.FairScheduler`
-runs in vLLM's engine process, and ``/metrics`` is served by the API server process
-(vLLM's per-step ``SchedulerStats``, the one channel between the two, has fixed
-fields). They meet through prometheus_client's multiprocess mode: when the server's
-environment names a directory in ``PROMETHEUS_MULTIPROC_DIR``, every process of the
-server writes its series to files there, and vLLM's ``/metrics`` collects the files of
-all of them. vLLM sets the variable itself when it runs several API servers; with one,
-set it on the command line, to a fresh directory per start
-(``PROMETHEUS_MULTIPROC_DIR=$(mktemp -d) vllm serve ...``). Without it the series stay
-in the engine process, which only ``/metrics`` sees when the engine runs inside the
-server's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
-
-**Bounded labels.** Any client can name any app over plain ``vllm serve``, so the
-first :data:`MAX_APPS` apps seen keep a label of their own and the rest are reported
-together as :data:`OVERFLOW`; likewise the first :data:`MAX_AGENTS` agents of each app.
-A series count per metric and engine is at most ``MAX_APPS × (MAX_AGENTS + 1) + 1``.
-
-**Cost.** Figures are published at most every :attr:`SchedulerMetrics.interval`
-seconds from the engine's step (service deltas, and one pass over the engine's
-requests to count them), and once more when the engine runs out of requests, so its
-gauges read 0 when it idles.
+``model_name`` and ``engine`` are vLLM's own labels. The scheduler runs in vLLM's
+engine process and ``/metrics`` is served by the API server's: the series reach it
+through prometheus_client's multiprocess mode (:data:`MULTIPROC_ENV`). Labels are
+bounded (:class:`~fairagents.labels.LabelCap`): the first :data:`MAX_APPS` apps, and
+the first :data:`MAX_AGENTS` agents of each, keep their names; later ones share
+:data:`OVERFLOW`. The guide "Fair vLLM without the SDK" tells more.
 
 Examples:
     >>> import fairagents as fa
     >>> from prometheus_client import CollectorRegistry
-    >>> from fairagents.engines.fair_metrics import SchedulerMetrics
+    >>> from fairagents.vllm.metrics import SchedulerMetrics
     >>> registry = CollectorRegistry()
     >>> metrics = SchedulerMetrics("chat", registry=registry)
     >>> planner = fa.Agent("planner", fa.App("search", weight=2))
@@ -47,8 +27,6 @@ Examples:
     >>> labels = {"model_name": "chat", "engine": "0", "app": "search", "agent": "planner"}
     >>> registry.get_sample_value("fairagents_service_unified_tokens_total", labels)
     30.0
-    >>> registry.get_sample_value("fairagents_app_weight", {"model_name": "chat", "engine": "0", "app": "search"})
-    2.0
 """
 
 from __future__ import annotations
@@ -64,6 +42,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from fairagents._logging import get_logger
 from fairagents.identity import Agent
+from fairagents.labels import OTHER, LabelCap
 
 __all__ = ["MAX_AGENTS", "MAX_APPS", "MULTIPROC_ENV", "OVERFLOW", "SchedulerMetrics"]
 
@@ -73,8 +52,8 @@ log = get_logger(__name__)
 MAX_APPS = 32
 #: Agents of one app reported under their own label; later ones share :data:`OVERFLOW`.
 MAX_AGENTS = 8
-#: The label of the apps (or an app's agents) past the cap.
-OVERFLOW = "_other"
+#: The label of the apps (or an app's agents) past the cap (the server's too).
+OVERFLOW = OTHER
 #: prometheus_client's variable naming the directory its processes share (multiprocess mode).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -107,7 +86,7 @@ def _series(registry: CollectorRegistry) -> _Series:
 
 
 class SchedulerMetrics:
-    """One engine's fairness series, with bounded labels (see the module docs).
+    """One engine's fairness series, with bounded labels.
 
     Args:
         model_name: vLLM's ``model_name`` label (the served model name).
@@ -123,7 +102,7 @@ class SchedulerMetrics:
     Examples:
         >>> import fairagents as fa
         >>> from prometheus_client import CollectorRegistry
-        >>> from fairagents.engines.fair_metrics import SchedulerMetrics
+        >>> from fairagents.vllm.metrics import SchedulerMetrics
         >>> metrics = SchedulerMetrics("chat", max_apps=1, registry=CollectorRegistry())
         >>> metrics.labels(fa.Agent("a", fa.App("one"))), metrics.labels(fa.Agent("a", fa.App("two")))
         (('one', 'a'), ('_other', '_other'))
@@ -134,11 +113,10 @@ class SchedulerMetrics:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
         self._base = (model_name, engine)
-        self._max_apps, self._max_agents = max_apps, max_agents
+        self._cap = LabelCap(max_apps, max_agents)
         self._series = _series(registry)
         self._clock = clock
         self._next = 0.0
-        self._agents: dict[str, set[str]] = {}  # app -> its agents with a label of their own
         self._app_weights: dict[str, float] = {}  # app label -> the latest weight
         self._agent_weights: dict[tuple[str, str], float] = {}  # (app, agent) labels -> the latest weight
         self._published: dict[tuple[str, str], float] = {}  # (app, agent) labels -> service published so far
@@ -158,19 +136,7 @@ class SchedulerMetrics:
 
     def labels(self, agent: Agent) -> tuple[str, str]:
         """The ``(app, agent)`` label values of ``agent``: its names, or :data:`OVERFLOW` past the caps."""
-        return self._labels(agent.app.name, agent.name)
-
-    def _labels(self, app: str, agent: str) -> tuple[str, str]:
-        agents = self._agents.get(app)
-        if agents is None:
-            if len(self._agents) >= self._max_apps:
-                return OVERFLOW, OVERFLOW
-            agents = self._agents[app] = set()
-        if agent not in agents:
-            if len(agents) >= self._max_agents:
-                return app, OVERFLOW
-            agents.add(agent)
-        return app, agent
+        return self._cap(agent.app.name, agent.name)
 
     def observe(self, agent: Agent) -> None:
         """Note a request's agent as it arrives: its labels, and its weights as the latest ones."""
@@ -196,7 +162,7 @@ class SchedulerMetrics:
         series, base = self._series, self._base
         totals: dict[tuple[str, str], float] = {}  # by label: what is kept is bounded by the caps, not by the names
         for app, agent, total in service:
-            labels = self._labels(app, agent)
+            labels = self._cap(app, agent)
             totals[labels] = totals.get(labels, 0.0) + total
         for labels, total in totals.items():
             done = self._published.get(labels, 0.0)

@@ -7,7 +7,7 @@ requests may reserve. Unset, the in-flight limit is the engine's batch capacity
 engine reports them once started.
 
 Examples:
-    >>> from fairagents.pool import Pool
+    >>> from fairagents.runtime.pool import Pool
     >>> from fairagents.testing import FakeEngine
     >>> pool = Pool(in_flight=None, token_budget="engine")
     >>> m = pool.add("chat", FakeEngine(token_capacity=512), in_flight=4)
@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import tenacity
 
-from fairagents.engines.base import Engine
+from fairagents.cost import CostModel
+from fairagents.engines.base import Engine, capabilities
 from fairagents.errors import InvalidParameterError, ModelLoadError, UnknownModelError
 
 __all__ = ["DEFAULT_IN_FLIGHT", "FAIR_ENGINE_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "schedules_fairly"]
@@ -75,14 +76,7 @@ class Restart:
 
 @dataclass(eq=False)
 class PoolModel:
-    """A model of the pool: its engine and the limits it was added with.
-
-    Examples:
-        >>> from fairagents.pool import PoolModel
-        >>> from fairagents.testing import FakeEngine
-        >>> PoolModel("chat", FakeEngine(), None, "engine").run_time is None
-        True
-    """
+    """A model of the pool: its engine and the limits it was added with."""
 
     name: str
     engine: Engine
@@ -90,8 +84,6 @@ class PoolModel:
     """Its own in-flight limit (``None``: the pool's)."""
     token_budget: TokenBudget
     """Its token budget setting."""
-    run_time: float | None = None
-    """Moving average of dispatch-to-finish seconds: the retry hint of an overloaded app."""
     start_time: float | None = None
     """Seconds its engine took to start, last time: the retry hint while it restarts."""
 
@@ -104,7 +96,7 @@ class Pool:
         token_budget: the token budget of models added without their own.
 
     Examples:
-        >>> from fairagents.pool import Pool
+        >>> from fairagents.runtime.pool import Pool
         >>> Pool(in_flight=0, token_budget=None)
         Traceback (most recent call last):
         ...
@@ -118,6 +110,8 @@ class Pool:
         self.in_flight = in_flight
         self.token_budget = token_budget
         self.models: dict[str, PoolModel] = {}
+        self.fair_counters: Any = None
+        """The counters the pool's engines with ``scheduler="fair"`` share (created with the first)."""
 
     def add(
         self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
@@ -147,6 +141,28 @@ class Pool:
             raise
         return m
 
+    def share_fair_counters(self, name: str, engine: Engine, cost: CostModel) -> None:
+        """An engine that schedules fairly itself charges the pool's one set of in-engine counters."""
+        if not schedules_fairly(engine) or name in self.models:
+            return
+        caps = capabilities(engine)
+        theirs = caps.fair_counters
+        if theirs is not None:  # started (or bound) elsewhere already: its counters are the pool's
+            if self.fair_counters is None:
+                self.fair_counters = theirs
+            elif theirs is not self.fair_counters:
+                raise InvalidParameterError(
+                    f"model {name!r}'s engine already charges another arbiter's counters; the fair engines of "
+                    "one arbiter must share one set", model=name)
+            return
+        if self.fair_counters is None:
+            from fairagents.vllm.scheduler import FairCounters
+
+            self.fair_counters = FairCounters(d_base=getattr(cost, "d_base", None), w_input=cost.w_input,
+                                              w_output=cost.w_output)
+        assert caps.share_counters is not None  # an engine with scheduler="fair" binds counters
+        caps.share_counters(self.fair_counters, name)
+
     def get(self, name: str) -> PoolModel:
         """The model of that name; raises :class:`~fairagents.UnknownModelError`."""
         m = self.models.get(name)
@@ -166,7 +182,7 @@ class Pool:
             return self.in_flight
         if schedules_fairly(m.engine):
             return FAIR_ENGINE_IN_FLIGHT
-        capacity = getattr(m.engine, "max_num_seqs", None)
+        capacity = capabilities(m.engine).max_num_seqs
         return capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
 
     def budget(self, m: PoolModel) -> int | None:
@@ -175,13 +191,13 @@ class Pool:
             return m.token_budget  # type: ignore[return-value]
         if schedules_fairly(m.engine):
             return None  # it preempts by counters: reserving its KV in front of it would only idle it
-        capacity = getattr(m.engine, "token_capacity", None)
+        capacity = capabilities(m.engine).token_capacity
         return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0 else None
 
     @staticmethod
     def block(m: PoolModel) -> int:
         """Tokens of ``m``'s engine's KV block (1 if it reports none)."""
-        block = getattr(m.engine, "kv_block_size", 1)
+        block = capabilities(m.engine).kv_block_size
         return block if isinstance(block, int) and not isinstance(block, bool) and block > 0 else 1
 
     async def start(self, models: list[PoolModel]) -> None:
@@ -225,12 +241,12 @@ def schedules_fairly(engine: object) -> bool:
     """Whether ``engine`` orders and preempts by fair counters itself (``VLLMEngine(scheduler="fair")``).
 
     Examples:
-        >>> from fairagents.pool import schedules_fairly
+        >>> from fairagents.runtime.pool import schedules_fairly
         >>> from fairagents.engines.vllm import VLLMEngine
         >>> schedules_fairly(VLLMEngine(scheduler="fair")), schedules_fairly(VLLMEngine())
         (True, False)
     """
-    return getattr(engine, "scheduler", None) == "fair"
+    return capabilities(engine).scheduler == "fair"
 
 
 def check_limit(value: object) -> None:

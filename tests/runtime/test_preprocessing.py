@@ -12,7 +12,7 @@ from PIL import Image
 import fairagents as fa
 from fairagents.errors import OverloadedError
 from fairagents.images import to_png
-from fairagents.preprocessing import Preprocessor
+from fairagents.runtime.preprocessing import Preprocessor
 from fairagents.testing import FakeEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -1,4 +1,4 @@
-"""H-MAS's ``Π_meta`` as a model's decision: the prompt, the validated reply, and a selector that asks a model.
+"""H-MAS's ``Π_meta`` as a model's decision: the prompt it is asked, and its validated reply.
 
 H-MAS (§3.4.1, Appendix C.2) lets an LLM read the long-horizon view ``V_long`` and emit
 a strict JSON decision naming the active policy; the answer is validated against the
@@ -8,8 +8,9 @@ the model's side of that loop, for :class:`~fairagents.policies.adaptive.Adaptiv
 
 - :func:`decision_prompt` renders the prompt: the instruction, the whitelist with one
   line per policy, and the view as JSON;
-- :func:`parse_decision` validates a reply into a :class:`Decision`, or ``None``;
-- :class:`ModelSelector` asks a model of the pool through an arbiter.
+- :func:`parse_decision` validates a reply into a :class:`Decision`, or ``None``.
+
+:class:`~fairagents.runtime.selector.ModelSelector` asks a model of the pool through an arbiter.
 
 What a reply must be: a JSON object ``{"policy": "<name>", "reason": "<short text>"}``,
 alone or inside other text (a ```json fence, prose around it); the first JSON object in
@@ -19,10 +20,8 @@ characters. Other keys are ignored: the paper's decision may carry hints ``h_t``
 bypass signal ``ξ_bypass``, which are not acted on here (the bypass is decided by the
 rules alone). Anything else is no decision (``None``), and the policy applies its rules.
 
-These names are imported from ``fairagents.policies.selector``.
-
 Examples:
-    >>> from fairagents.policies.selector import parse_decision
+    >>> from fairagents.policies.decision import parse_decision
     >>> parse_decision('Sure: ```json\\n{"policy": "edf", "reason": "deadline misses"}\\n```', ["fcfs", "edf"])
     Decision(policy='edf', reason='deadline misses')
     >>> parse_decision('{"policy": "lottery"}', ["fcfs", "edf"]) is None
@@ -31,19 +30,13 @@ Examples:
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-if TYPE_CHECKING:
-    from fairagents.calls import ModelCalls
-    from fairagents.handles import AgentHandle
-    from fairagents.identity import Agent
-
-__all__ = ["DESCRIPTIONS", "Decision", "ModelSelector", "decision_prompt", "parse_decision"]
+__all__ = ["DESCRIPTIONS", "Decision", "decision_prompt", "parse_decision"]
 
 #: One line per known policy, as the prompt describes it to the model.
 DESCRIPTIONS: dict[str, str] = {
@@ -65,13 +58,7 @@ _MAX_OBJECTS = 64  # JSON objects tried in one reply, at most
 
 
 class Decision(BaseModel):
-    """A model's decision: the policy to make active, and why.
-
-    Examples:
-        >>> from fairagents.policies.selector import Decision
-        >>> Decision(policy="wfq").reason is None
-        True
-    """
+    """A model's decision: the policy to make active, and why."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -87,7 +74,7 @@ def parse_decision(text: Any, whitelist: Collection[str]) -> Decision | None:
     not ``adaptive``. Names are matched exactly.
 
     Examples:
-        >>> from fairagents.policies.selector import parse_decision
+        >>> from fairagents.policies.decision import parse_decision
         >>> parse_decision('I pick {"policy": "wfq"} because shares drift.', ("wfq",)).policy
         'wfq'
         >>> parse_decision("wfq", ("wfq",)) is None, parse_decision('{"policy": 3}', ("wfq",)) is None
@@ -129,7 +116,7 @@ def decision_prompt(view: Mapping[str, Any]) -> str:
     """The prompt that asks a model for a decision on ``view`` (its ``pool`` is the whitelist).
 
     Examples:
-        >>> from fairagents.policies.selector import decision_prompt
+        >>> from fairagents.policies.decision import decision_prompt
         >>> prompt = decision_prompt({"pool": ["fcfs", "edf"], "violation_rate": 0.25})
         >>> "- edf: earliest deadline first" in prompt and '"violation_rate": 0.25' in prompt
         True
@@ -150,74 +137,3 @@ def decision_prompt(view: Mapping[str, Any]) -> str:
         (f"Answer with only a JSON object, e.g. {example}: \"policy\" is one name of the whitelist, "
          f"\"reason\" at most {_REASON_MAX} characters."),
     ])
-
-
-class ModelSelector:
-    """A selector for :class:`~fairagents.policies.adaptive.Adaptive` that asks ``model`` through ``arbiter``.
-
-    Called with a view, it returns an :class:`asyncio.Task` on the running event loop
-    that sends :func:`decision_prompt` as a chat message and returns the reply's text;
-    the policy polls the task at its next events, validates the text with
-    :func:`parse_decision`, and falls back to its rules when the answer is malformed,
-    fails, or is not there within ``selector_timeout`` (the task is then cancelled).
-
-    The call is an ordinary request: it goes through the same fair dispatcher as any
-    other, as ``agent``, an identity declared on the arbiter (e.g.
-    ``arbiter.app("fairagents").agent("meta-controller")``), and it counts in the
-    statistics the controller reads. Called with no running event loop (in the
-    simulator, say), it raises :class:`RuntimeError`, which the policy counts as an
-    error and answers with its rules.
-
-    Structured outputs (guided JSON decoding) are not available on the engines yet, so
-    the model may answer anything; a model that is not instruction-tuned, such as the
-    embedded random-weight one, answers gibberish, and every decision then falls back
-    to the rules.
-
-    Args:
-        arbiter: the arbiter (anything with its ``chat`` coroutine method).
-        model: the model of the pool to ask.
-        agent: who asks (an agent handle, or a declared :class:`~fairagents.Agent`).
-        max_tokens: the reply's length limit.
-        temperature: sampling temperature (0: greedy).
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.policies.selector import ModelSelector
-        >>> arbiter = fa.Arbiter()
-        >>> ask = ModelSelector(arbiter, "chat", arbiter.app("fairagents").agent("meta-controller"))
-        >>> ask({"pool": ["fcfs"]})
-        Traceback (most recent call last):
-        ...
-        RuntimeError: ModelSelector needs a running event loop (an arbiter's); the policy falls back to its rules
-    """
-
-    def __init__(
-        self,
-        arbiter: ModelCalls | Any,
-        model: str,
-        agent: AgentHandle | Agent,
-        *,
-        max_tokens: int = 64,
-        temperature: float = 0.0,
-    ) -> None:
-        self.arbiter, self.model, self.agent = arbiter, model, agent
-        self.max_tokens, self.temperature = max_tokens, temperature
-
-    def messages(self, view: Mapping[str, Any]) -> list[dict[str, str]]:
-        """The chat messages sent for ``view``."""
-        return [{"role": "user", "content": decision_prompt(view)}]
-
-    def __call__(self, view: Mapping[str, Any]) -> asyncio.Task[str]:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                "ModelSelector needs a running event loop (an arbiter's); the policy falls back to its rules"
-            ) from None
-        return loop.create_task(self._ask(self.messages(view)), name="fairagents-meta-controller")
-
-    async def _ask(self, messages: list[dict[str, str]]) -> str:
-        reply = await self.arbiter.chat(
-            self.model, messages, agent=self.agent, max_tokens=self.max_tokens, temperature=self.temperature
-        )
-        return reply.text

@@ -1,56 +1,33 @@
 """HMFS inside vLLM's engine loop: a v1 scheduler that orders, charges and preempts by fair counters.
 
 fairagents' arbiter schedules in front of an engine; this module schedules inside one.
-:class:`FairScheduler` is a vLLM v1 scheduler (a subclass of vLLM's ``AsyncScheduler``,
-so async scheduling keeps its overlap; with async scheduling off — vLLM then picks its
-plain ``Scheduler``, as on a CPU — it updates requests as that one does) for
+:class:`FairScheduler` subclasses vLLM's ``AsyncScheduler`` (with async scheduling
+off it updates requests as vLLM's plain ``Scheduler`` does), for
 ``EngineArgs(scheduler_cls=...)`` or ``vllm serve --scheduler-cls fairagents.vllm.FairScheduler``:
 
-- **Identity** comes from each request's ``SamplingParams.extra_args``:
-  ``fairagents_app`` and ``fairagents_agent`` (over HTTP, vLLM's ``vllm_xargs`` request
-  field carries them). A request without them belongs to the app ``default``.
-- **Weights** come from a file named by the environment variable
-  ``FAIRAGENTS_SCHEDULER_CONFIG`` (TOML or JSON: ``{"apps": {"name": {"weight": 2,
-  "agents": {"planner": 3}}}}``) when it is set — then a request's own weight
-  arguments are ignored, since over plain ``vllm serve`` anyone can send them — or else
-  from ``fairagents_app_weight`` / ``fairagents_agent_weight`` in ``extra_args``
-  (default 1). A request with invalid ones is refused with a 400 by
-  :class:`~fairagents.engines.fair_args.FairArgsValidator`, served next to this class;
-  without it, an invalid weight is ignored, with a warning.
-- **Metrics**: service per app and agent, queued and running requests, and weights
-  join vLLM's own ``/metrics`` (:mod:`fairagents.engines.fair_metrics`).
-- **The waiting queue** is HMFS (Zhang & Hu, Alg. 1, via
-  :class:`~fairagents.policies.HMFS`): the app with the lowest counter first, then its
-  agent with the lowest counter, then the earliest arrival; a client that becomes
-  active again (a new request, or a preempted one re-queued) is lifted to the lowest
-  active counter at its level, so idling banks no credit.
-- **Charges**, in unified tokens of this model (its hidden size and depth, HMFS eq. 1):
-  the whole prompt when the request is taken into the batch (its first prefill chunk,
-  a cached prefix included), so the next pick of the same step already sees it — as
-  VTC charges input at admission; charged per chunk instead, every slot freed at one
-  step boundary would go to the same client — and output tokens as each step returns
-  them. Work a preemption makes the engine redo is never charged again. (A request
-  that reaches the batch through vLLM's separate queue of requests holding KV blocks
-  is charged chunk by chunk as its prefill runs.)
-- **Preemption**: before a step that could run out of KV blocks (fewer free than the
-  running requests could ask for: one each, plus a full step of prefill), the running
-  requests are ordered decodes first and then by the same key, so vLLM's victim (the
-  last of the running list) is a request of the app, then agent, with the highest
-  counter — not simply the newest. Otherwise vLLM's own order is kept, at no cost.
+- **Identity**: ``fairagents_app`` and ``fairagents_agent`` in each request's
+  ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP); app ``default`` without them.
+- **Weights**: from the file named by :data:`CONFIG_ENV` (:class:`Weights`) when set,
+  the request's own weight arguments then ignored; else from ``fairagents_app_weight`` /
+  ``fairagents_agent_weight`` (default 1), checked by
+  :class:`~fairagents.vllm.args.FairArgsValidator`.
+- **The waiting queue** (:class:`FairQueue`) is HMFS's: lowest app counter, then its
+  lowest agent counter, then the earliest arrival.
+- **Charges**, in unified tokens of this model: the whole prompt as the request enters
+  the batch, output tokens as each step returns them; recomputation after a
+  preemption is never charged again.
+- **Preemption**: on a step that could run out of KV blocks the running requests are
+  ordered so vLLM's victim (the last) has the highest counter.
+- **Metrics** join vLLM's ``/metrics`` (:mod:`fairagents.vllm.metrics`).
 
-Cost per step: a queue decision is O(log n) in the number of apps and agents (lazy
-heaps over counters that only grow); ordering the running list, on steps that could
-preempt, is O(r log r) for the ``r ≤ max_num_seqs`` running requests; a step's output
-is summed per agent and charged under one hold of the counters' lock.
+The guide "Fair vLLM without the SDK" explains each, and what it costs.
 
 Examples:
-    >>> from fairagents.engines.fair_scheduler import identity, FairScheduler
+    >>> from fairagents.vllm.scheduler import identity
     >>> identity({"fairagents_app": "search", "fairagents_agent": "planner"}).app.name
     'search'
     >>> identity(None).name, identity(None).app.name
     ('default', 'default')
-    >>> FairScheduler.__mro__[1].__name__
-    'AsyncScheduler'
 """
 
 from __future__ import annotations
@@ -72,13 +49,13 @@ from vllm.v1.request import RequestStatus
 from fairagents._logging import get_logger
 from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT
 from fairagents.cost import ModelProfile, UnifiedTokenCost
-from fairagents.engines.fair_args import FairArgsValidator, check_weight
-from fairagents.engines.fair_metrics import SchedulerMetrics
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, App, Modality
 from fairagents.policies.hmfs import HMFS
 from fairagents.request import Outcome
 from fairagents.request import Request as FairRequest
+from fairagents.vllm.args import FairArgsValidator, check_weight
+from fairagents.vllm.metrics import SchedulerMetrics
 
 __all__ = ["CONFIG_ENV", "FairCounters", "FairQueue", "FairScheduler", "Weights", "identity"]
 
@@ -93,7 +70,7 @@ class Weights:
     """App and agent weights from a file: ``{"apps": {app: {"weight": w, "agents": {agent: w}}}}``.
 
     Examples:
-        >>> from fairagents.engines.fair_scheduler import Weights
+        >>> from fairagents.vllm.scheduler import Weights
         >>> w = Weights({"apps": {"search": {"weight": 2, "agents": {"planner": 3}}}})
         >>> w.app("search"), w.agent("search", "planner"), w.agent("search", "other"), w.app("x")
         (2.0, 3.0, 1.0, 1.0)
@@ -134,7 +111,7 @@ def identity(extra_args: Mapping[str, Any] | None, weights: Weights | None = Non
 
     With ``weights`` (a weights file), weights come from it alone; without, from the
     ``fairagents_app_weight`` / ``fairagents_agent_weight`` arguments. Served with
-    :class:`~fairagents.engines.fair_args.FairArgsValidator`, a request with invalid
+    :class:`~fairagents.vllm.args.FairArgsValidator`, a request with invalid
     ones never gets here; without it, an invalid weight counts as 1.
     """
     args = extra_args or {}
@@ -164,7 +141,7 @@ class FairCounters:
 
     Examples:
         >>> import fairagents as fa
-        >>> from fairagents.engines.fair_scheduler import FairCounters
+        >>> from fairagents.vllm.scheduler import FairCounters
         >>> counters = FairCounters()
         >>> counters.register("chat", fa.ModelProfile(d_model=4096, n_layers=1))
         >>> counters.charge(fa.Agent("t", fa.App("a")), "chat", prompt=10, output=5)
@@ -231,11 +208,6 @@ class FairQueue(RequestQueue):
         on_pop: called with each request popped, under the counters' lock (the
             scheduler charges its prompt once it is in the batch, before the next pick).
         settle: called before every pick (the scheduler charges what was popped into the batch).
-
-    Examples:
-        >>> from fairagents.engines.fair_scheduler import FairCounters, FairQueue
-        >>> len(FairQueue(FairCounters(), "engine", agent_of=lambda r: None))
-        0
     """
 
     def __init__(self, counters: FairCounters, model: str, agent_of: Any,
@@ -367,7 +339,7 @@ class FairScheduler(AsyncScheduler):
         """This class bound to ``counters`` under the name ``model`` (for in-process engines of one pool).
 
         Examples:
-            >>> from fairagents.engines.fair_scheduler import FairCounters, FairScheduler
+            >>> from fairagents.vllm.scheduler import FairCounters, FairScheduler
             >>> bound = FairScheduler.sharing(FairCounters(), "chat")
             >>> issubclass(bound, FairScheduler), bound.model
             (True, 'chat')

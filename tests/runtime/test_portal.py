@@ -12,8 +12,8 @@ import pytest
 
 import fairagents as fa
 from fairagents.errors import ProtocolError
-from fairagents import portal as portal_module
-from fairagents.portal import Portal
+from fairagents.runtime import portal as portal_module
+from fairagents.runtime.portal import Portal
 from fairagents.testing import FakeEngine
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -275,8 +275,8 @@ def test_a_portal_dropped_without_close_still_stops_its_engines_at_exit(tmp_path
     script = f"""
 import asyncio, gc
 import fairagents as fa
-from fairagents import portal as portal_module
-from fairagents.portal import Portal
+from fairagents.runtime import portal as portal_module
+from fairagents.runtime.portal import Portal
 from fairagents.testing import FakeEngine
 
 class Engine(FakeEngine):
@@ -437,8 +437,8 @@ def test_a_thread_still_calling_at_exit_gets_shutdown_error_and_the_program_ends
     script = """
 import sys, threading, time
 import fairagents as fa
-from fairagents import portal as portal_module
-from fairagents.portal import Portal
+from fairagents.runtime import portal as portal_module
+from fairagents.runtime.portal import Portal
 from fairagents.testing import FakeEngine
 
 arbiter = fa.Arbiter()

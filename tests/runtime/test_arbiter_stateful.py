@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import fairagents as fa
-from fairagents.dispatcher import TicketState
+from fairagents.records import TicketState
 from fairagents.engines import Prompt
 from fairagents.testing import FakeClock, FakeEngine, RecordingPolicy
 

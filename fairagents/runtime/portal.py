@@ -1,37 +1,23 @@
 """Calling an arbiter from any event loop, or from sync code.
 
 An :class:`~fairagents.Arbiter` and its engines belong to the event loop they started
-on. A :class:`Portal` lets code elsewhere call it safely:
+on. A :class:`Portal` lets code elsewhere call it safely: from the arbiter's own loop a
+call is awaited directly; from another loop (another thread, or a loop a framework
+made) it runs on the arbiter's loop while the caller awaits the result on its own, and
+cancelling the caller cancels the call; from sync code the thread blocks until the
+result is back (``KeyboardInterrupt`` cancels the request).
 
-- from the arbiter's own loop, a call is awaited directly;
-- from another event loop (another thread, or a loop a framework made), the call runs
-  on the arbiter's loop and the caller awaits its result on its own; cancelling the
-  caller cancels the call (and its request) on the arbiter's side;
-- from sync code, the call runs on the arbiter's loop and the thread blocks until the
-  result is back.
-
-An arbiter not running — never started, or closed with the loop it ran on — is started
-on a loop thread of the portal's own at its first call, so a script with no event loop
-at all can use it. :meth:`Portal.close` closes it (engines stopped, thread ended); so
-does the program's exit, before Python's own thread pools shut down, so engines still
-stop cleanly then (a thread still calling after that, one the program did not join,
-gets :class:`~fairagents.ShutdownError`).
-
-Portals onto one arbiter agree on who starts it: whichever portal (on whichever thread)
-calls first starts it once, and a call that comes while the arbiter is starting — on a
-portal's thread, or in ``async with arbiter:`` on a loop of the user's — waits for that
-start instead of making another.
-
-Interrupting a waiting call (``KeyboardInterrupt`` in sync code, cancelling the task in
-async code) cancels its request on the arbiter's loop.
-
-A call that cannot be served says so instead of waiting forever: the arbiter's loop
-has ended or is not running (:class:`~fairagents.ShutdownError`), or a sync call was made
-from the arbiter's own loop, which it would block (:class:`~fairagents.errors.ProtocolError`).
+An arbiter not running is started on a loop thread of the portal's own at its first
+call, so a script with no event loop can use it; :meth:`Portal.close` (or the program's
+exit, before Python's thread pools shut down) closes it. Portals onto one arbiter agree
+on who starts it (:class:`~fairagents.runtime.lifecycle.Lifecycle`): a call that comes
+while the arbiter is starting waits for that start. A call that cannot be served says
+so instead of waiting forever: the arbiter's loop has ended (:class:`~fairagents.ShutdownError`),
+or a sync call was made from the arbiter's own loop (:class:`~fairagents.errors.ProtocolError`).
 
 Examples:
     >>> import fairagents as fa
-    >>> from fairagents.portal import Portal
+    >>> from fairagents.runtime.portal import Portal
     >>> from fairagents.testing import FakeEngine
     >>> arbiter = fa.Arbiter()
     >>> arbiter.add_model("chat", FakeEngine())
@@ -56,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from fairagents.errors import ProtocolError, ShutdownError
 
 if TYPE_CHECKING:
-    from fairagents.arbiter import Arbiter
+    from fairagents.runtime.arbiter import Arbiter
 
 __all__ = ["Portal"]
 
@@ -80,7 +66,7 @@ class Portal:
     Examples:
         >>> import asyncio
         >>> import fairagents as fa
-        >>> from fairagents.portal import Portal
+        >>> from fairagents.runtime.portal import Portal
         >>> from fairagents.testing import FakeEngine
         >>> arbiter = fa.Arbiter()
         >>> arbiter.add_model("chat", FakeEngine())
@@ -118,7 +104,7 @@ class Portal:
         """
         loop = await self._target_async()
         if _running() is loop:
-            await self.arbiter._until_started()
+            await self.arbiter.lifecycle.until_started()
             async with contextlib.aclosing(fn(*args, **kwargs)) as items:  # type: ignore[type-var]
                 async for item in items:
                     yield item
@@ -176,7 +162,7 @@ class Portal:
 
         Examples:
             >>> import fairagents as fa
-            >>> from fairagents.portal import Portal
+            >>> from fairagents.runtime.portal import Portal
             >>> from fairagents.testing import FakeEngine
             >>> arbiter = fa.Arbiter()
             >>> arbiter.add_model("chat", FakeEngine())
@@ -188,7 +174,7 @@ class Portal:
         """
         loop = self._target()
         self._not_on(loop)
-        _wait(self._send(self.arbiter._until_started(), loop), loop)
+        _wait(self._send(self.arbiter.lifecycle.until_started(), loop), loop)
 
     @property
     def owns_loop(self) -> bool:
@@ -207,7 +193,7 @@ class Portal:
         """
         self._not_on(self._loop)
         with self._close_lock:
-            with self.arbiter._portal_lock:  # a start under way ends first; none begins after
+            with self.arbiter.lifecycle.portal_lock:  # a start under way ends first; none begins after
                 self._closed = True
                 loop, thread = self._loop, self._thread
             if loop is None or thread is None:
@@ -236,10 +222,10 @@ class Portal:
         loop = self.arbiter.loop
         if loop is not None and loop.is_running():  # running, or starting there: calls wait for the start
             return loop
-        with self.arbiter._portal_lock:  # one lock per arbiter: every portal onto it agrees on who starts it
+        with self.arbiter.lifecycle.portal_lock:  # one lock per arbiter: every portal onto it agrees on who starts it
             self._check_open()
             loop = self.arbiter.loop
-            if loop is None or (loop.is_closed() and self.arbiter._closed):  # never started, or closed with its loop
+            if loop is None or (loop.is_closed() and self.arbiter.lifecycle.closed):  # never started, or closed with its loop
                 if _exiting:
                     raise ShutdownError("the program is exiting: the arbiter is not started again")
                 loop = self._start_thread()
@@ -259,7 +245,7 @@ class Portal:
 
     def _send_if_running(self, coro: Coroutine[Any, Any, T],
                          loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T] | None:
-        with self.arbiter._send_lock:  # a close marks its loop stopping under this lock: nothing sent is left unrun
+        with self.arbiter.lifecycle.send_lock:  # a close marks its loop stopping under this lock: nothing sent is left unrun
             if loop.is_running() and loop not in _stopping:
                 return asyncio.run_coroutine_threadsafe(coro, loop)
         coro.close()
@@ -380,7 +366,7 @@ def _stop(arbiter: Arbiter, loop: asyncio.AbstractEventLoop, thread: threading.T
     The loop settles on its own thread, so this works from any thread, one running
     another event loop included.
     """
-    with arbiter._send_lock:  # nothing is sent after this; what was sent before is settled below
+    with arbiter.lifecycle.send_lock:  # nothing is sent after this; what was sent before is settled below
         _stopping.add(loop)
     settling = asyncio.run_coroutine_threadsafe(_settle(), loop)
     with contextlib.suppress(concurrent.futures.TimeoutError):
@@ -412,20 +398,20 @@ async def _settle() -> None:
 async def _unwind(arbiter: Arbiter) -> None:
     """After a start was cancelled: wait for it to end, and close the arbiter if it got to start."""
     with contextlib.suppress(Exception):
-        await arbiter._until_started()
-    if arbiter._started:
+        await arbiter.lifecycle.until_started()
+    if arbiter.lifecycle.started:
         await arbiter.close()
 
 
 async def _call(arbiter: Arbiter, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> T:
-    await arbiter._until_started()
+    await arbiter.lifecycle.until_started()
     return await fn(*args, **kwargs)
 
 
 async def _open(arbiter: Arbiter, fn: Callable[..., AsyncIterator[T]], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> _Cursor[T]:
-    await arbiter._until_started()
+    await arbiter.lifecycle.until_started()
     return _Cursor(fn(*args, **kwargs))
 
 

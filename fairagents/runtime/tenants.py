@@ -2,7 +2,7 @@
 
 Examples:
     >>> import fairagents as fa
-    >>> from fairagents.tenants import Tenants
+    >>> from fairagents.runtime.tenants import Tenants
     >>> tenants = Tenants()
     >>> planner = tenants.declare_agent(tenants.declare_app("driving", 2.0, None, None), "planner", 1.0, None)
     >>> tenants.resolve(planner).app.weight
@@ -27,7 +27,7 @@ class Tenants:
     """Declared apps (with their queue bounds) and agents; resolves a caller to its declared agent.
 
     Examples:
-        >>> from fairagents.tenants import Tenants
+        >>> from fairagents.runtime.tenants import Tenants
         >>> Tenants().resolve(None)
         Traceback (most recent call last):
         ...
@@ -154,7 +154,7 @@ def check_share(share: object, **about: str | None) -> None:
     """Raise unless ``share`` is ``None`` or a number in (0, 1].
 
     Examples:
-        >>> from fairagents.tenants import check_share
+        >>> from fairagents.runtime.tenants import check_share
         >>> check_share(0.0)
         Traceback (most recent call last):
         ...
@@ -170,7 +170,7 @@ def check_max_tokens(max_tokens: object, **about: str | None) -> None:
     """Raise unless ``max_tokens`` is ``None`` or an integer ≥ 1 (a ``default_max_tokens`` setting).
 
     Examples:
-        >>> from fairagents.tenants import check_max_tokens
+        >>> from fairagents.runtime.tenants import check_max_tokens
         >>> check_max_tokens(0)
         Traceback (most recent call last):
         ...

@@ -9,7 +9,7 @@ prompt for a 2,048-token model is a :class:`~fairagents.ContextLengthError` in
 microseconds, not after seconds of tokenizing.
 
 Examples:
-    >>> from fairagents.prompts import chat_input
+    >>> from fairagents.engines.prompts import chat_input
     >>> from fairagents.testing import FakeEngine
     >>> chat_input([{"role": "user", "content": "two words"}])(FakeEngine()).n_tokens
     3
@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fairagents.engines.base import Engine, Prompt
+from fairagents.engines.base import Engine, Prompt, capabilities
 from fairagents.errors import ContextLengthError, InvalidParameterError
 
 __all__ = ["Messages", "chat_input", "check_messages", "check_text_fits", "render_chat", "template_messages", "text_input"]
@@ -63,7 +63,7 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
                 raise ContextLengthError(
                     f"the prompt has {prompt.n_tokens} tokens; the model's context is {engine.max_model_len}"
                 )
-            vocab = getattr(engine, "vocab_size", None)
+            vocab = capabilities(engine).vocab_size
             if isinstance(vocab, int) and (min(prompt.token_ids) < 0 or max(prompt.token_ids) >= vocab):
                 bad = next(t for t in prompt.token_ids if not 0 <= t < vocab)
                 raise InvalidParameterError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})",
@@ -107,7 +107,7 @@ def template_messages(messages: Messages) -> list[dict[str, Any]]:
     them) write them out as objects. A message without content gets ``""``.
 
     Examples:
-        >>> from fairagents.prompts import template_messages
+        >>> from fairagents.engines.prompts import template_messages
         >>> call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
         >>> template_messages([{"role": "assistant", "content": None, "tool_calls": [call]}])[0]["tool_calls"][0]
         {'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': {'x': 1}}}
@@ -183,7 +183,7 @@ def check_text_fits(engine: Engine, characters: int) -> None:
     ``characters / max_token_bytes`` tokens.
 
     Examples:
-        >>> from fairagents.prompts import check_text_fits
+        >>> from fairagents.engines.prompts import check_text_fits
         >>> from fairagents.testing import FakeEngine
         >>> check_text_fits(FakeEngine(max_model_len=100, max_token_bytes=8), 800)
         >>> check_text_fits(FakeEngine(max_model_len=100, max_token_bytes=8), 10_000_000)
@@ -191,7 +191,7 @@ def check_text_fits(engine: Engine, characters: int) -> None:
         ...
         fairagents.errors.ContextLengthError: the prompt has 10000000 characters, so at least 1250000 tokens; the model's context is 100 tokens
     """
-    most = getattr(engine, "max_token_bytes", None)
+    most = capabilities(engine).max_token_bytes
     if not isinstance(most, int) or isinstance(most, bool) or most < 1 or not engine.max_model_len:
         return
     if characters > engine.max_model_len * most:

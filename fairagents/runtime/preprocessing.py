@@ -1,39 +1,28 @@
 """Preparing requests off the event loop, fairly: a bounded worker pool that apps share by weight.
 
-Decoding images, parsing a large body and tokenizing a long prompt take milliseconds
-to seconds of CPU; run on the event loop, they would stall every other request's
-dispatch and streaming behind them (head-of-line blocking in preprocessing,
-DuetInfer §III-B), ``/health`` included. So the arbiter prepares such work in a
-:class:`Preprocessor`: worker threads fed by a fair queue.
+Decoding images, parsing a large body and tokenizing a long prompt take milliseconds to
+seconds of CPU; on the event loop they would stall every other request behind them,
+``/health`` included (head-of-line blocking, DuetInfer §III-B). A :class:`Preprocessor`
+runs them in worker threads fed by a fair queue:
 
-**Fair.** Each app has its own queue. A free worker takes the head of the app with
-the least *virtual preprocessing time* — seconds of worker time it has used, divided
-by its weight, as the policies count tokens; an app that becomes backlogged starts
-from the virtual time of the job last started, so idleness earns no credit
-(start-time fair queueing). While another app has work queued, one app holds at most
-``workers − 1`` workers (all of them with one worker), and among apps of equal virtual
-time the one with fewer jobs running goes first. A job is not preempted: another app's
-job waits at most until a worker's current job ends. Past that, one app's large images
-or huge prompts delay its own requests, not everyone's.
+- **Fair.** Each app has its own queue; a free worker takes the head of the app with
+  the least virtual preprocessing time (worker seconds over its weight; a newly
+  backlogged app starts from the last started job's, so idleness earns no credit).
+  While another app waits, one app holds at most ``workers − 1`` workers. Jobs are not
+  preempted: one app's large images delay its own requests, not everyone's.
+- **Bounded, and the bound is shared.** An app may have ``max_pending_per_app`` jobs in
+  the pool; when the pool holds ``max_pending``, a job is refused only if its app holds
+  an equal share already, so a flooding app is refused and a light one still gets in.
+  A refusal is an :class:`~fairagents.errors.OverloadedError` at once, before any work.
+- **Arrival kept.** The arbiter queues a prepared request with the time it came in, so
+  its own preparation does not push back its place.
 
-**Bounded, and the bound is shared.** An app may have ``max_pending_per_app`` jobs
-queued or running. When the whole pool holds ``max_pending``, a job is refused only
-if its app already holds an equal share of the pool (``max_pending`` over the apps
-with jobs in it): an app that floods the pool is refused, while an app with less than
-its share still gets in (so the pool may exceed ``max_pending`` by a share or so). A
-refusal is an :class:`~fairagents.errors.OverloadedError` at once, before any work.
-
-A request keeps the time it arrived: the arbiter reads the clock when the call comes
-in and queues the request with that arrival once preparation is done, so its place
-is not pushed back by its own preprocessing (DuetInfer's ablation saw multimodal TTFT
-grow when requests entered the queue later than they arrived).
-
-``inline=True`` prepares on the event loop instead. It exists only so that
+``inline=True`` prepares on the event loop instead, only so that
 ``fairagents bench modality`` can measure what the pool saves.
 
 Examples:
     >>> import asyncio
-    >>> from fairagents.preprocessing import Preprocessor
+    >>> from fairagents.runtime.preprocessing import Preprocessor
     >>> async def main():
     ...     pool = Preprocessor(workers=1, max_pending=4)
     ...     try:
@@ -85,7 +74,7 @@ class Preprocessor:
         name: the worker threads' name prefix.
 
     Examples:
-        >>> from fairagents.preprocessing import Preprocessor
+        >>> from fairagents.runtime.preprocessing import Preprocessor
         >>> Preprocessor(workers=0)
         Traceback (most recent call last):
         ...
