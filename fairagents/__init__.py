@@ -28,7 +28,7 @@ from fairagents.errors import (
     UnknownAppError,
     UnknownModelError,
 )
-from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent
+from fairagents.identity import SLO, Agent, App, Modality, acting_as, agent, current_agent, current_run, run_scope
 from fairagents.limits import RequestLimits
 from fairagents.runtime.portal import Portal
 from fairagents.reply import ImageReply, Reply, Timing, TokenLogprob, Usage
@@ -81,7 +81,9 @@ __all__ = [
     "acting_as",
     "agent",
     "current_agent",
+    "current_run",
     "engines",
     "policies",
+    "run_scope",
     "service_bound",
 ]

@@ -20,6 +20,12 @@ XARG_APP_WEIGHT = "fairagents_app_weight"
 XARG_AGENT_WEIGHT = "fairagents_agent_weight"
 #: Key under which an agent's weight travels in LangGraph node metadata (used when the agent is declared).
 METADATA_WEIGHT = "fairagents_weight"
+#: Key under which a run id travels in LangChain/LangGraph run metadata (one graph invocation: one run).
+METADATA_RUN = "fairagents_run"
+#: Key of a request's run id in a vLLM request's ``extra_args`` (read by the in-engine fair scheduler).
+XARG_RUN = "fairagents_run"
+#: What a run id is: 1 to 128 letters, digits and ``_.:@/+=-`` (a regular expression, unanchored).
+RUN_PATTERN = r"[A-Za-z0-9_.:@/+=\-]{1,128}"
 #: HTTP header naming the calling agent on a request to a fairagents server.
 HEADER_AGENT = "X-Fairagents-Agent"
 #: HTTP header naming the calling app on a request to a fairagents server that runs without API keys.
@@ -28,6 +34,8 @@ HEADER_APP = "X-Fairagents-App"
 HEADER_AGENT_WEIGHT = "X-Fairagents-Agent-Weight"
 #: HTTP header stating the calling agent's SLO in seconds (``ttft=0.5, tpot=0.05, e2e=4.0``); as the weight.
 HEADER_AGENT_SLO = "X-Fairagents-Agent-Slo"
+#: HTTP header naming the run (one invocation of an agent workflow) a request belongs to.
+HEADER_RUN = "X-Fairagents-Run"
 #: Name of the agent a call is charged to when none is given.
 DEFAULT_AGENT = "default"
 #: Reference embedding width ``d_base`` of unified tokens (HMFS eq. 1).

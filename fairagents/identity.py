@@ -9,6 +9,10 @@ context manager) or :func:`agent` (a decorator), so code deep inside an agent ma
 model calls without passing its identity along. Context variables follow asyncio
 tasks, so concurrent agents in one event loop keep their own identity.
 
+A **run** is one invocation of an agent workflow (a graph run: a chain of calls, often
+fanning out and joining): :func:`run_scope` binds a run id the same way, and every call
+made inside it belongs to that run. A call outside any run is a run of its own.
+
 Examples:
     >>> import fairagents as fa
     >>> driving = fa.App("driving", weight=2.0)
@@ -29,6 +33,7 @@ import functools
 import inspect
 import math
 import re
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,16 +44,19 @@ from fairagents.constants import (
     HEADER_AGENT_SLO,
     HEADER_AGENT_WEIGHT,
     HEADER_APP,
+    HEADER_RUN,
     METADATA_AGENT,
     METADATA_APP,
+    RUN_PATTERN,
     XARG_AGENT_WEIGHT,
     XARG_APP_WEIGHT,
+    XARG_RUN,
 )
 from fairagents.errors import InvalidParameterError
 
 __all__ = [
-    "SLO", "Agent", "App", "Modality", "acting_as", "agent", "agent_from_headers", "current_agent", "identity_args",
-    "identity_headers",
+    "SLO", "Agent", "App", "Modality", "acting_as", "agent", "agent_from_headers", "check_run", "current_agent",
+    "current_run", "identity_args", "identity_headers", "run_from_headers", "run_scope",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -251,26 +259,94 @@ def current_agent() -> Agent | None:
 
 
 @contextlib.contextmanager
-def acting_as(who: Any) -> Iterator[Agent]:
+def acting_as(who: Any, *, run: str | None = None) -> Iterator[Agent]:
     """Bind ``who`` (an :class:`Agent` or an arbiter's agent handle) as the calling agent.
 
-    Nesting restores the outer binding on exit.
+    ``run`` also binds a run id (:func:`run_scope`). Nesting restores the outer binding on exit.
 
     Examples:
         >>> import fairagents as fa
         >>> a = fa.Agent("reader", fa.App("news"))
-        >>> with fa.acting_as(a) as bound:
-        ...     bound is fa.current_agent()
-        True
+        >>> with fa.acting_as(a, run="digest-7") as bound:
+        ...     bound is fa.current_agent(), fa.current_run()
+        (True, 'digest-7')
     """
     who = getattr(who, "identity", who)  # an arbiter's AgentHandle carries its Agent
     if not isinstance(who, Agent):
         raise InvalidParameterError(f"acting_as takes an Agent or AgentHandle, got {who!r}")
     token = _current.set(who)
     try:
-        yield who
+        if run is None:
+            yield who
+        else:
+            with run_scope(run):
+                yield who
     finally:
         _current.reset(token)
+
+
+_run: contextvars.ContextVar[str | None] = contextvars.ContextVar("fairagents_run", default=None)
+_RUN = re.compile(rf"^{RUN_PATTERN}$")
+
+
+def current_run() -> str | None:
+    """The run bound in the current context (:func:`run_scope`), or ``None``.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> fa.current_run() is None
+        True
+    """
+    return _run.get()
+
+
+def check_run(run: object) -> str:
+    """``run`` if it is a valid run id: 1 to 128 letters, digits and ``_.:@/+=-``.
+
+    Examples:
+        >>> from fairagents.identity import check_run
+        >>> check_run("thread-42/turn-3")
+        'thread-42/turn-3'
+        >>> check_run("two words")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: a run id is 1 to 128 letters, digits and _.:@/+=-, got 'two words'
+    """
+    if not isinstance(run, str) or not _RUN.match(run):
+        raise InvalidParameterError(f"a run id is 1 to 128 letters, digits and _.:@/+=-, got {run!r}", param="run")
+    return run
+
+
+@contextlib.contextmanager
+def run_scope(run: str | None = None) -> Iterator[str]:
+    """Make every call inside one run: ``run`` (checked), else a new id — or the run already bound.
+
+    Without an id, a scope inside another run's scope joins it: a subgraph's calls, or a
+    tool's, stay in the run of the graph that invoked them. An explicit id always binds.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> with fa.run_scope() as outer:
+        ...     with fa.run_scope() as inner:
+        ...         inner == outer == fa.current_run()
+        True
+        >>> with fa.run_scope("ticket-9"):
+        ...     fa.current_run()
+        'ticket-9'
+    """
+    if run is None:
+        bound = _run.get()
+        if bound is not None:
+            yield bound
+            return
+        run = f"run-{uuid.uuid4().hex[:16]}"
+    else:
+        run = check_run(run)
+    token = _run.set(run)
+    try:
+        yield run
+    finally:
+        _run.reset(token)
 
 
 def agent(
@@ -324,8 +400,9 @@ def agent(
     return decorate
 
 
-def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool = False) -> dict[str, str]:
-    """The HTTP headers that tell a fairagents server who is calling.
+def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool = False,
+                     run: str | None = None) -> dict[str, str]:
+    """The HTTP headers that tell a fairagents server who is calling, and in which run.
 
     An agent's own settings that were given (its ``weight``, its ``slo``) go along, in
     ``X-Fairagents-Agent-Weight`` and ``X-Fairagents-Agent-Slo``: the server declares an
@@ -338,6 +415,8 @@ def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool 
         app: the app to name, instead of the agent's own.
         name_app: name the app too, for a server that runs without API keys (with keys,
             the key says which app).
+        run: the run the call belongs to, sent in ``X-Fairagents-Run`` (checked); ``None``:
+            the run bound in context (:func:`run_scope`), if any.
 
     Examples:
         >>> import fairagents as fa
@@ -349,6 +428,9 @@ def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool 
         {'X-Fairagents-Agent': 'writer', 'X-Fairagents-App': 'studio'}
         >>> identity_headers(fa.Agent("critic", fa.App("studio", weight=3.0), weight=2, slo=fa.SLO(ttft=0.5, e2e=4)))
         {'X-Fairagents-Agent': 'critic', 'X-Fairagents-Agent-Weight': '2.0', 'X-Fairagents-Agent-Slo': 'ttft=0.5, e2e=4.0'}
+        >>> with fa.run_scope("digest-7"):
+        ...     identity_headers("writer")
+        {'X-Fairagents-Agent': 'writer', 'X-Fairagents-Run': 'digest-7'}
     """
     who = current_agent() if who is None else getattr(who, "identity", who)  # an AgentHandle carries its Agent
     headers = {}
@@ -365,7 +447,37 @@ def identity_headers(who: Any = None, *, app: str | None = None, name_app: bool 
     app = app or (who.app.name if isinstance(who, Agent) else None)
     if name_app and app:
         headers[HEADER_APP] = app
+    run = current_run() if run is None else check_run(run)
+    if run is not None:
+        headers[HEADER_RUN] = run
     return headers
+
+
+def run_from_headers(headers: Mapping[str, str]) -> str | None:
+    """The run a request's ``X-Fairagents-Run`` header names (checked: :func:`check_run`); ``None`` without one.
+
+    The server's reading of the run that :func:`identity_headers` sends. An empty header
+    names no run.
+
+    Raises:
+        InvalidParameterError: the header is not a run id; the error's ``param`` names the header.
+
+    Examples:
+        >>> from fairagents.identity import run_from_headers
+        >>> run_from_headers({"X-Fairagents-Run": "thread-42/turn-3"}), run_from_headers({})
+        ('thread-42/turn-3', None)
+        >>> run_from_headers({"X-Fairagents-Run": "two words"})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: X-Fairagents-Run: a run id is 1 to 128 letters, digits and _.:@/+=-, got 'two words'
+    """
+    text = (headers.get(HEADER_RUN) or "").strip()
+    if not text:
+        return None
+    try:
+        return check_run(text)
+    except InvalidParameterError as err:
+        raise InvalidParameterError(f"{HEADER_RUN}: {err}", param=HEADER_RUN) from None
 
 
 def agent_from_headers(app: str, name: str, headers: Mapping[str, str]) -> Agent:
@@ -433,8 +545,8 @@ def _header_number(text: str, header: str, what: str, about: dict[str, Any]) -> 
     return value
 
 
-def identity_args(agent: Agent) -> dict[str, Any]:
-    """The arguments under which ``agent`` travels to an engine that schedules by identity.
+def identity_args(agent: Agent, run: str | None = None) -> dict[str, Any]:
+    """The arguments under which ``agent`` (and its request's ``run``) travel to an engine that schedules by identity.
 
     vLLM's ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP), read by
     :class:`~fairagents.vllm.scheduler.FairScheduler`.
@@ -444,6 +556,11 @@ def identity_args(agent: Agent) -> dict[str, Any]:
         >>> from fairagents.identity import identity_args
         >>> identity_args(fa.Agent("planner", fa.App("search", weight=2.0)))
         {'fairagents_app': 'search', 'fairagents_agent': 'planner', 'fairagents_app_weight': 2.0, 'fairagents_agent_weight': 1.0}
+        >>> identity_args(fa.Agent("planner", fa.App("search")), run="digest-7")["fairagents_run"]
+        'digest-7'
     """
-    return {METADATA_APP: agent.app.name, METADATA_AGENT: agent.name,
-            XARG_APP_WEIGHT: agent.app.weight, XARG_AGENT_WEIGHT: agent.weight}
+    args: dict[str, Any] = {METADATA_APP: agent.app.name, METADATA_AGENT: agent.name,
+                            XARG_APP_WEIGHT: agent.app.weight, XARG_AGENT_WEIGHT: agent.weight}
+    if run is not None:
+        args[XARG_RUN] = check_run(run)
+    return args

@@ -58,6 +58,8 @@ class RequestRecord:
     """Output tokens actually generated (raw tokens)."""
     outcome: Outcome
     slo: SLO | None = None
+    run: str | None = None
+    """The run (one invocation of an agent workflow) it belonged to; ``None``: a run of its own."""
 
     @property
     def queue_wait(self) -> float | None:
@@ -131,7 +133,7 @@ class Ticket:
         return RequestRecord(
             r.id, r.app, r.agent.name, r.model, r.arrival, self.dispatched, self.first_token,
             self.ended if self.ended is not None else r.arrival, r.prompt_tokens, self.produced,
-            self.outcome or Outcome.FAILED, r.agent.effective_slo,
+            self.outcome or Outcome.FAILED, r.agent.effective_slo, r.run,
         )
 
 

@@ -71,6 +71,8 @@ class Request:
     """Arrival time (seconds on the scheduler's clock)."""
     payload: Any = field(default=None, compare=False, repr=False)
     """What the engine needs to run it (messages, sampling parameters); opaque to policies."""
+    run: str | None = None
+    """The run (one invocation of an agent workflow) the call belongs to; ``None``: a run of its own."""
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 0:
@@ -91,3 +93,8 @@ class Request:
     def agent_key(self) -> tuple[str, str]:
         """``(app name, agent name)``."""
         return self.agent.key
+
+    @property
+    def run_key(self) -> tuple[str, str]:
+        """``(app name, run)``: its run, or the request alone when it names none."""
+        return self.agent.app.name, self.run if self.run is not None else f"~{self.id}"

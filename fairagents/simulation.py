@@ -11,6 +11,11 @@ room, and joins the engine's running batch at the next step boundary. An app giv
 ``max_queued`` bound has its arrivals past it refused, as the arbiter answers them
 (``OverloadedError``, the server's 429), and counted in :attr:`SimResult.rejected`.
 
+Beside timed requests (:class:`Workload`) it plays runs of agent workflows
+(:class:`Workflows`, :func:`simulate_workflows`): a run is stages of calls
+(:class:`Shape`), each stage arriving when the previous one has fully finished, every
+call carrying the run's id; closed-loop users start their next run when one completes.
+
 Examples:
     >>> import fairagents as fa
     >>> from fairagents.simulation import Workload, simulate
@@ -30,7 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fairagents.admission import Statera, make_admission
@@ -50,7 +55,10 @@ from fairagents.policies import Policy, make_policy
 from fairagents.records import Changes, RequestRecord
 from fairagents.request import Request
 
-__all__ = ["SimRequest", "SimResult", "Workload", "simulate"]
+__all__ = [
+    "Call", "Shape", "SimRequest", "SimResult", "SimRun", "UserGroup", "Workflows", "Workload", "simulate",
+    "simulate_workflows",
+]
 
 Length = int | tuple[int, int]
 
@@ -133,6 +141,244 @@ def _check_max_tokens(max_tokens: int | None, output: Length) -> None:
         raise InvalidParameterError(f"max_tokens must be an integer ≥ the longest output ({longest}), got {max_tokens!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One model call of a workflow stage; its lengths are drawn when its run starts."""
+
+    agent: Agent
+    model: str
+    prompt: Length
+    output: Length
+    max_tokens: int | None = None
+    """What the call asks for (≥ its longest output; default: exactly its output)."""
+
+    def __post_init__(self) -> None:
+        for what, length in (("prompt", self.prompt), ("output", self.output)):
+            low = length if isinstance(length, int) else length[0]
+            high = length if isinstance(length, int) else length[1]
+            if isinstance(low, bool) or not isinstance(low, int) or not isinstance(high, int) or low > high \
+                    or low < (1 if what == "output" else 0):
+                raise InvalidParameterError(f"{what} must be an integer or an inclusive (low, high) range of "
+                                            f"integers ≥ {1 if what == 'output' else 0}, got {length!r}")
+        _check_max_tokens(self.max_tokens, self.output)
+
+    @property
+    def longest(self) -> tuple[int, int]:
+        """``(longest prompt, max_tokens)``: the most this call can hold in an engine."""
+        prompt = self.prompt if isinstance(self.prompt, int) else self.prompt[1]
+        output = self.output if isinstance(self.output, int) else self.output[1]
+        return prompt, output if self.max_tokens is None else self.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a run of a workflow does: stages of calls, each starting when the previous one has fully finished.
+
+    The calls of a stage arrive together (a fan-out); a stage of one call after another
+    is a chain. Every call of a shape belongs to one app, the run's. ``label`` is the
+    run's class in reports (``"single"``, ``"chain6"``, ``"fanout16"``).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import Shape
+        >>> app = fa.App("news")
+        >>> fan = Shape.fanout(fa.Agent("writer", app), fa.Agent("editor", app), "chat", 16, prompt=64, output=32)
+        >>> fan.label, [len(stage) for stage in fan.stages]
+        ('fanout16', [16, 1])
+        >>> Shape.chain(fa.Agent("bot", app), "chat", 6, prompt=64, output=32).label
+        'chain6'
+    """
+
+    label: str
+    stages: tuple[tuple[Call, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.stages or not all(self.stages):
+            raise InvalidParameterError("a workflow shape needs at least one stage, and every stage a call")
+        apps = {call.agent.app for stage in self.stages for call in stage}
+        if len(apps) != 1:
+            raise InvalidParameterError(f"every call of a run belongs to one app, got {sorted(a.name for a in apps)}")
+
+    @property
+    def app(self) -> App:
+        """The app whose run this is."""
+        return self.stages[0][0].agent.app
+
+    @property
+    def calls(self) -> list[Call]:
+        return [call for stage in self.stages for call in stage]
+
+    @classmethod
+    def chain(cls, agent: Agent | Sequence[Agent], model: str, n: int = 1, *, prompt: Length, output: Length,
+              max_tokens: int | None = None, label: str | None = None) -> Shape:
+        """``n`` calls one after another (by ``agent``, or cycling through several); ``"single"`` or ``"chain<n>"``."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidParameterError(f"a chain has n ≥ 1 calls, got {n!r}")
+        agents = [agent] if isinstance(agent, Agent) else list(agent)
+        stages = tuple((Call(agents[i % len(agents)], model, prompt, output, max_tokens),) for i in range(n))
+        return cls(label or ("single" if n == 1 else f"chain{n}"), stages)
+
+    @classmethod
+    def fanout(cls, fan: Agent, join: Agent, model: str, k: int, *, prompt: Length, output: Length,
+               join_prompt: Length | None = None, join_output: Length | None = None, entry: Agent | None = None,
+               max_tokens: int | None = None, label: str | None = None) -> Shape:
+        """An optional ``entry`` call, ``k`` parallel calls by ``fan``, then one by ``join``: ``"fanout<k>"``."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidParameterError(f"a fan-out has k ≥ 1 parallel calls, got {k!r}")
+        stages = [(Call(fan, model, prompt, output, max_tokens),) * k,
+                  (Call(join, model, prompt if join_prompt is None else join_prompt,
+                        output if join_output is None else join_output, max_tokens),)]
+        if entry is not None:
+            stages.insert(0, (Call(entry, model, prompt, output, max_tokens),))
+        return cls(label or f"fanout{k}", tuple(stages))
+
+
+Mix = Shape | Sequence[tuple[float, Shape]]
+"""One shape, or ``(weight, shape)`` pairs a run draws its shape from."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimRun:
+    """One run of a workflow as the simulator played it (times in virtual seconds, service in unified tokens)."""
+
+    id: str
+    """The run id every call of it carried (``Request.run``)."""
+    app: str
+    label: str
+    """Its class (the shape's label)."""
+    start: float
+    """When its first stage arrived."""
+    end: float
+    """When its last call ended."""
+    calls: int
+    service: float
+    """Unified tokens charged for its calls."""
+    user: str | None = None
+    """The closed-loop user that started it (``None``: an open-loop run)."""
+    refused: int = 0
+    """Calls refused by the app's ``max_queued`` bound (the run went on without them)."""
+
+    @property
+    def duration(self) -> float:
+        """Run completion time: ``end - start``."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class UserGroup:
+    """Closed-loop users of one mix (:meth:`Workflows.users`)."""
+
+    mix: tuple[tuple[float, Shape], ...]
+    n: int
+    until: float
+    start: float
+    think: float
+    stagger: float
+    name: str
+
+
+class Workflows:
+    """Runs of agent workflows: open-loop (at given times, or Poisson) and closed-loop users.
+
+    A closed-loop user starts a run, waits for it to complete, thinks for ``think``
+    seconds and starts the next, until ``until``. What each run does (its shape from the
+    mix and its lengths) depends only on the seed and the run's place in its user's
+    sequence, so every policy simulated plays the same runs. Run ids are ``o<i>`` for
+    the ``i``-th open-loop run and ``u<j>.<k>`` for closed-loop user ``j``'s ``k``-th.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import Shape, Workflows, simulate_workflows
+        >>> app = fa.App("news")
+        >>> single = Shape.chain(fa.Agent("desk", app), "chat", prompt=64, output=16)
+        >>> fan = Shape.fanout(fa.Agent("writer", app), fa.Agent("editor", app), "chat", 4, prompt=64, output=16)
+        >>> flows = Workflows(seed=1).users([(0.7, single), (0.3, fan)], n=3, until=5.0)
+        >>> result = simulate_workflows(flows, "hmfs", {"chat": fa.engines.SimEngine(fa.ModelProfile(4096, 1))})
+        >>> {r.label for r in result.runs} == {"single", "fanout4"}, all(r.end > r.start for r in result.runs)
+        (True, True)
+    """
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = seed
+        self.open: list[tuple[float, tuple[tuple[float, Shape], ...]]] = []
+        """Open-loop runs: start time and mix."""
+        self.closed: list[UserGroup] = []
+        """Closed-loop user groups, in the order added."""
+        self._rng = random.Random(seed)
+
+    def run(self, mix: Mix, *, at: float = 0.0) -> Workflows:
+        """One run starting at ``at``."""
+        self.open.append((_time(at, "at"), _mix(mix)))
+        return self
+
+    def poisson(self, mix: Mix, *, rate: float, until: float, start: float = 0.0) -> Workflows:
+        """Runs starting as a Poisson process of ``rate`` per second over ``[start, until)``."""
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise InvalidParameterError(f"rate must be > 0 runs per second, got {rate!r}")
+        shapes = _mix(mix)
+        t = _time(start, "start") + self._rng.expovariate(rate)
+        while t < until:
+            self.open.append((t, shapes))
+            t += self._rng.expovariate(rate)
+        return self
+
+    def users(self, mix: Mix, *, n: int, until: float, start: float = 0.0, think: float = 0.0,
+              stagger: float = 0.0, name: str | None = None) -> Workflows:
+        """``n`` users each starting runs back to back from ``start`` (or up to ``stagger`` s later) until ``until``.
+
+        A user starts no run at or after ``until``; runs in progress then complete.
+        ``think`` is the pause between a run's end and the user's next run.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidParameterError(f"n must be an integer ≥ 1 users, got {n!r}")
+        for what, value in (("think", think), ("stagger", stagger)):
+            _time(value, what)
+        shapes = _mix(mix)
+        self.closed.append(UserGroup(shapes, n, _time(until, "until"), _time(start, "start"), think, stagger,
+                                  name or f"{shapes[0][1].app.name}{len(self.closed)}"))
+        return self
+
+    def user_names(self) -> list[tuple[UserGroup, str]]:
+        """Every closed-loop user, in order (user ``i``'s runs are ``u<i>.0``, ``u<i>.1``, …): its group and name."""
+        return [(group, f"{group.name}.{u}") for group in self.closed for u in range(group.n)]
+
+    def first_start(self, user: int) -> float:
+        """When closed-loop user ``user`` starts its first run."""
+        group = self.user_names()[user][0]
+        if not group.stagger:
+            return group.start
+        return group.start + random.Random(f"{self.seed}/s{user}").uniform(0.0, group.stagger)
+
+    def draw(
+        self, run_id: str, mix: tuple[tuple[float, Shape], ...]
+    ) -> tuple[Shape, list[list[tuple[Call, int, int]]]]:
+        """Run ``run_id``'s shape from ``mix`` and, per stage, its calls with drawn prompt and output lengths.
+
+        A function of the seed and the run id alone: every policy, and the real engine, play the same run.
+        """
+        rng = random.Random(f"{self.seed}/{run_id}")
+        shape = mix[0][1] if len(mix) == 1 else rng.choices([s for _, s in mix], [w for w, _ in mix])[0]
+        return shape, [[(call, _draw(rng, call.prompt), _draw(rng, call.output)) for call in stage]
+                       for stage in shape.stages]
+
+    def shapes(self) -> list[Shape]:
+        """Every shape a run may take."""
+        return [shape for _, mix in self.open for _, shape in mix] + [s for u in self.closed for _, s in u.mix]
+
+
+def _time(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise InvalidParameterError(f"{what} must be a finite number of seconds ≥ 0, got {value!r}")
+    return float(value)
+
+
+def _mix(mix: Mix) -> tuple[tuple[float, Shape], ...]:
+    pairs = ((1.0, mix),) if isinstance(mix, Shape) else tuple((float(w), s) for w, s in mix)
+    if not pairs or any(not isinstance(s, Shape) or not w > 0 for w, s in pairs):
+        raise InvalidParameterError("a mix is a Shape or (weight > 0, Shape) pairs")
+    return pairs
+
+
 @dataclass
 class SimResult:
     """What a simulated run delivered (times in virtual seconds, service in unified tokens).
@@ -169,6 +415,8 @@ class SimResult:
     rejected: dict[tuple[str, str], int] = field(default_factory=dict)
     """Arrivals refused per agent ``(app, agent)``: its app had ``max_queued`` requests waiting for the model.
     :meth:`app_stats` and :meth:`agent_stats` report them per app and per agent."""
+    runs: list[SimRun] = field(default_factory=list)
+    """The workflow runs played (:func:`simulate_workflows`), in the order they completed."""
 
     def app_weights(self) -> dict[str, float]:
         return {name: app.weight for name, app in self.apps.items()}
@@ -211,6 +459,7 @@ def simulate(
     pool_running: int | None = None,
     admission: str | Statera | None = None,
     max_queued: Mapping[str, int] | None = None,
+    workflows: Workflows | None = None,
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
 
@@ -235,6 +484,8 @@ def simulate(
             ``arbiter.app(name, max_queued=...)``: an arrival past it is refused (the
             arbiter's ``OverloadedError``, the server's 429) and counted in
             :attr:`SimResult.rejected`. Apps not named are unbounded.
+        workflows: runs of agent workflows played beside ``workload``
+            (:func:`simulate_workflows`); each run is recorded in :attr:`SimResult.runs`.
 
     Raises:
         BadInputError: a bad workload (an unknown model or app, a request that does not
@@ -266,8 +517,33 @@ def simulate(
         if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
             raise InvalidParameterError(f"max_queued must be an integer ≥ 1, got {bound!r}", app=app)
     requests = _validate(workload, engines, apps)
+    flows = _Flows(workflows, engines, apps) if workflows is not None else None
     run = _Run(policy_obj, engines, cost, pool_running, controller, bounds)
-    return run.play(requests)
+    return run.play(requests, flows)
+
+
+def simulate_workflows(
+    workflows: Workflows, policy: str | Policy, engines: Mapping[str, SimEngine], *, workload: Workload | None = None,
+    **options: object,
+) -> SimResult:
+    """Play ``workflows`` (and an open-loop ``workload`` beside them, if given) through ``policy`` on ``engines``.
+
+    Every call of a run carries the run's id (``Request.run``); a stage's calls arrive
+    together the moment the previous stage's last call ends (a refused call counts as
+    ended). :attr:`SimResult.runs` holds a :class:`SimRun` per run. ``options`` are
+    :func:`simulate`'s (``apps``, ``d_base``, ``pool_running``, ``admission``,
+    ``max_queued``).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.simulation import Shape, Workflows, simulate_workflows
+        >>> bot = fa.Agent("bot", fa.App("x"))
+        >>> flows = Workflows().run(Shape.chain(bot, "chat", 3, prompt=16, output=4), at=1.0)
+        >>> result = simulate_workflows(flows, "fcfs", {"chat": fa.engines.SimEngine(fa.ModelProfile(4096, 1))})
+        >>> [(r.label, r.calls, r.start) for r in result.runs]
+        [('chain3', 3, 1.0)]
+    """
+    return simulate(workload or Workload(), policy, engines, workflows=workflows, **options)  # type: ignore[arg-type]
 
 
 def _validate(
@@ -322,13 +598,18 @@ class _Run:
         self.order: dict[str, list[str]] = {m: [] for m in engines}
         self.idle_with_backlog = 0
         self.rejected: dict[tuple[str, str], int] = {}
+        self.flows: _Flows | None = None
+        self.apps: dict[str, App] = {}
+        self.agents: dict[tuple[str, str], Agent] = {}
 
     def push(self, t: float, kind: int, payload: object) -> None:
         heapq.heappush(self.events, (t, kind, next(self.seq), payload))
 
-    def play(self, requests: list[tuple[SimRequest, Request]]) -> SimResult:
-        apps: dict[str, App] = {}
-        agents: dict[tuple[str, str], Agent] = {}
+    def play(self, requests: list[tuple[SimRequest, Request]], flows: _Flows | None = None) -> SimResult:
+        apps, agents = self.apps, self.agents
+        if flows is not None:
+            self.flows = flows
+            flows.start(self)
         for item, req in requests:
             apps[req.app] = req.agent.app
             agents[req.agent_key] = req.agent
@@ -360,6 +641,7 @@ class _Run:
             preemptions=sum(e.preemptions for e in self.engines.values()),
             admission=self.admission,
             rejected=self.rejected,
+            runs=flows.done if flows is not None else [],
         )
 
     def _arrive(self, req: Request, now: float) -> None:
@@ -367,15 +649,21 @@ class _Run:
             changes = self.dispatcher.arrive(req, now)
         except OverloadedError:  # its app's queue for the model is full: refused, as the arbiter's 429
             self.rejected[req.agent_key] = self.rejected.get(req.agent_key, 0) + 1
+            if self.flows is not None and req.run is not None:
+                self.flows.ended(req, now, refused=True)
             return
-        self._apply(changes)
+        self._apply(changes, now)
 
-    def _apply(self, changes: Changes) -> None:
+    def _apply(self, changes: Changes, now: float) -> None:
         for ticket in changes.started:
             req = ticket.request
             self.joining[req.model].append(req)
             self.order[req.model].append(req.id)
         self.records.extend(ticket.record() for ticket in changes.ended)
+        if self.flows is not None:
+            for ticket in changes.ended:
+                if ticket.request.run is not None:
+                    self.flows.ended(ticket.request, now)
 
     def _start_steps(self, now: float) -> None:
         """Every idle engine admits what was dispatched to it and starts a step (continuous batching)."""
@@ -401,15 +689,134 @@ class _Run:
         for state in self.engines[model].end_step():
             progress(state.request.id, 1, now)
             if state.generated >= state.output_tokens:
-                self._apply(finish(state.request.id, now))
+                self._apply(finish(state.request.id, now), now)
 
     def _cancel(self, req: Request, now: float) -> None:
         if self.dispatcher.ticket(req.id) is None:
             return  # it already ended
         if not self.engines[req.model].abort(req.id) and req in self.joining[req.model]:
             self.joining[req.model].remove(req)
-        self._apply(self.dispatcher.cancel(req.id, now))
+        self._apply(self.dispatcher.cancel(req.id, now), now)
 
     def _charge(self, now: float, req: Request, amount: float) -> None:
         agent = req.agent
         self._add_charge(Charge(now, agent.app.name, agent.name, amount))
+        if req.run is not None and self.flows is not None:
+            self.flows.charge(req.run, amount)
+
+
+@dataclass(slots=True)
+class _Live:
+    """A run in progress: its drawn stages, the one running, and what it has received."""
+
+    id: str
+    app: str
+    label: str
+    user: int | None
+    start: float
+    stages: list[list[tuple[Call, int, int]]]
+    """Per stage, its calls with their drawn prompt and output lengths."""
+    stage: int = 0
+    pending: int = 0
+    calls: int = 0
+    service: float = 0.0
+    refused: int = 0
+
+
+class _Flows:
+    """The workflow driver of a simulation: starts runs, and each stage when the previous one has ended."""
+
+    def __init__(self, workflows: Workflows, engines: Mapping[str, SimEngine], apps: Mapping[str, App] | None) -> None:
+        for shape in workflows.shapes():
+            for call in shape.calls:
+                _check_call(call, engines, apps)
+        self.workflows = workflows
+        self.live: dict[str, _Live] = {}
+        self.done: list[SimRun] = []
+        self.users: list[tuple[UserGroup, str]] = []  # (its group, its name "<group>.<index>")
+        self.count: dict[int, int] = {}  # runs started per user
+        self.sim: _Run | None = None
+
+    def start(self, sim: _Run) -> None:
+        self.sim = sim
+        for shape in self.workflows.shapes():
+            for call in shape.calls:
+                sim.apps[call.agent.app.name] = call.agent.app
+                sim.agents[call.agent.key] = call.agent
+        for i, (at, mix) in enumerate(self.workflows.open):
+            self._begin(f"o{i}", mix, at, None)
+        self.users = self.workflows.user_names()
+        for user, (group, _) in enumerate(self.users):
+            self.count[user] = 0
+            at = self.workflows.first_start(user)
+            if at < group.until:
+                self._next(user, at)
+
+    def _next(self, user: int, at: float) -> None:
+        """The user's next run; its shape and lengths depend only on the seed, the user and its count."""
+        k = self.count[user]
+        self.count[user] = k + 1
+        run_id = f"u{user}.{k}"
+        self._begin(run_id, self.users[user][0].mix, at, user)
+
+    def _begin(self, run_id: str, mix: tuple[tuple[float, Shape], ...], at: float, user: int | None) -> None:
+        shape, stages = self.workflows.draw(run_id, mix)
+        live = _Live(run_id, shape.app.name, shape.label, user, at, stages)
+        self.live[run_id] = live
+        self._stage(live, at)
+
+    def _stage(self, live: _Live, at: float) -> None:
+        sim = self.sim
+        assert sim is not None
+        stage = live.stages[live.stage]
+        live.pending = len(stage)
+        live.calls += len(stage)
+        for c, (call, prompt, output) in enumerate(stage):
+            max_tokens = output if call.max_tokens is None else call.max_tokens
+            req = Request(f"{live.id}/{live.stage}.{c}", call.agent, call.model, prompt, max_tokens, at, run=live.id)
+            sim.output[req.id] = output
+            sim.push(at, sim._ARRIVAL, req)
+
+    def ended(self, req: Request, now: float, *, refused: bool = False) -> None:
+        live = self.live.get(req.run)  # type: ignore[arg-type]
+        if live is None:
+            return
+        live.refused += refused
+        live.pending -= 1
+        if live.pending:
+            return
+        live.stage += 1
+        if live.stage < len(live.stages):
+            self._stage(live, now)
+            return
+        del self.live[live.id]
+        user = None if live.user is None else self.users[live.user]
+        self.done.append(SimRun(live.id, live.app, live.label, live.start, now, live.calls, live.service,
+                                   user[1] if user else None, live.refused))
+        if user is not None:
+            at = now + user[0].think
+            if at < user[0].until:
+                self._next(live.user, at)  # type: ignore[arg-type]
+
+    def charge(self, run: str, amount: float) -> None:
+        live = self.live.get(run)
+        if live is not None:
+            live.service += amount
+
+
+def _draw(rng: random.Random, length: Length) -> int:
+    return length if isinstance(length, int) else rng.randint(*length)
+
+
+def _check_call(call: Call, engines: Mapping[str, SimEngine], apps: Mapping[str, App] | None) -> None:
+    """Raise if ``call`` names an unknown model or app, or can never fit its engine."""
+    if call.model not in engines:
+        raise UnknownModelError.among(call.model, engines)
+    if apps is not None:
+        app = apps.get(call.agent.app.name)
+        if app is None:
+            raise UnknownAppError(f"unknown app {call.agent.app.name!r}")
+        if call.agent.app != app:
+            raise UnknownAgentError(f"agent {call.agent.name!r} does not belong to the declared app {app.name!r}")
+    prompt, max_tokens = call.longest
+    engines[call.model].check(Request("check", call.agent, call.model, prompt, max_tokens, 0.0))

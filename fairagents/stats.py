@@ -1,4 +1,7 @@
-"""The arbiter's running account: service, outcomes and latencies per app and agent.
+"""The arbiter's running account: service, outcomes and latencies per app and agent, and its runs.
+
+Requests that name a run (one invocation of an agent workflow) are also accounted
+per run: duration, calls and service (:mod:`fairagents.runs`).
 
 Examples:
     >>> from fairagents.stats import Ledger
@@ -11,13 +14,14 @@ Examples:
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from fairagents.metrics import Charge, ClientSnapshot, RequestRecord, percentile
-from fairagents.request import Outcome
+from fairagents.request import Outcome, Request
+from fairagents.runs import RunBook, RunRecord, RunStats
 
-__all__ = ["ClientSnapshot", "Ledger", "Stats"]
+__all__ = ["ClientSnapshot", "Ledger", "RunRecord", "RunStats", "Stats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +39,22 @@ class Stats:
 
     apps: dict[str, ClientSnapshot]
     agents: dict[str, ClientSnapshot]
+    runs: dict[str, RunStats] = field(default_factory=dict)
+    """Per app with runs (requests naming a run): completed and active runs, durations, calls, service."""
 
 
 class Ledger:
     """Service charged and requests ended, kept for stats and fairness metrics.
 
     Totals are exact for the arbiter's lifetime; percentiles and the charge log cover
-    the most recent ``keep`` records and charges, so memory stays bounded.
+    the most recent ``keep`` records and charges, so memory stays bounded. Runs are kept
+    in :attr:`runs` (a :class:`~fairagents.runs.RunBook`, bounded too).
+
+    Args:
+        keep: records and charges kept.
+        clock: the arbiter's clock, so that idle runs complete while nothing happens
+            (without it, the latest time the ledger was told of stands for now).
+        runs: the run book (default: one with ``clock`` and its default bounds).
 
     Examples:
         >>> from fairagents.stats import Ledger
@@ -49,21 +62,37 @@ class Ledger:
         10
     """
 
-    def __init__(self, keep: int = 100_000) -> None:
+    def __init__(self, keep: int = 100_000, *, clock: Callable[[], float] | None = None,
+                 runs: RunBook | None = None) -> None:
         self.records: deque[RequestRecord] = deque(maxlen=keep)
         self.charges: deque[Charge] = deque(maxlen=keep)
+        self.runs = runs if runs is not None else RunBook(clock=clock)
+        """Per-run accounts of the requests that name a run."""
         self._service: dict[tuple[str, str], float] = defaultdict(float)
         self._outcomes: dict[tuple[str, str], dict[Outcome, int]] = defaultdict(lambda: dict.fromkeys(Outcome, 0))
 
-    def charge(self, now: float, app: str, agent: str, amount: float) -> None:
-        """Account ``amount`` unified tokens to an agent at ``now``."""
+    def charge(self, now: float, app: str, agent: str, amount: float, request: Request | None = None) -> None:
+        """Account ``amount`` unified tokens to an agent at ``now`` (and to ``request``'s run, if it names one)."""
         self._service[(app, agent)] += amount
         self.charges.append(Charge(now, app, agent, amount))
+        if request is not None and request.run is not None:
+            self.runs.charge(now, app, request.run, request.id, amount, arrival=request.arrival)
+
+    def arrive(self, request: Request) -> None:
+        """A request was queued: its run (if it names one) has it queued from its arrival."""
+        if request.run is not None:
+            self.runs.arrive(request.arrival, request.app, request.run, request.id, arrival=request.arrival)
 
     def record(self, record: RequestRecord) -> None:
         """Account a request that ended."""
         self._outcomes[(record.app, record.agent)][record.outcome] += 1
         self.records.append(record)
+        if record.run is not None:
+            self.runs.ended(record.finished, record.app, record.run, record.id, arrival=record.arrival)
+
+    def end_run(self, run: str, now: float) -> None:
+        """``run``'s scope ended at ``now``: it completes once its requests queued or running end."""
+        self.runs.end(run, now)
 
     def knows(self, app: str, agent: str) -> bool:
         """Whether the agent was ever charged or ended a request."""
@@ -81,8 +110,12 @@ class Ledger:
         agent_weights: Mapping[tuple[str, str], float],
         queued: Mapping[tuple[str, str], int],
         in_flight: Mapping[tuple[str, str], int],
+        now: float | None = None,
     ) -> Stats:
-        """Per-app and per-agent standing of every declared app and agent."""
+        """Per-app and per-agent standing of every declared app and agent, and each app's runs.
+
+        Runs idle at ``now`` (default: the ledger's clock) complete first.
+        """
         waits: dict[tuple[str, str], list[float]] = defaultdict(list)
         ttfts: dict[tuple[str, str], list[float]] = defaultdict(list)
         e2es: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -136,4 +169,4 @@ class Ledger:
             app_weight = sum(agent_weights[k] for k in keys)
             for k in keys:
                 agents[f"{k[0]}/{k[1]}"] = snap(f"{k[0]}/{k[1]}", [k], agent_weights[k], app_weight, app_service)
-        return Stats(apps=apps, agents=agents)
+        return Stats(apps=apps, agents=agents, runs=self.runs.summary(now))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent / "fairagents"
 FLOORS: list[list[str]] = [
     ["errors", "constants", "_logging"],
     ["identity", "limits", "labels", "images", "cost", "request", "reply", "tools", "records"],
-    ["policies", "metrics", "stats"],
+    ["policies", "metrics", "runs", "stats"],
     ["dispatcher", "admission"],
     ["vllm", "models"],
     ["engines"],

@@ -151,3 +151,166 @@ def test_a_slot_given_to_a_busy_engine_waits_for_its_step_and_cancelling_frees_i
     assert r["r2"].outcome is fa.Outcome.CANCELLED and r["r2"].output_tokens == 0
     assert r["r3"].dispatched == 0.005  # the cancelled reservation's slot, at once
     assert peak_running(result.records) <= 2
+
+
+# Workflow runs: stages in order, fan-outs together, every run finishes.
+
+from collections import defaultdict  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fairagents.simulation import Call, Shape, Workflows, simulate_workflows  # noqa: E402
+
+NEWS = fa.App("news")
+
+
+def stages_of(result):
+    """run id → stage → the records of its calls."""
+    out = defaultdict(lambda: defaultdict(list))
+    for r in result.records:
+        run, call = r.id.split("/")
+        out[run][int(call.split(".")[0])].append(r)
+    return out
+
+
+def test_a_chains_stages_run_in_order():
+    chain = Shape.chain(fa.Agent("bot", NEWS), "m", 6, prompt=(8, 32), output=(2, 8))
+    other = Shape.chain(fa.Agent("job", fa.App("batch")), "m", prompt=64, output=32, label="long")
+    flows = Workflows(seed=3).users(chain, n=4, until=2.0).users(other, n=4, until=2.0)
+    result = simulate_workflows(flows, "hmfs", engines(max_running=3))
+    runs = stages_of(result)
+    assert {r.label for r in result.runs} == {"chain6", "long"}
+    for record in result.runs:
+        stages = runs[record.id]
+        assert sorted(stages) == list(range(record.calls)) if record.label == "chain6" else [0]
+        assert min(r.arrival for r in stages[0]) == record.start
+        for k in range(1, len(stages)):
+            assert min(r.arrival for r in stages[k]) >= max(r.finished for r in stages[k - 1])
+        assert max(r.finished for r in stages[len(stages) - 1]) == record.end
+
+
+def test_fan_out_calls_of_a_stage_arrive_together_and_the_join_waits_for_all():
+    fan = Shape.fanout(fa.Agent("writer", NEWS), fa.Agent("editor", NEWS), "m", 5, prompt=(8, 32), output=(2, 12),
+                       entry=fa.Agent("desk", NEWS))
+    result = simulate_workflows(Workflows(seed=1).users(fan, n=3, until=1.0), "fcfs", engines(max_running=4))
+    assert result.runs
+    for run, stages in stages_of(result).items():
+        entry, branches, join = stages[0], stages[1], stages[2]
+        assert [len(entry), len(branches), len(join)] == [1, 5, 1]
+        assert len({r.arrival for r in branches}) == 1
+        assert branches[0].arrival == entry[0].finished
+        assert join[0].arrival == max(r.finished for r in branches)
+        assert {r.agent for r in branches} == {"writer"} and join[0].agent == "editor"
+
+
+def test_runs_record_their_calls_service_and_user():
+    flows = Workflows().users(Shape.chain(fa.Agent("bot", NEWS), "m", 2, prompt=10, output=4), n=2, until=0.5,
+                              think=0.1).run(Shape.chain(fa.Agent("bot", NEWS), "m", prompt=10, output=4), at=0.2)
+    result = simulate_workflows(flows, "fcfs", engines())
+    opened = [r for r in result.runs if r.user is None]
+    assert [(r.id, r.start, r.calls) for r in opened] == [("o0", 0.2, 1)]
+    assert all(r.service == (10 + 2 * 4) * r.calls and r.end > r.start for r in result.runs)  # every call charged
+    assert {r.user for r in result.runs} == {None, "news0.0", "news0.1"}
+    by_user = defaultdict(list)
+    for r in result.runs:
+        by_user[r.user].append(r)
+    for user, runs in by_user.items():
+        if user is not None:
+            runs.sort(key=lambda r: r.start)
+            assert all(b.start == pytest.approx(a.end + 0.1) for a, b in zip(runs, runs[1:]))
+            assert runs[-1].end + 0.1 >= 0.5  # no run started after until
+
+
+def test_every_policy_plays_the_same_runs():
+    mix = [(0.5, Shape.chain(fa.Agent("bot", NEWS), "m", 2, prompt=(1, 40), output=(1, 9))),
+           (0.5, Shape.fanout(fa.Agent("w", NEWS), fa.Agent("e", NEWS), "m", 3, prompt=(1, 40), output=(1, 9)))]
+    flows = Workflows(seed=5).users(mix, n=3, until=1.0)
+    a, b = (simulate_workflows(flows, p, engines(max_running=2)) for p in ("fcfs", "hmfs"))
+    shapes = [{r.id: (r.label, r.calls) for r in x.runs} for x in (a, b)]
+    lengths = [{r.id: (r.prompt_tokens, r.output_tokens) for r in x.records} for x in (a, b)]
+    assert all(shapes[0][k] == shapes[1][k] for k in shapes[0].keys() & shapes[1].keys())
+    assert all(lengths[0][k] == lengths[1][k] for k in lengths[0].keys() & lengths[1].keys())
+    assert len(shapes[0].keys() & shapes[1].keys()) >= 6
+
+
+def test_workflows_beside_an_open_loop_workload():
+    work = Workload().burst(WHO, "m", n=4, prompt=10, output=4)
+    flows = Workflows().run(Shape.chain(fa.Agent("bot", NEWS), "m", 3, prompt=10, output=4))
+    result = simulate_workflows(flows, "hmfs", engines(max_running=2), workload=work)
+    assert len(result.records) == 7 and len(result.runs) == 1
+    assert simulate(work, "hmfs", engines(max_running=2)).runs == []
+
+
+def test_bad_workflows_are_refused_before_anything_runs():
+    bot = fa.Agent("bot", NEWS)
+    with pytest.raises(fa.errors.UnknownModelError):
+        simulate_workflows(Workflows().run(Shape.chain(bot, "nope", prompt=1, output=1)), "fcfs", engines())
+    with pytest.raises(fa.errors.ContextLengthError):
+        simulate_workflows(Workflows().run(Shape.chain(bot, "m", prompt=(1, 9000), output=1)), "fcfs", engines())
+    with pytest.raises(fa.errors.InvalidParameterError):
+        Shape("mixed", ((Call(bot, "m", 1, 1), Call(fa.Agent("x", fa.App("other")), "m", 1, 1)),))
+    with pytest.raises(fa.errors.InvalidParameterError):
+        Call(bot, "m", prompt=1, output=0)
+    with pytest.raises(fa.errors.InvalidParameterError):
+        Workflows().users(Shape.chain(bot, "m", prompt=1, output=1), n=0, until=1.0)
+
+
+lengths = st.one_of(st.integers(1, 40), st.tuples(st.integers(1, 20), st.integers(20, 40)))
+calls = st.builds(lambda agent, prompt, output: (agent, prompt, output), st.sampled_from(["a", "b"]), lengths,
+                  st.integers(1, 12))
+shapes = st.lists(st.lists(calls, min_size=1, max_size=4), min_size=1, max_size=3)
+
+
+@settings(deadline=None)
+@given(
+    apps=st.lists(st.tuples(st.lists(shapes, min_size=1, max_size=2), st.integers(1, 3),
+                            st.floats(0.0, 0.05), st.floats(0.1, 0.4)), min_size=1, max_size=3),
+    opened=st.lists(st.tuples(shapes, st.floats(0.0, 0.5)), max_size=3),
+    policy=st.sampled_from(["fcfs", "hmfs", "hmfs_runs"]),
+    slots=st.integers(1, 4),
+)
+def test_every_run_finishes(apps, opened, policy, slots):
+    def shape(app, stages):
+        return Shape("s", tuple(tuple(Call(fa.Agent(agent, app), "m", prompt, output)
+                                      for agent, prompt, output in stage) for stage in stages))
+
+    flows = Workflows(seed=1)
+    for i, (mix, n, think, until) in enumerate(apps):
+        app = fa.App(f"app{i}", weight=1.0 + i)
+        flows.users([(1.0, shape(app, s)) for s in mix], n=n, until=until, think=think)
+    for stages, at in opened:
+        flows.run(shape(fa.App("open"), stages), at=at)
+    result = simulate_workflows(flows, policy, engines(max_running=slots, kv_capacity=256))
+    assert all(r.outcome is fa.Outcome.FINISHED for r in result.records)
+    assert len(result.records) == sum(r.calls for r in result.runs)
+    assert {r.id for r in result.runs} >= {f"o{i}" for i in range(len(opened))}
+    groups = flows.user_names()
+    last: dict[str, float] = {}
+    for r in result.runs:
+        assert r.end >= r.start and r.service > 0
+        if r.user is not None:
+            last[r.user] = max(last.get(r.user, 0.0), r.end)
+    for group, name in groups:  # every user ran until its last run ended past until
+        assert last[name] + group.think >= group.until
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "hmfs", "hmfs_runs"])
+def test_a_fan_out_is_dispatched_at_once_before_a_later_run_when_the_batch_has_room(policy):
+    fan = Shape.fanout(fa.Agent("worker", NEWS), fa.Agent("join", NEWS), "m", 6, prompt=(8, 32), output=(2, 8))
+    ask = Shape.chain(fa.Agent("worker", NEWS), "m", prompt=(8, 32), output=(2, 8), label="ask")
+    flows = Workflows(seed=2).run(fan, at=0.0).run(ask, at=0.0001)
+    result = simulate_workflows(flows, policy, engines(max_running=8))
+    fan_id = next(r.id for r in result.runs if r.label == "fanout6")
+    branches = [r for r in result.records if r.run == fan_id and r.agent == "worker"]
+    (later,) = [r for r in result.records if r.run != fan_id]
+    assert len(branches) == 6 and len({r.dispatched for r in branches}) == 1  # together
+    assert later.dispatched >= branches[0].dispatched  # not before them, nor between
+
+
+@pytest.mark.parametrize("policy", ["hmfs", "hmfs_runs"])
+def test_apps_share_by_weight_while_their_runs_keep_them_backlogged(policy):
+    from fairagents.bench.workflows import run_scenario
+
+    shares = {app: s["share"] for app, s in run_scenario("weighted", policy, seconds=20.0)["apps"].items()}
+    assert shares["gold"] == pytest.approx(2 / 3, abs=0.03) and shares["silver"] == pytest.approx(1 / 3, abs=0.03)

@@ -3,7 +3,7 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scale', 'scheduler', 'server', 'simulator', 'vllm-scheduler']
+    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scale', 'scheduler', 'server', 'simulator', 'vllm-scheduler', 'workflows']
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from fairagents.bench import (
     server,
     simulator,
     vllm_scheduler,
+    workflows,
 )
 
 __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
 BENCHMARKS = {"admission": admission, "isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
-              "scale": scale, "scheduler": scheduler, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler}
+              "scale": scale, "scheduler": scheduler, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler,
+              "workflows": workflows}

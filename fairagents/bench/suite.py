@@ -300,7 +300,7 @@ def _bench_arbiter(*args: Any, **kwargs: Any) -> Arbiter:
     queued (refused, or given up before it was) records it itself.
     """
     arbiter = Arbiter(*args, **kwargs)
-    arbiter.runner.ledger = Ledger(keep=sys.maxsize)  # the metrics read every record and charge of the run
+    arbiter.runner.ledger = Ledger(keep=sys.maxsize, clock=arbiter.clock)  # the metrics read every record and charge of the run
 
     def queued(request: Request) -> None:
         ids = _QUEUED.get(None)

@@ -106,6 +106,8 @@ class GenerationParams:
     agent: Agent | None = field(default=None, compare=False)
     """Who asks, set by the arbiter: an engine that schedules by identity passes it on
     (``VLLMEngine(scheduler="fair")`` as ``SamplingParams.extra_args``)."""
+    run: str | None = field(default=None, compare=False)
+    """The run the request belongs to, set by the arbiter with :attr:`agent` and passed on with it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -150,7 +152,7 @@ class GenerationParams:
             "stop": list(self.stop) or None, "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens, "logprobs": self.logprobs,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-            "extra_args": None if self.agent is None else identity_args(self.agent),
+            "extra_args": None if self.agent is None else identity_args(self.agent, self.run),
         }
 
 

@@ -8,7 +8,7 @@ other machines, through the ``openai`` client:
   prompt's token ids, with ``stream_options`` asking for usage on every chunk, so the
   tokens charged are the server's own count.
 - **Identity** travels as vLLM's ``vllm_xargs`` (``fairagents_app``,
-  ``fairagents_agent`` and their weights): a replica running
+  ``fairagents_agent`` and their weights, and ``fairagents_run`` for a request of a run): a replica running
   :class:`~fairagents.vllm.FairScheduler` schedules by it.
 - **Pricing before dispatch.** Prompts are tokenized before they are queued, so they
   can be priced: with the model's tokenizer from its files when they are here
@@ -502,7 +502,7 @@ class OpenAIEngine(EngineBase):
         if not params.skip_special_tokens:
             extra["skip_special_tokens"] = False
         if params.agent is not None:
-            extra["vllm_xargs"] = identity_args(params.agent)
+            extra["vllm_xargs"] = identity_args(params.agent, params.run)
         r.running += 1
         r.served += 1
         stream = None

@@ -10,6 +10,7 @@ from fairagents.policies.exfairs import ExFairS
 from fairagents.policies.fcfs import FCFS
 from fairagents.policies.hmfs import HMFS
 from fairagents.policies.rr import RoundRobin
+from fairagents.policies.runs import HMFSRuns
 from fairagents.policies.sjf import SJF
 from fairagents.policies.two_lane import TwoLane
 from fairagents.policies.vtc import VTC
@@ -19,7 +20,7 @@ __all__ = ["BASE_POLICIES", "by_name"]
 
 #: The built-in policies by name, ``adaptive`` aside.
 BASE_POLICIES: dict[str, type[BasePolicy]] = {
-    cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS, ExFairS, Duet, EDF, SJF, WFQ, TwoLane)
+    cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS, HMFSRuns, ExFairS, Duet, EDF, SJF, WFQ, TwoLane)
 }
 
 

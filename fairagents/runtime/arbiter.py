@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Unpack
 
 from fairagents.admission import Statera, make_admission
@@ -35,7 +35,7 @@ from fairagents.dispatcher import Dispatcher
 from fairagents.engines.base import Delta, Engine, Prompt, capabilities
 from fairagents.engines.prompts import Messages
 from fairagents.errors import InvalidParameterError
-from fairagents.identity import SLO
+from fairagents.identity import SLO, check_run, current_run, run_scope
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.policies import Policy, priced_policy
 from fairagents.records import RequestRecord
@@ -127,7 +127,6 @@ class Arbiter:
         self.pool_in_flight = pool_in_flight
         self.admission = make_admission(admission)
         self.limits = limits or DEFAULT_LIMITS
-        self.clock = clock
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
         self.tenants = Tenants()
         self.counters: SharedCounters | None = None
@@ -136,13 +135,13 @@ class Arbiter:
         if counters is not None:
             self.counters = counters if isinstance(counters, SharedCounters) else SharedCounters(counters)
             shared = SharedView(self.counters.door, policy)
-        self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, max_pending_per_app=preprocess_queue_per_app,
-                                         inline=preprocess_inline, name="fairagents-images")
+        self.preprocessor = Preprocessor(preprocess_workers, preprocess_queue, inline=preprocess_inline,
+                                         max_pending_per_app=preprocess_queue_per_app, name="fairagents-images")
         self.text_preprocessor = Preprocessor(preprocess_workers, preprocess_queue,
                                               max_pending_per_app=preprocess_queue_per_app, name="fairagents-text")
-        self.runner = Runner(policy, self.cost, pool=self.pool, tenants=self.tenants, ledger=Ledger(), clock=clock,
-                             pool_slots=pool_in_flight, app_share=self._share_of, admission=self.admission,
-                             shared=shared)
+        self.runner = Runner(policy, self.cost, pool=self.pool, tenants=self.tenants, ledger=Ledger(clock=clock),
+                             clock=clock, pool_slots=pool_in_flight, app_share=self._share_of,
+                             admission=self.admission, shared=shared)
         """Hands requests to the dispatcher and streams their engines' output."""
         self.inputs = Inputs(self.runner, images=self.preprocessor, text=self.text_preprocessor, limits=self.limits,
                              default_max_tokens=default_max_tokens)
@@ -208,6 +207,28 @@ class Arbiter:
         """Undeclare an app none of whose agents is declared (see :meth:`forget_agent`); whether it was forgotten."""
         return self.tenants.forget_app(name)
 
+    @contextlib.contextmanager
+    def run(self, name: str | None = None) -> Iterator[str]:
+        """Make the calls inside one run of a workflow (:func:`~fairagents.run_scope`); yields its id.
+
+        The run ends with the scope (a scope nested in another run joins it and ends
+        nothing), so :meth:`stats` counts its duration, calls and service.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> arbiter = fa.Arbiter()
+            >>> with arbiter.run("digest-1") as run:
+            ...     run, fa.current_run()
+            ('digest-1', 'digest-1')
+        """
+        outer = current_run()
+        with run_scope(name) as bound:
+            try:
+                yield bound
+            finally:
+                if bound != outer:
+                    self._end_run(bound)
+
     def add_listener(self, listener: Callable[[RequestRecord], None]) -> None:
         """Call ``listener`` with the record of every request as it ends (metrics exporters).
 
@@ -219,11 +240,12 @@ class Arbiter:
     # -- calls ----------------------------------------------------------------------
 
     async def chat(self, model: str, messages: Messages | Prompt, *, agent: Who = None, arrival: float | None = None,
-                   **sampling: Unpack[ChatArgs]) -> Reply:
+                   run: str | None = None, **sampling: Unpack[ChatArgs]) -> Reply:
         """Send a chat request as ``agent`` (or the agent bound in context) and wait for the reply.
 
         ``agent`` is a handle (``arbiter.app("a").agent("x")``), an :class:`~fairagents.Agent`,
-        or a declared agent's name (``"a/x"``, or ``"x"`` when one app declares an ``x``).
+        or a declared agent's name (``"a/x"``, or ``"x"`` when one app declares an ``x``); ``run``
+        the run the call belongs to (default: the one bound by :meth:`run`, else its own).
         ``sampling`` are OpenAI's (:class:`~fairagents.runtime.sampling.ChatArgs`); tool calls
         come back in :attr:`Reply.tool_calls`. ``max_tokens`` left unset is reserved to the
         end of the context (:meth:`default_max_tokens`), so give a bound when you know one.
@@ -239,36 +261,40 @@ class Arbiter:
             OverloadedError: the app's queue, or the preprocessing queue, is full.
             ShutdownError: the arbiter closed before the request finished.
         """
-        return await self.runner.collect(await self.inputs.chat(model, agent, messages, arrival, sampling))
+        call = await self.inputs.chat(model, agent, messages, arrival, sampling, _run(run))
+        return await self.runner.collect(call)
 
     async def stream_chat(self, model: str, messages: Messages | Prompt, *, agent: Who = None,
-                          arrival: float | None = None, **sampling: Unpack[ChatArgs]) -> AsyncIterator[Delta]:
+                          arrival: float | None = None, run: str | None = None,
+                          **sampling: Unpack[ChatArgs]) -> AsyncIterator[Delta]:
         """Like :meth:`chat`, yielding each :class:`~fairagents.engines.Delta` as it is generated.
 
         With tools, a delta's ``tool_calls`` are pieces of the model's calls. Bad input raises
         at the first ``__anext__``; stopping early cancels the request (charged for what it produced).
         """
-        call = await self.inputs.chat(model, agent, messages, arrival, sampling)
+        call = await self.inputs.chat(model, agent, messages, arrival, sampling, _run(run))
         async with contextlib.aclosing(self.runner.stream(call)) as deltas:
             async for delta in deltas:
                 yield delta
 
     async def complete(self, model: str, prompt: str | Prompt, *, agent: Who = None, arrival: float | None = None,
-                       **sampling: Unpack[SamplingArgs]) -> Reply:
+                       run: str | None = None, **sampling: Unpack[SamplingArgs]) -> Reply:
         """Like :meth:`chat` for a plain prompt (text or a ready :class:`~fairagents.engines.Prompt`), no template."""
-        return await self.runner.collect(await self.inputs.complete(model, agent, prompt, arrival, sampling))
+        call = await self.inputs.complete(model, agent, prompt, arrival, sampling, _run(run))
+        return await self.runner.collect(call)
 
     async def stream_complete(self, model: str, prompt: str | Prompt, *, agent: Who = None,
-                              arrival: float | None = None, **sampling: Unpack[SamplingArgs]) -> AsyncIterator[Delta]:
+                              arrival: float | None = None, run: str | None = None,
+                              **sampling: Unpack[SamplingArgs]) -> AsyncIterator[Delta]:
         """:meth:`complete`, yielding each :class:`~fairagents.engines.Delta` as :meth:`stream_chat` does."""
-        call = await self.inputs.complete(model, agent, prompt, arrival, sampling)
+        call = await self.inputs.complete(model, agent, prompt, arrival, sampling, _run(run))
         async with contextlib.aclosing(self.runner.stream(call)) as deltas:
             async for delta in deltas:
                 yield delta
 
     async def generate_image(self, model: str, prompt: str, *, agent: Who = None, size: tuple[int, int] | None = None,
                              steps: int | None = None, n: int = 1, guidance: float | None = None,
-                             seed: int | None = None) -> ImageReply:
+                             seed: int | None = None, run: str | None = None) -> ImageReply:
         """Make ``n`` images of ``size`` (width, height) from ``prompt`` on an image model, as ``agent``.
 
         ``size`` and ``steps`` default to the model's own. The request is charged the
@@ -276,7 +302,8 @@ class Arbiter:
         :meth:`chat`, and :class:`~fairagents.errors.ModalityError` for a model that makes no images.
         """
         return await self.runner.collect_images(
-            self.inputs.image(model, agent, prompt, size=size, steps=steps, n=n, guidance=guidance, seed=seed))
+            self.inputs.image(model, agent, prompt, size=size, steps=steps, n=n, guidance=guidance, seed=seed,
+                              run=_run(run)))
 
     async def prepare_chat(self, model: str, messages: Messages, *, agent: Who = None,
                            tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
@@ -371,6 +398,15 @@ class Arbiter:
     # -- state -------------------------------------------------------------------
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The time source, in seconds: arrivals, waits and run durations are read from it."""
+        return self.runner.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.runner.clock = self.runner.ledger.runs.clock = clock
+
+    @property
     def ledger(self) -> Ledger:
         """The accounts: every request's record and every charge (:meth:`stats` reads it)."""
         return self.runner.ledger
@@ -460,10 +496,28 @@ class Arbiter:
         return self.pool.limit(self.pool.get(model))
 
     def token_budget_of(self, model: str) -> int | None:
-        """The KV tokens ``model``'s running requests may reserve at once (``None``: none; ``"engine"``: once started)."""
+        """The KV tokens ``model``'s running requests may reserve at once (``None``: no budget)."""
         return self.pool.budget(self.pool.get(model))
 
     # -- internals ------------------------------------------------------------------
 
+    def _end_run(self, run: str) -> None:
+        """Record a run's end on the arbiter's loop (a scope may close on another thread, through a portal)."""
+        loop = self.lifecycle.loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        end = self.clock()
+        if loop is None or here is loop or loop.is_closed() or not loop.is_running():
+            self.ledger.end_run(run, end)
+        else:
+            loop.call_soon_threadsafe(self.ledger.end_run, run, end)
+
     def _share_of(self, app: str) -> float | None:
         return self.tenants.share.get(app, self.max_in_flight_share)
+
+
+def _run(run: str | None) -> str | None:
+    """A call's run: ``run`` (checked), else the one bound in context, else none (a run of its own)."""
+    return current_run() if run is None else check_run(run)

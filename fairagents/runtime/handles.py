@@ -95,10 +95,15 @@ class AppHandle:
     def __repr__(self) -> str:
         return f"AppHandle({self.identity.name})"
 
+    @property
+    def arbiter(self) -> Any:
+        """The arbiter the app is declared on."""
+        return self._arbiter
+
     def agent(self, name: str, weight: float = 1.0, slo: SLO | None = None) -> AgentHandle:
         """Declare (or get) an agent of this app; re-declaring with other settings is an error."""
         return AgentHandle(self._arbiter, self._arbiter.tenants.declare_agent(self.identity, name, weight, slo))
 
 
 Who = AgentHandle | Agent | str | None
-"""Who makes a call: a handle, an :class:`~fairagents.Agent`, a declared agent's name, or ``None`` (the agent in context)."""
+"""Who makes a call: a handle, an :class:`~fairagents.Agent`, a declared agent's name, or ``None`` (in context)."""

@@ -52,7 +52,7 @@ class Inputs:
     # -- calls ------------------------------------------------------------------------
 
     async def chat(self, model: str, who: Who, messages: Messages | Prompt, arrival: float | None,
-                   args: Mapping[str, Any]) -> Call:
+                   args: Mapping[str, Any], run: str | None = None) -> Call:
         """Queue a chat call (``args``: :class:`~fairagents.runtime.sampling.ChatArgs`)."""
         arrival = self.runner.clock() if arrival is None else arrival  # before any preparation (DuetInfer)
         params, spec = chat_params(args, self.limits)
@@ -67,12 +67,12 @@ class Inputs:
             prompt = await self._prepare_images(m.engine, model, messages, spec.template_tools, agent.app)
         else:
             prompt = chat_input(messages, spec.template_tools)(m.engine)
-        call = self._submit(m, agent, params, prompt, arrival, fill=args.get("max_tokens") is None)
+        call = self._submit(m, agent, params, prompt, arrival, run, fill=args.get("max_tokens") is None)
         call.reader = reader
         return call
 
     async def complete(self, model: str, who: Who, prompt: str | Prompt, arrival: float | None,
-                       args: Mapping[str, Any]) -> Call:
+                       args: Mapping[str, Any], run: str | None = None) -> Call:
         """Queue a completion call (``args``: :class:`~fairagents.runtime.sampling.SamplingArgs`)."""
         arrival = self.runner.clock() if arrival is None else arrival  # before the checks off the loop
         params = generation_params(args)
@@ -81,10 +81,10 @@ class Inputs:
         if engine_checks(params):
             await self._check_params(m.engine, agent.app, params)
         ready = text_input(prompt)(m.engine)
-        return self._submit(m, agent, params, ready, arrival, fill=args.get("max_tokens") is None)
+        return self._submit(m, agent, params, ready, arrival, run, fill=args.get("max_tokens") is None)
 
     def image(self, model: str, who: Who, prompt: str, *, size: tuple[int, int] | None, steps: int | None, n: int,
-              guidance: float | None, seed: int | None) -> Call:
+              guidance: float | None, seed: int | None, run: str | None = None) -> Call:
         """Queue an image call; ``size`` and ``steps`` default to the model's own."""
         engine = self.runner.pool.get(model).engine
         self.runner.check_open()
@@ -96,13 +96,13 @@ class Inputs:
         params = GenerationParams(engine.latent_tokens(size, steps, n), seed=seed)
         m, agent = self.runner.admit(model, who)
         ready = engine.prepare_image(prompt, size=size, steps=steps, n=n, guidance=guidance)
-        return self.runner.submit(m, agent, params, ready, self.runner.clock())
+        return self.runner.submit(m, agent, params, ready, self.runner.clock(), run)
 
     # -- preparing ----------------------------------------------------------------------
 
     async def prepare_chat(self, model: str, messages: Messages, who: Who,
                            tools: Sequence[dict[str, Any]] | None) -> Prompt:
-        """``messages`` made ready for ``model`` in a preprocessing pool (see :meth:`fairagents.Arbiter.prepare_chat`)."""
+        """``messages`` made ready for ``model`` in a preprocessing pool (:meth:`fairagents.Arbiter.prepare_chat`)."""
         engine = self.runner.pool.get(model).engine
         app = self._app(who)
         if _with_images(messages):
@@ -143,13 +143,14 @@ class Inputs:
     def _app(self, who: Who) -> App | None:
         return None if who is None else self.runner.tenants.resolve(who).app
 
-    def _submit(self, m: PoolModel, agent: Agent, params: GenerationParams, prompt: Prompt, arrival: float, *,
+    def _submit(self, m: PoolModel, agent: Agent, params: GenerationParams, prompt: Prompt, arrival: float,
+                run: str | None, *,
                 fill: bool) -> Call:
         """Submit; with ``fill``, ``max_tokens`` is :meth:`default_max_tokens` for the prompt and the app."""
         if fill:
             max_tokens = self.default_max_tokens(m.name, prompt.n_tokens, agent.app.name)
             params = dataclasses.replace(params, max_tokens=max_tokens)
-        return self.runner.submit(m, agent, params, prompt, arrival)
+        return self.runner.submit(m, agent, params, prompt, arrival, run)
 
     async def _prepare_images(self, engine: Engine, model: str, messages: Messages,
                               tools: Sequence[dict[str, Any]] | None, app: App | None) -> Prompt:

@@ -225,7 +225,8 @@ class Portal:
         with self.arbiter.lifecycle.portal_lock:  # one lock per arbiter: every portal onto it agrees on who starts it
             self._check_open()
             loop = self.arbiter.loop
-            if loop is None or (loop.is_closed() and self.arbiter.lifecycle.closed):  # never started, or closed with its loop
+            # never started, or closed with its loop
+            if loop is None or (loop.is_closed() and self.arbiter.lifecycle.closed):
                 if _exiting:
                     raise ShutdownError("the program is exiting: the arbiter is not started again")
                 loop = self._start_thread()
@@ -245,7 +246,8 @@ class Portal:
 
     def _send_if_running(self, coro: Coroutine[Any, Any, T],
                          loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T] | None:
-        with self.arbiter.lifecycle.send_lock:  # a close marks its loop stopping under this lock: nothing sent is left unrun
+        # a close marks its loop stopping under this lock: nothing sent is left unrun
+        with self.arbiter.lifecycle.send_lock:
             if loop.is_running() and loop not in _stopping:
                 return asyncio.run_coroutine_threadsafe(coro, loop)
         coro.close()

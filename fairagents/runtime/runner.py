@@ -129,7 +129,8 @@ class Runner:
         self.dispatcher.check_queue(agent.app.name, model)
         return m, agent
 
-    def submit(self, m: PoolModel, agent: Agent, params: GenerationParams, prompt: Prompt, arrival: float) -> Call:
+    def submit(self, m: PoolModel, agent: Agent, params: GenerationParams, prompt: Prompt, arrival: float,
+               run: str | None = None) -> Call:
         """Queue a request of ``agent`` for ``m``; raises, changing nothing, what the dispatcher refuses.
 
         The dispatcher refuses what changed since the request was admitted (the arbiter
@@ -139,8 +140,10 @@ class Runner:
         self.check_open()
         self._serving(m, agent)
         now = self.clock()
-        request = Request(f"fa-{next(_request_ids)}", agent, m.name, prompt.n_tokens, params.max_tokens, arrival)
-        call = Call(request, prompt, dataclasses.replace(params, agent=agent), asyncio.get_running_loop().create_future())
+        request = Request(f"fa-{next(_request_ids)}", agent, m.name, prompt.n_tokens, params.max_tokens, arrival,
+                          run=run)
+        params = dataclasses.replace(params, agent=agent, run=run)
+        call = Call(request, prompt, params, asyncio.get_running_loop().create_future())
         self.calls[request.id] = call
         try:
             changes = self.dispatcher.arrive(request, now)
@@ -148,6 +151,7 @@ class Runner:
             del self.calls[request.id]  # if it was queued all the same, it is withdrawn at its turn
             raise
         call.ticket = self.dispatcher.ticket(request.id)
+        self.ledger.arrive(request)
         for hook in self.submitted:
             hook(request)
         self.apply(changes)
@@ -319,7 +323,7 @@ class Runner:
         return call is not None and not call.dispatched.done()
 
     def _charge(self, now: float, request: Request, amount: float) -> None:
-        self.ledger.charge(now, request.app, request.agent.name, amount)
+        self.ledger.charge(now, request.app, request.agent.name, amount, request)
         if self.shared is not None:
             self.shared.charge(request, amount)
 

@@ -4,8 +4,10 @@
 of an app: the bearer key decides the app (a missing or unknown key is a 401 and
 nothing runs), the ``X-Fairagents-Agent`` header the agent (``default`` otherwise).
 With keys off (``server.auth = false``, local use), ``X-Fairagents-App`` names the app.
+``X-Fairagents-Run`` names the run (one invocation of an agent workflow) the request
+belongs to; without it the request is a run of its own.
 
-What a request goes through, cheap checks first: the key (401), the bounded body
+What a request goes through, cheap checks first: the key (401), the run id (400), the bounded body
 (413), validation (400, nothing charged; large bodies are parsed in the text
 preprocessing pool), the model (404 if unknown), then
 :meth:`~fairagents.Arbiter.check_admission` (503 while the model is down, 429 with
@@ -67,7 +69,7 @@ from fairagents.errors import (
     UnknownModelError,
 )
 from fairagents.http_errors import http_error
-from fairagents.identity import Agent, Modality, agent_from_headers
+from fairagents.identity import Agent, Modality, agent_from_headers, run_from_headers
 from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
 from fairagents.server.dashboard import page
 from fairagents.server.fairness import FairnessView
@@ -210,8 +212,12 @@ class Gateway:
         The request holds its agent until :meth:`release`: an agent (and, keys off, an
         app) that requests declared is undeclared again when the last request holding it
         ends without ever having queued a request, so a refused request leaves no state.
+
+        The run that ``X-Fairagents-Run`` names is checked here, before anything is
+        declared (a bad one is a 400), and kept as ``request.state.run`` (``None``: none).
         """
         app = await self.authenticate(request)
+        request.state.run = run_from_headers(request.headers)
         agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent")
         stated = agent_from_headers(app, agent, request.headers)
         key = (app, agent)
@@ -434,13 +440,14 @@ class Gateway:
         """
         chat = isinstance(body, wire.ChatCompletionRequest)
         model = body.model
+        run = _run(request)
         request.state.labels = (who.identity.app.name, who.identity.name, model)
         kwargs = body.arbiter_kwargs(max_tokens) if chat else body.sampling(max_tokens)  # type: ignore[union-attr]
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         if not body.stream:
             call: Any = self.arbiter.chat if chat else self.arbiter.complete
             replies = await _until_disconnected(request, _all([
-                self._counted(model, call(model, prompt, agent=who, arrival=arrival, **kwargs))
+                self._counted(model, call(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
                 for _ in range(body.choices)]))
             usage = wire.Usage(prompt_tokens=prompt.n_tokens,
                                completion_tokens=sum(r.usage.completion_tokens for r in replies),
@@ -454,8 +461,9 @@ class Gateway:
                        for i, r in enumerate(replies)]
             return JSONResponse(wire.completion(rid, model, choices, usage))
         stream: Any = self.arbiter.stream_chat if chat else self.arbiter.stream_complete
-        streams = _Choices([self._tracked(model, stream(model, prompt, agent=who, arrival=arrival, **kwargs))
-                            for _ in range(body.choices)])
+        streams = _Choices([
+            self._tracked(model, stream(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
+            for _ in range(body.choices)])
         try:
             head = await _until_disconnected(request, streams.head())
         except BaseException:
@@ -621,6 +629,11 @@ async def _all(works: list[Awaitable[T]]) -> list[T]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _run(request: Request) -> str | None:
+    """The run of a request, as :meth:`Gateway.identify` read it from ``X-Fairagents-Run``."""
+    return getattr(request.state, "run", None)
 
 
 async def _caller(request: Request) -> AgentHandle:
@@ -884,7 +897,8 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
                                         param="response_format")
         request.state.labels = (who.identity.app.name, who.identity.name, model)
         reply = await _until_disconnected(
-            request, arbiter.generate_image(model, body.prompt, agent=who, size=body.dimensions(), n=body.n)
+            request, arbiter.generate_image(model, body.prompt, agent=who, size=body.dimensions(), n=body.n,
+                                            run=_run(request))
         )
         data = [{"b64_json": base64.b64encode(png).decode()} for png in reply.png]
         return JSONResponse({"created": int(time.time()), "data": data, "usage": wire.images_usage(wire.Usage(

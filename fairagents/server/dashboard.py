@@ -4,7 +4,9 @@ It polls ``/v1/fairness`` every two seconds and draws, per app: its share of ser
 over the last 30 seconds against the share its weight entitles it to among the active
 apps (and its share since start), the shares over the last five minutes as a stacked
 area with the entitlements as dashed lines, each app's agents against their weights
-among the active agents, and a table of queues and latencies. An app or agent that is
+among the active agents, a table of queues and latencies, and a table of each app's
+runs of agent workflows (completed, active, mean and 95th percentile duration, mean
+calls and service). An app or agent that is
 idle (nothing queued, running or served in the last 30 seconds) is muted and labelled
 "idle"; one whose demand is met (nothing of it waits for dispatch) is muted and
 labelled "demand met": a share below its entitlement is then all it asked for. One with
@@ -110,6 +112,11 @@ _PAGE = r"""<!doctype html>
     <h2>Queues and latency</h2>
     <p class="sub">latencies from arrival at the arbiter, over recent requests · backlogged: share of the last 5 min with requests waiting</p>
     <table id="table"></table>
+  </section>
+  <section class="card full">
+    <h2>Runs</h2>
+    <p class="sub">runs of agent workflows (requests that name a run), first arrival to last end · over recent completed runs</p>
+    <table id="runs"></table>
   </section>
 </main>
 <script>
@@ -251,6 +258,20 @@ function drawTable(data) {
   $("table").innerHTML = `<thead><tr>${head.map((x) => `<th>${x}</th>`).join("")}</tr></thead><tbody>${body}</tbody>`;
 }
 
+function drawRuns(data) {
+  const head = ["", "completed", "active", "duration mean", "duration p95", "calls mean", "service mean"];
+  const fixed = (x) => x == null ? "–" : x.toFixed(1);
+  const rows = Object.keys(data.apps).sort().filter((name) => data.apps[name].runs &&
+    (data.apps[name].runs.completed || data.apps[name].runs.active)).map((name) => {
+    const r = data.apps[name].runs;
+    return `<tr class="app run" data-app="${esc(name)}"><td>${esc(name)}</td><td>${r.completed}</td><td>${r.active}</td>` +
+      `<td>${secs(r.duration_seconds.mean)}</td><td>${secs(r.duration_seconds.p95)}</td><td>${fixed(r.calls_mean)}</td>` +
+      `<td>${r.service_mean == null ? "–" : num(r.service_mean)}</td></tr>`;
+  }).join("");
+  $("runs").innerHTML = rows ? `<thead><tr>${head.map((x) => `<th>${x}</th>`).join("")}</tr></thead><tbody>${rows}</tbody>`
+    : `<tbody><tr><td class="empty">no runs yet</td></tr></tbody>`;
+}
+
 function drawHeader(data) {
   $("policy").textContent = `policy ${data.policy}` + (data.draining ? " · draining" : "");
   $("uptime").textContent = `up ${dur(data.uptime_seconds)}`;
@@ -271,7 +292,7 @@ async function tick() {
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const data = await response.json();
     $("tolerance").textContent = (100 * data.entitlement.tolerance).toFixed(0) + " %";
-    drawHeader(data); drawShares(data); drawTimeline(data); drawAgents(data); drawTable(data);
+    drawHeader(data); drawShares(data); drawTimeline(data); drawAgents(data); drawTable(data); drawRuns(data);
     status(true, "updated " + new Date().toLocaleTimeString());
     document.body.dataset.ready = "1";
   } catch (err) {

@@ -14,6 +14,11 @@ weight over its active peers' weights, ``recent_share`` its share of their servi
 that window, and it is ``below_entitlement`` when it has requests waiting and falls
 short by more than :data:`BELOW_TOLERANCE` of its entitlement.
 
+Each app also has ``runs``: its runs of agent workflows (requests that name a run,
+:mod:`fairagents.runs`): runs completed and active, the mean and 95th percentile of
+their durations (first arrival to last end), their mean calls and service, and the
+last few completed runs. An app's own view (``only``) shows only its own runs.
+
 The snapshot is cached for ``max_age`` seconds and its JSON built in a thread, so many
 viewers cost the event loop no more than one; the history is bounded
 (:data:`HISTORY_POINTS` points of per-app sums; per-agent history for one app only).
@@ -43,7 +48,7 @@ from typing import Any
 from fairagents.labels import OTHER
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.server.wire import finite
-from fairagents.stats import ClientSnapshot, Stats
+from fairagents.stats import ClientSnapshot, RunStats, Stats
 
 __all__ = ["BELOW_TOLERANCE", "HISTORY_POINTS", "KEEP_AGENTS_EVERY", "OTHER", "FairnessView"]
 
@@ -284,7 +289,8 @@ def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) 
     rejected = _sum(extra)
     apps: dict[str, Any] = {}
     for name, c in stats.apps.items():  # every app, its agents all forgotten or not (apps are bounded by max_apps)
-        apps[name] = {**_client(c, rejected.get(name, {}), by_app(name)), "agents": {}}
+        apps[name] = {**_client(c, rejected.get(name, {}), by_app(name)), "agents": {},
+                      "runs": _runs(stats.runs.get(name, _NO_RUNS))}
     for (app_name, agent_name), agent in shown_agents:
         if app_name in apps:
             apps[app_name]["agents"][agent_name] = _client(
@@ -355,7 +361,7 @@ def _own(apps: dict[str, Any], history: dict[str, Any], only: str) -> tuple[dict
     others = [c for name, c in apps.items() if name != only]
     mine = {only: apps[only]} if only in apps else {}
     if others:
-        mine[OTHER] = _aggregate(others)
+        mine[OTHER] = {**_aggregate(others), "runs": None}  # other apps' runs are theirs to see
     series = [v for name, v in history["apps"].items() if name != only]
     own_history = {k: v for k, v in history["apps"].items() if k == only}
     if series:
@@ -436,6 +442,21 @@ def _sum(extra: Mapping[tuple[str, str], Mapping[str, int]]) -> dict[str, dict[s
         for k, v in counts.items():
             sums[k] = sums.get(k, 0) + v
     return total
+
+
+_NO_RUNS = RunStats()
+
+
+def _runs(r: RunStats) -> dict[str, Any]:
+    return {
+        "completed": r.completed,
+        "active": r.active,
+        "duration_seconds": {"mean": finite(r.duration_mean), "p95": finite(r.duration_p95)},
+        "calls_mean": finite(r.calls_mean),
+        "service_mean": finite(r.service_mean),
+        "recent": [{"run": x.run, "duration_seconds": x.duration, "calls": x.calls, "service": x.service}
+                   for x in r.recent],
+    }
 
 
 def _client(c: ClientSnapshot, extra: Mapping[str, int], backlogged: float | None) -> dict[str, Any]:

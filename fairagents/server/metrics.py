@@ -8,7 +8,8 @@ apps past ``max_apps`` as ``app="_other"``; histograms have no ``agent`` label.
 
 Counters and histograms of requests are fed by the arbiter's record of each request
 as it ends (:meth:`~fairagents.Arbiter.add_listener`), so cancelled and failed
-requests count too. Service, queues, shares and model health are read from the
+requests count too; those of runs (requests that name a run, :mod:`fairagents.runs`)
+by each run as it completes, labelled by app only. Service, queues, shares and model health are read from the
 arbiter at scrape time. The metrics live in a registry of their own, not
 prometheus_client's global one, so several servers in one process do not collide.
 
@@ -18,6 +19,9 @@ prometheus_client's global one, so several servers in one process do not collide
 | ``fairagents_requests_rejected_total`` | app, agent, model | refused with 429: the app's queue was full |
 | ``fairagents_{prompt,completion}_tokens_total`` | app, agent, model | raw tokens of requests that ran |
 | ``fairagents_{queue_wait,ttft,request_duration}_seconds`` | app, model | histograms, from arrival at the arbiter |
+| ``fairagents_run_duration_seconds`` | app | histogram of completed runs, first arrival to last end |
+| ``fairagents_run_{calls,service_unified_tokens}_total`` | app | requests, and service, of completed runs |
+| ``fairagents_active_runs`` | app | runs not yet completed |
 | ``fairagents_identities_refused_total`` | reason | new app or agent names refused (``max_apps``, ``max_agents``) |
 | ``fairagents_service_unified_tokens_total`` | app, agent | service charged, in unified tokens |
 | ``fairagents_{queued,in_flight}_requests`` | app, agent | requests waiting, and running in an engine |
@@ -42,16 +46,20 @@ from prometheus_client.registry import Collector
 from fairagents.labels import OTHER, LabelCap
 from fairagents.metrics import RequestRecord
 from fairagents.request import Outcome
+from fairagents.runs import RunRecord
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.server.fairness import FairnessView
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "OTHER", "LabelCap", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "OTHER", "RUN_BUCKETS", "LabelCap", "Metrics"]
 
 #: ``Content-Type`` of the exposition (Prometheus text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 #: Histogram buckets in seconds: from a fast first token to a long wait behind a flood.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+#: Histogram buckets of run durations in seconds: a run is one call, or a workflow of many.
+RUN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 _LABELS = ("app", "agent", "model")
 _APP_MODEL = ("app", "model")
@@ -125,9 +133,20 @@ class Metrics:
             "fairagents_request_duration_seconds", "Arrival at the arbiter to the end of the request, however it ended.",
             _APP_MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )
-        self._live = _Live(arbiter, view, draining, models, self.cap)  # read on the loop: not in the registry
+        self._run_duration = Histogram(
+            "fairagents_run_duration_seconds", "A completed run's first arrival to its last end.", ("app",),
+            buckets=RUN_BUCKETS, registry=r,
+        )
+        self._run_calls = Counter("fairagents_run_calls", "Requests of completed runs.", ("app",), registry=r)
+        self._run_service = Counter(
+            "fairagents_run_service_unified_tokens", "Service charged to completed runs, in unified tokens.", ("app",),
+            registry=r,
+        )
+        self._run_apps: set[str] = set()  # the apps with run series of their own (at most max_apps)
+        self._live = _Live(arbiter, view, draining, models, self.cap, self._run_label)  # read on the loop
         self._built: tuple[float, asyncio.Future[bytes]] | None = None
         arbiter.add_listener(self.observe)
+        arbiter.ledger.runs.listeners.append(self.observe_run)
 
     def _labels(self, app: str, agent: str, model: str) -> tuple[str, str, str]:
         app, agent = self.cap(app, agent)
@@ -147,6 +166,21 @@ class Metrics:
         if record.first_token is not None:
             self._ttft.labels(*by_app).observe(record.first_token - record.arrival)
         self._duration.labels(*by_app).observe(record.finished - record.arrival)
+
+    def observe_run(self, run: RunRecord) -> None:
+        """Count a run that completed (the arbiter's run book calls this)."""
+        app = self._run_label(run.app)
+        self._run_duration.labels(app).observe(run.duration)
+        self._run_calls.labels(app).inc(run.calls)
+        self._run_service.labels(app).inc(run.service)
+
+    def _run_label(self, app: str) -> str:
+        """An app's label on run series: its name, as on its request series, for at most ``max_apps`` apps."""
+        if app not in self._run_apps:
+            if len(self._run_apps) >= self.cap.max_apps or self.cap.app(app) == OTHER:
+                return OTHER
+            self._run_apps.add(app)
+        return app
 
     def reject(self, app: str, agent: str, model: str) -> None:
         """Count a request refused because the app's queue was full."""
@@ -169,6 +203,10 @@ class Metrics:
             for histogram in (self._wait, self._ttft, self._duration):
                 for model in self._histogram_models(histogram, app):
                     histogram.remove(app, model)
+            for family in (self._run_duration, self._run_calls, self._run_service):
+                with contextlib.suppress(KeyError):
+                    family.remove(app)
+            self._run_apps.discard(app)
 
     @staticmethod
     def _histogram_models(histogram: Histogram, app: str) -> list[str]:
@@ -223,12 +261,14 @@ class _Live:
         draining: Callable[[], bool],
         models: Callable[[], dict[str, dict[str, Any]]],
         cap: LabelCap,
+        run_label: Callable[[str], str],
     ):
         self._arbiter = arbiter
         self._view = view
         self._draining = draining
         self._models = models
         self._cap = cap
+        self._run_label = run_label
 
     def snapshot(self) -> list[Metric]:
         """The live families, numbers copied now."""
@@ -251,6 +291,13 @@ class _Live:
             sums = by_app.setdefault(label, [0.0, 0.0])
             sums[0] += app.share
             sums[1] += app.weight_share
+        active_runs = GaugeMetricFamily("fairagents_active_runs", "Runs not yet completed.", labels=("app",))
+        by_runs: dict[str, int] = {}
+        for name, runs in stats.runs.items():
+            label = self._run_label(name)
+            by_runs[label] = by_runs.get(label, 0) + runs.active
+        for name, active in by_runs.items():
+            active_runs.add_metric([name], active)
         service = CounterMetricFamily(
             "fairagents_service_unified_tokens", "Service charged to an agent, in unified tokens.", labels=("app", "agent")
         )
@@ -287,7 +334,7 @@ class _Live:
             pool.append(GaugeMetricFamily("fairagents_pool_in_flight_limit", "Requests the pool runs at once.",
                                           value=float(self._arbiter.pool_in_flight)))
         draining = GaugeMetricFamily("fairagents_draining", "1 while the server drains after SIGTERM.", value=float(self._draining()))
-        yield from (service, queued, running, agent_share, agent_weight, app_share, app_weight)
+        yield from (service, queued, running, agent_share, agent_weight, app_share, app_weight, active_runs)
         yield from (up, limit, model_queued, model_running, *pool, draining)
         counters = self._arbiter.counters
         if counters is not None:

@@ -41,7 +41,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 import fairagents.server.wire as wire
-from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
+from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP, HEADER_RUN, RUN_PATTERN
 from fairagents.server.config import NAME_PATTERN
 
 __all__ = ["install_openapi"]
@@ -487,7 +487,12 @@ def _document(app: FastAPI) -> dict[str, Any]:
                 parameters += [_setting(HEADER_AGENT_WEIGHT, "The agent's weight within its app, a number > 0 "
                                         "(`2.0`); declares a new agent with it, and must match an agent's declaration."),
                                _setting(HEADER_AGENT_SLO, "The agent's SLO in seconds (`ttft=0.5, tpot=0.05, e2e=4`); "
-                                        "as the weight.")]
+                                        "as the weight."),
+                               {"name": HEADER_RUN, "in": "header", "required": False,
+                                "description": "The run (one invocation of an agent workflow) the request belongs to: "
+                                               "1 to 128 letters, digits and `_.:@/+=-` (`thread-42/turn-3`); "
+                                               "without it the request is a run of its own.",
+                                "schema": {"type": "string", "pattern": f"^{RUN_PATTERN}$"}}]
             if endpoint.access == _APP and not auth:
                 parameters.append(_header(HEADER_APP, "The app (default: `default`); this server takes no API keys."))
             for parameter in parameters:

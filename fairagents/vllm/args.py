@@ -12,8 +12,9 @@ a request it refuses is answered 400 with the reason, and nothing is queued or c
 
 What passes :func:`check_args`: ``fairagents_app`` and ``fairagents_agent`` are non-empty
 strings of at most :data:`MAX_NAME` characters; ``fairagents_app_weight`` and
-``fairagents_agent_weight`` are finite numbers > 0 (not strings, not booleans); no
-other ``fairagents_*`` key (a misspelt one would otherwise be ignored in silence).
+``fairagents_agent_weight`` are finite numbers > 0 (not strings, not booleans);
+``fairagents_run`` is a run id (:func:`~fairagents.identity.check_run`: 1 to 128 letters,
+digits and ``_.:@/+=-``); no other ``fairagents_*`` key (a misspelt one would otherwise be ignored in silence).
 Keys without the prefix are other processors' business.
 
 Examples:
@@ -35,8 +36,9 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
-from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT
+from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT, XARG_RUN
 from fairagents.errors import InvalidParameterError
+from fairagents.identity import check_run
 
 __all__ = ["MAX_NAME", "FairArgsValidator", "check_args", "check_weight"]
 
@@ -70,6 +72,10 @@ def check_args(extra_args: Mapping[str, Any] | None) -> None:
         Traceback (most recent call last):
         ...
         fairagents.errors.InvalidParameterError: vllm_xargs: fairagents_agent must be a non-empty string of at most 128 characters, got 7
+        >>> check_args({"fairagents_run": "digest 7"})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: vllm_xargs: fairagents_run: a run id is 1 to 128 letters, digits and _.:@/+=-, got 'digest 7'
     """
     for key, value in (extra_args or {}).items():
         if not key.startswith(_PREFIX):
@@ -81,8 +87,13 @@ def check_args(extra_args: Mapping[str, Any] | None) -> None:
                     f"vllm_xargs: {key} must be a non-empty string of at most {MAX_NAME} characters, got {shown}")
         elif key in _WEIGHTS:
             check_weight(value, f"vllm_xargs: {key}")
+        elif key == XARG_RUN:
+            try:
+                check_run(value)
+            except InvalidParameterError as err:
+                raise InvalidParameterError(f"vllm_xargs: {key}: {err}") from None
         else:
-            known = ", ".join(_NAMES + _WEIGHTS)
+            known = ", ".join((*_NAMES, *_WEIGHTS, XARG_RUN))
             raise InvalidParameterError(f"vllm_xargs: unknown key {key!r} (fairagents reads {known})")
 
 

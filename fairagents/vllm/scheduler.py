@@ -7,6 +7,8 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
 
 - **Identity**: ``fairagents_app`` and ``fairagents_agent`` in each request's
   ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP); app ``default`` without them.
+  ``fairagents_run`` names the run a request belongs to (:func:`run_of`); it is read
+  onto the request the policy sees, which does not order by it yet.
 - **Weights**: from the file named by :data:`CONFIG_ENV` (:class:`Weights`) when set,
   the request's own weight arguments then ignored; else from ``fairagents_app_weight`` /
   ``fairagents_agent_weight`` (default 1), checked by
@@ -47,17 +49,17 @@ from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus
 
 from fairagents._logging import get_logger
-from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT
+from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT, XARG_RUN
 from fairagents.cost import ModelProfile, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
-from fairagents.identity import Agent, App, Modality
+from fairagents.identity import Agent, App, Modality, check_run
 from fairagents.policies.hmfs import HMFS
 from fairagents.request import Outcome
 from fairagents.request import Request as FairRequest
 from fairagents.vllm.args import FairArgsValidator, check_weight
 from fairagents.vllm.metrics import SchedulerMetrics
 
-__all__ = ["CONFIG_ENV", "FairCounters", "FairQueue", "FairScheduler", "Weights", "identity"]
+__all__ = ["CONFIG_ENV", "FairCounters", "FairQueue", "FairScheduler", "Weights", "identity", "run_of"]
 
 log = get_logger(__name__)
 
@@ -120,6 +122,27 @@ def identity(extra_args: Mapping[str, Any] | None, weights: Weights | None = Non
     if weights is not None:
         return Agent(name, App(app, weight=weights.app(app)), weight=weights.agent(app, name))
     return Agent(name, App(app, weight=_arg_weight(args, XARG_APP_WEIGHT)), weight=_arg_weight(args, XARG_AGENT_WEIGHT))
+
+
+def run_of(extra_args: Mapping[str, Any] | None) -> str | None:
+    """The run a request's ``extra_args`` name (``fairagents_run``), or ``None``: the request is a run of its own.
+
+    Served with :class:`~fairagents.vllm.args.FairArgsValidator`, a request with an
+    invalid run never gets here; without it, an invalid run counts as none.
+
+    Examples:
+        >>> from fairagents.vllm.scheduler import run_of
+        >>> run_of({"fairagents_run": "digest-7"}), run_of(None)
+        ('digest-7', None)
+    """
+    run = (extra_args or {}).get(XARG_RUN)
+    if run is None:
+        return None
+    try:
+        return check_run(run)
+    except InvalidParameterError as err:
+        log.warning("fairagents.vllm.bad_run", error=str(err))
+        return None
 
 
 def _arg_weight(args: Mapping[str, Any], key: str) -> float:
@@ -224,8 +247,9 @@ class FairQueue(RequestQueue):
 
     def add_request(self, request: VllmRequest) -> None:
         # No prompt on the policy's copy: the scheduler charges input as prefill runs.
+        params = request.sampling_params
         twin = FairRequest(request.request_id, self._agent_of(request), self.model, 0, max(request.max_tokens, 1),
-                           request.arrival_time)
+                           request.arrival_time, run=run_of(params.extra_args if params is not None else None))
         with self.counters.lock:
             self.policy.on_arrival(twin, request.arrival_time)
         self._held[request.request_id] = (request, twin)

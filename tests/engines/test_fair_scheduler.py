@@ -9,7 +9,8 @@ from vllm import SamplingParams
 from vllm.v1.request import Request as VllmRequest
 
 import fairagents as fa
-from fairagents.vllm.scheduler import CONFIG_ENV, FairCounters, FairQueue, FairScheduler, Weights, identity
+from fairagents.identity import identity_args
+from fairagents.vllm.scheduler import CONFIG_ENV, FairCounters, FairQueue, FairScheduler, Weights, identity, run_of
 
 
 def vreq(rid, app=None, agent=None, at=0.0, prompt=8, max_tokens=16, **extra):
@@ -34,6 +35,28 @@ def test_identity_comes_from_extra_args_with_defaults():
     assert (who.app.name, who.name, who.app.weight, who.weight) == ("search", "planner", 2.0, 3.0)
     anon = identity(None)
     assert (anon.app.name, anon.name, anon.app.weight) == ("default", "default", 1.0)
+
+
+def test_identity_args_carry_the_run_of_a_request_that_has_one():
+    who = fa.Agent("planner", fa.App("search", weight=2.0))
+    assert "fairagents_run" not in identity_args(who)
+    args = identity_args(who, run="thread-42/turn-3")
+    assert args == {"fairagents_app": "search", "fairagents_agent": "planner", "fairagents_app_weight": 2.0,
+                    "fairagents_agent_weight": 1.0, "fairagents_run": "thread-42/turn-3"}
+    with pytest.raises(fa.InvalidParameterError):
+        identity_args(who, run="two words")
+    params = fa.engines.GenerationParams(max_tokens=4, agent=who, run="thread-42/turn-3")
+    assert params.sampling_fields()["extra_args"] == args  # what the in-process fair engine passes on
+
+
+def test_the_scheduler_reads_the_run_onto_the_request_its_policy_sees():
+    assert run_of({"fairagents_run": "digest-7"}) == "digest-7"
+    assert run_of(None) is None and run_of({"fairagents_app": "a"}) is None
+    assert run_of({"fairagents_run": "two words"}) is None  # unchecked (no validator): counted as none
+    q, policy = queue()
+    q.add_request(vreq("r1", "a", "x", fairagents_run="digest-7"))
+    q.add_request(vreq("r2", "a", "x"))
+    assert {t.id: t.run for t in policy.waiting_requests()} == {"r1": "digest-7", "r2": None}
 
 
 def test_a_bad_weight_argument_counts_as_one():
@@ -228,6 +251,11 @@ BAD_ARGS = [
     {"fairagents_agent": ""},
     {"fairagents_agent": "x" * 129},
     {"fairagents_wieght": 2},
+    {"fairagents_run": "two words"},
+    {"fairagents_run": ""},
+    {"fairagents_run": "x" * 129},
+    {"fairagents_run": 7},
+    {"fairagents_run": None},
 ]
 
 
@@ -260,6 +288,9 @@ def test_valid_arguments_pass_and_the_validator_leaves_logits_alone():
     check_args(None)
     check_args({"fairagents_app": "search", "fairagents_agent": "planner", "fairagents_app_weight": 2,
                 "fairagents_agent_weight": 0.5, "other_processor_arg": "anything"})
+    check_args({"fairagents_run": "thread-42/turn-3:a@b+c=d_e.f"})
+    check_args({"fairagents_run": "x" * 128})
+    FairArgsValidator.validate_params(SamplingParams(extra_args={"fairagents_app": "a", "fairagents_run": "run-1"}))
     v1 = FairArgsValidator(None, torch.device("cpu"), False)
     logits = torch.randn(2, 8)
     assert v1.apply(logits) is logits and v1.is_argmax_invariant()

@@ -78,12 +78,12 @@ def engine(servers, **kwargs):
                         max_backoff=0.05, transport=httpx.MockTransport(servers.handler), **kwargs)
 
 
-def params(n=4, who=None):
-    return GenerationParams(max_tokens=n, agent=who)
+def params(n=4, who=None, run=None):
+    return GenerationParams(max_tokens=n, agent=who, run=run)
 
 
-async def collect(e, rid, n=4, who=None):
-    deltas = [d async for d in e.generate(rid, Prompt(token_ids=(1, 2, 3)), params(n, who))]
+async def collect(e, rid, n=4, who=None, run=None):
+    deltas = [d async for d in e.generate(rid, Prompt(token_ids=(1, 2, 3)), params(n, who, run))]
     return sum(d.new_tokens for d in deltas), "".join(d.text for d in deltas), deltas[-1].finish_reason
 
 
@@ -106,7 +106,22 @@ async def test_a_request_streams_the_servers_token_count_and_carries_its_identit
     assert body["prompt"] == [1, 2, 3] and body["stream"] and body["stream_options"]["continuous_usage_stats"]
     assert body["vllm_xargs"] == {"fairagents_app": "search", "fairagents_agent": "planner",
                                   "fairagents_app_weight": 2.0, "fairagents_agent_weight": 1.0}
+    await collect(e, "r2", 2, who, run="digest-7")  # a request of a run: the replica's scheduler is told it
+    assert servers.bodies[-1][1]["vllm_xargs"]["fairagents_run"] == "digest-7"
     await e.stop()
+
+
+async def test_the_arbiter_passes_a_calls_run_to_a_replica():
+    servers = Servers()
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine(servers))
+    searcher = arbiter.app("search").agent("planner")
+    async with arbiter:
+        with arbiter.run("digest-7"):
+            await searcher.complete("chat", Prompt(token_ids=(1, 2, 3)), max_tokens=2)
+        await searcher.complete("chat", Prompt(token_ids=(1, 2, 3)), max_tokens=2)
+    runs = [body["vllm_xargs"].get("fairagents_run") for _, body in servers.bodies]
+    assert runs == ["digest-7", None]
 
 
 async def test_requests_go_to_the_least_loaded_replica():

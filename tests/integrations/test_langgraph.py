@@ -168,7 +168,7 @@ async def test_the_original_graph_is_untouched_and_runs_as_before():
     builder.add_edge(START, "who")
     graph = builder.compile()
     fair = fair_graph(graph, app=arbiter.app("studio"))
-    assert fair is not graph and type(fair) is type(graph)
+    assert fair is not graph and isinstance(fair, type(graph)) and type(fair).__name__ == type(graph).__name__
     assert (await graph.ainvoke({"notes": []}))["notes"] == ["None"]
     assert "name='who'" in (await fair.ainvoke({"notes": []}))["notes"][0]
     assert fair.config["metadata"]["fairagents_app"] == "studio"

@@ -148,3 +148,32 @@ async def test_the_dashboard_marks_an_app_whose_demand_is_met(tmp_path):
     rows = re.findall(r'<tr class="app"><td>(\w+)</td>.*?<td class="(\w+)" title="[^"]*">([^<]+)</td>', dom)
     assert rows == [
         ("driving", "met", "demand met"), ("flood", "under", "▼ below entitlement"), ("spare", "idle", "idle")]
+
+
+def test_the_page_has_a_runs_table():
+    from fairagents.server.dashboard import page
+
+    html = page()
+    assert 'id="runs"' in html and "drawRuns(data)" in html
+    assert "r.duration_seconds.p95" in html and "r.completed" in html and "r.active" in html
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+async def test_the_dashboard_lists_each_app_s_runs(tmp_path):
+    arbiter = fa.Arbiter(in_flight=2)
+    arbiter.add_model("chat", FakeEngine(tokens_per_reply=3))
+    apps = {"news": {"agents": {"writer": {}}}, "quiet": {}}
+    config = Config.model_validate({"server": {"auth": False}, "apps": apps})
+    async with live(arbiter, config) as (url, _):
+
+        def write(**run):
+            return arbiter.chat("chat", MSG, agent="news/writer", max_tokens=4, **run)
+
+        for _ in range(2):
+            with arbiter.run():
+                await asyncio.gather(write(), write())
+        await write(run="open")
+        dom = await _chromium(f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{url}/dashboard")
+    assert 'data-ready="1"' in dom
+    rows = re.findall(r'<tr class="app run" data-app="(\w+)"><td>\w+</td><td>(\d+)</td><td>(\d+)</td>', dom)
+    assert rows == [("news", "2", "1")]  # quiet has no runs: no row

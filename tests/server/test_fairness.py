@@ -1,6 +1,9 @@
-"""The fairness view's entitlement rule on a fake clock: who is active, and what each active client is entitled to."""
+"""The fairness view on a fake clock: who is active, what each active client is entitled to, and each app's runs."""
+
+import json
 
 import fairagents as fa
+from fairagents.records import Ticket
 from fairagents.server.fairness import BELOW_TOLERANCE, FairnessView
 
 
@@ -52,3 +55,42 @@ def test_a_client_stays_active_for_the_window_after_its_last_service():
     assert (apps["b"]["active"], apps["b"]["entitled_share"], apps["b"]["recent_share"]) == (True, 1.0, 1.0)
     at(60.0)
     assert not any(app["active"] for app in view.snapshot()["apps"].values())
+
+
+def _runs_view():
+    arbiter = fa.Arbiter(clock=lambda: 6.0)  # the records' times: run y is still active at 6 s
+    arbiter.app("a").agent("bot")
+    arbiter.app("b").agent("bot")
+    ledger = arbiter.ledger
+    for i, (app, run, amount, end) in enumerate([("a", "x", 10.0, 2.0), ("a", "x", 6.0, 3.0), ("a", "y", 4.0, 5.0),
+                                                 ("b", "secret-run", 8.0, 1.0)]):
+        r = fa.Request(f"r{i}", fa.Agent("bot", fa.App(app)), "chat", 3, 8, float(i), run=run)
+        ledger.arrive(r)
+        ledger.charge(float(i), app, "bot", amount, r)
+        ledger.record(Ticket(r, reserved=11, ended=end, outcome=fa.Outcome.FINISHED).record())
+    ledger.end_run("x", 4.0)
+    ledger.end_run("secret-run", 4.0)
+    return FairnessView(arbiter, max_age=0)
+
+
+def test_each_app_shows_its_runs():
+    apps = _runs_view().snapshot()["apps"]
+    assert apps["a"]["runs"] == {
+        "completed": 1, "active": 1, "duration_seconds": {"mean": 3.0, "p95": 3.0}, "calls_mean": 2.0,
+        "service_mean": 16.0, "recent": [{"run": "x", "duration_seconds": 3.0, "calls": 2, "service": 16.0}]}
+    assert apps["b"]["runs"]["completed"] == 1
+    json.dumps(apps, allow_nan=False)  # no NaN: a mean without runs is null
+
+
+def test_an_app_s_own_view_shows_only_its_own_runs():
+    body = _runs_view().snapshot(only="a")
+    assert body["apps"]["a"]["runs"]["completed"] == 1 and body["apps"]["_other"]["runs"] is None
+    assert "secret-run" not in json.dumps(body)
+
+
+def test_an_app_without_runs_shows_none():
+    arbiter = fa.Arbiter()
+    arbiter.app("a").agent("bot")
+    runs = FairnessView(arbiter).snapshot()["apps"]["a"]["runs"]
+    assert runs == {"completed": 0, "active": 0, "duration_seconds": {"mean": None, "p95": None}, "calls_mean": None,
+                    "service_mean": None, "recent": []}

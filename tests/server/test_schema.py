@@ -148,7 +148,7 @@ def test_every_v1_route_declares_its_errors_and_the_bearer_key():
         assert set(post["responses"]) == {"200", "400", "401", "404", "413", "429", "503"}
         assert post["security"] == [{"bearer": []}]
         assert [p["name"] for p in post["parameters"]] == ["X-Fairagents-Agent", "X-Fairagents-Agent-Weight",
-                                                           "X-Fairagents-Agent-Slo"]
+                                                           "X-Fairagents-Agent-Slo", "X-Fairagents-Run"]
     models = paths["/v1/models"]["get"]  # with keys on, nothing of a listing request can be a 400 or a 429
     assert set(models["responses"]) == {"200", "401", "503"} and models["security"] == [{"bearer": []}]
     one = paths["/v1/models/{model}"]["get"]

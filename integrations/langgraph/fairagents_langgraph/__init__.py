@@ -4,7 +4,8 @@
   or by a fairagents server, with tools and structured output, from sync or async code
   on any loop or thread.
 - :func:`fair_graph`: every model call made inside a node of a compiled graph is charged
-  to an agent named after the node; node code does not change.
+  to an agent named after the node, and each invocation of the graph is a run; node
+  code does not change.
 
 Examples:
     >>> import fairagents_langgraph

@@ -8,7 +8,7 @@ server is reached with the stock ``openai`` client: the app's API key as the bea
 token, the agent in ``X-Fairagents-Agent`` with the weight and SLO it states, which the
 server declares it with (``X-Fairagents-Agent-Weight``, ``X-Fairagents-Agent-Slo``; see
 :func:`fairagents.identity.identity_headers`), and the app in ``X-Fairagents-App`` when the
-server runs without keys.
+server runs without keys; the call's run in ``X-Fairagents-Run``.
 
 Examples:
     >>> call = Call("chat", [{"role": "user", "content": "hi"}], {"max_tokens": 8}, agent=None)
@@ -45,6 +45,8 @@ class Call:
     """Who calls; ``None``: the agent bound in context (``fa.acting_as``). A name only for a server."""
     app: str | None = None
     """The app to name to a server that runs without keys (``None``: the calling agent's app)."""
+    run: str | None = None
+    """The run the call belongs to (read where the call was made: the arbiter's loop may be another's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,7 @@ class LocalBackend:
 
     async def _complete(self, call: Call) -> Piece:
         async with asyncio.timeout(self.timeout):
-            reply = await self.arbiter.chat(call.model, call.messages, agent=call.agent, **call.params)
+            reply = await self.arbiter.chat(call.model, call.messages, agent=call.agent, run=call.run, **call.params)
         return _reply_piece(reply)
 
     async def _stream(self, call: Call) -> AsyncIterator[Piece]:
@@ -112,7 +114,8 @@ class LocalBackend:
                 call.model, call.messages, agent=call.agent, tools=spec.template_tools
             )
         produced = 0
-        deltas = self.arbiter.stream_chat(call.model, prompt, agent=call.agent, arrival=arrival, **call.params)
+        deltas = self.arbiter.stream_chat(call.model, prompt, agent=call.agent, arrival=arrival, run=call.run,
+                                          **call.params)
         async with contextlib.aclosing(deltas):
             while True:
                 async with asyncio.timeout(self.timeout):
@@ -197,8 +200,8 @@ class RemoteBackend:
         )
 
     def headers(self, call: Call) -> dict[str, Any]:
-        """The identity headers of a call: the agent, and the app when the server has no key to go by."""
-        headers: dict[str, Any] = identity_headers(call.agent, app=call.app, name_app=not self.keyed)
+        """The identity headers of a call: the agent, its run, and the app when the server has no key to go by."""
+        headers: dict[str, Any] = identity_headers(call.agent, app=call.app, name_app=not self.keyed, run=call.run)
         if not self.keyed:
             headers["Authorization"] = self._openai.Omit()
         return headers

@@ -5,7 +5,10 @@ so sync and async calls work from any event loop or thread; with ``base_url`` it
 fairagents server through the ``openai`` client. Who calls is decided per call, first
 match wins: the model's own ``agent``; the LangGraph node the call is made in, under
 :func:`~fairagents_langgraph.fair_graph`; the agent bound in context
-(:func:`fairagents.acting_as`, ``@fa.agent``).
+(:func:`fairagents.acting_as`, ``@fa.agent``). Its run is the one bound in context
+(:func:`fairagents.run_scope`, a node of a :func:`~fairagents_langgraph.fair_graph`
+invocation), else the one its run config names (``fairagents_run`` in its metadata), else
+none (a run of its own).
 
 Tools (:meth:`ChatFairAgents.bind_tools`) and structured output
 (:meth:`ChatFairAgents.with_structured_output`) go to the arbiter or server as OpenAI's
@@ -60,11 +63,11 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from fairagents import AgentHandle, Arbiter, Portal
 from fairagents.engines import GenerationParams
 from fairagents.errors import EngineError, InvalidParameterError
-from fairagents.identity import Agent, current_agent
+from fairagents.identity import Agent, current_agent, current_run
 from fairagents.tools import OutputSpec, ToolCallDelta
 from fairagents_langgraph._backends import OUTPUT_PARAMS, Call, LocalBackend, Piece, RemoteBackend
 from fairagents_langgraph._messages import to_openai
-from fairagents_langgraph.graph import current_node_agent
+from fairagents_langgraph.graph import current_node_agent, node_run
 
 __all__ = ["ChatFairAgents"]
 
@@ -423,7 +426,8 @@ class ChatFairAgents(BaseChatModel):
         # The node is read from the run config LangChain keeps in context, not from the run manager:
         # LangChain 1.x hands none to _stream/_astream, and the context is the same on every path.
         agent = next((who for who in (self.agent, current_node_agent(), current_agent()) if who is not None), None)
-        return Call(model, converted, {**params, **output}, agent, self.app)
+        run = current_run()
+        return Call(model, converted, {**params, **output}, agent, self.app, run if run is not None else node_run())
 
     def _model_for(self, has_image: bool) -> str:
         if not has_image:

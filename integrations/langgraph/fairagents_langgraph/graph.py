@@ -18,6 +18,18 @@ the OpenAI drop-in or the arbiter itself, is charged to it. ``ChatFairAgents`` n
 agent again from the metadata of its own call, so the nodes of a subgraph that a node
 invokes from its body (which no wrapper reaches) still get their namespaced agents.
 
+Each invocation is a run. A top-level ``invoke``, ``ainvoke``, ``stream`` or ``astream``
+(``batch`` is several invocations) of the copy opens a run and passes its id down in the
+run metadata (``fairagents_run``), which reaches every task, ``Send`` branches and
+subgraphs included, in any thread; each node's wrapper binds it with the node's agent,
+so every call the node makes belongs to the run. With an app handle the run is the
+arbiter's (:meth:`fairagents.Arbiter.run`), which records its end when the invocation
+ends; with an app name it is :func:`fairagents.run_scope`'s, and the server learns it
+from ``X-Fairagents-Run``. An invocation made inside a run already bound (``with
+arbiter.run(...)``, or a graph invoked from another fair graph's node) joins that run;
+``config={"metadata": {"fairagents_run": "..."}}`` names the run yourself. The binding
+stays inside the graph: code that reads a stream between its chunks is not in the run.
+
 Examples:
     >>> import fairagents as fa
     >>> from langgraph.graph import StateGraph, START
@@ -36,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -44,12 +56,12 @@ from langchain_core.runnables.config import ensure_config
 from langgraph.constants import START
 from langgraph.pregel import Pregel
 
-from fairagents import AppHandle
-from fairagents.constants import METADATA_AGENT, METADATA_APP, METADATA_WEIGHT
+from fairagents import AppHandle, Arbiter
+from fairagents.constants import METADATA_AGENT, METADATA_APP, METADATA_RUN, METADATA_WEIGHT
 from fairagents.errors import InvalidParameterError
-from fairagents.identity import Agent, App, acting_as
+from fairagents.identity import Agent, App, acting_as, check_run, run_scope
 
-__all__ = ["AGENT_SEPARATOR", "agent_name", "current_node_agent", "fair_graph"]
+__all__ = ["AGENT_SEPARATOR", "agent_name", "current_node_agent", "fair_graph", "node_run"]
 
 G = TypeVar("G", bound=Pregel)
 
@@ -114,6 +126,20 @@ def current_node_agent() -> Agent | None:
     return None if name is None else _declare(app, name, metadata.get(METADATA_WEIGHT))
 
 
+def node_run() -> str | None:
+    """The run named in the run config LangChain keeps in context (``fairagents_run``), or ``None``.
+
+    :func:`fair_graph` puts its invocation's run there; code that LangChain runs with the
+    config of a node (a tool, a chain) sees it even where the node's binding does not reach.
+
+    Examples:
+        >>> node_run() is None
+        True
+    """
+    run = (ensure_config().get("metadata") or {}).get(METADATA_RUN)
+    return None if run is None else check_run(run)
+
+
 def fair_graph(graph: G, app: AppHandle | str) -> G:
     """A copy of a compiled graph whose nodes' model calls are charged to agents named after the nodes.
 
@@ -128,7 +154,9 @@ def fair_graph(graph: G, app: AppHandle | str) -> G:
             ``fairagents_weight``, sent in ``X-Fairagents-Agent-Weight``).
 
     Returns:
-        A graph of the same type; the original is left as it was.
+        A graph of the same type (a subclass of the graph's class whose ``stream`` and
+        ``astream``, and so ``invoke`` and ``ainvoke``, make each invocation a run: see the
+        module docs); the original is left as it was.
 
     Raises:
         InvalidParameterError: ``graph`` is not a compiled graph, or ``app`` is neither.
@@ -156,7 +184,79 @@ def fair_graph(graph: G, app: AppHandle | str) -> G:
         raise InvalidParameterError(f"app must be an arbiter's app handle or an app name, got {app!r}")
     if not isinstance(graph, Pregel):
         raise InvalidParameterError(f"fair_graph takes a compiled graph (builder.compile()), got {graph!r}")
-    return _wrap(graph, scope_app).with_config(metadata={METADATA_APP: _app_name(scope_app)})
+    wrapped = _wrap(graph, scope_app)
+    attrs = {k: v for k, v in wrapped.__dict__.items() if k != "__orig_class__"}
+    fair = _fair_class(type(graph))(**attrs, fairagents_app=scope_app)
+    return fair.with_config(metadata={METADATA_APP: _app_name(scope_app)})
+
+
+_fair_classes: dict[type, type] = {}
+
+
+def _fair_class(cls: type[G]) -> type[G]:
+    """``cls`` with :class:`_Runs` mixed in (one subclass per graph class)."""
+    if issubclass(cls, _Runs):
+        return cls
+    if cls not in _fair_classes:
+        _fair_classes[cls] = type(cls.__name__, (_Runs, cls), {"__module__": cls.__module__})
+    return _fair_classes[cls]  # type: ignore[return-value]
+
+
+class _Runs:
+    """Mixed into a fair graph's class: each top-level invocation is a run (see the module docs).
+
+    LangGraph's ``invoke`` and ``ainvoke`` (and ``batch``, the events APIs) iterate ``stream``
+    and ``astream``, so these two are where an invocation begins and ends.
+    """
+
+    fairagents_app: AppHandle | App
+
+    def __init__(self, *, fairagents_app: AppHandle | App, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fairagents_app = fairagents_app  # in __dict__: copies (with_config, ...) keep it
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        run, end = _open_run(self.fairagents_app, config)
+        try:
+            yield from super().stream(input, _with_run(config, run), **kwargs)  # type: ignore[misc]
+        finally:
+            end()
+
+    async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        run, end = _open_run(self.fairagents_app, config)
+        try:
+            chunks = super().astream(input, _with_run(config, run), **kwargs)  # type: ignore[misc]
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            end()
+
+
+def _open_run(app: AppHandle | App, config: RunnableConfig | None) -> tuple[str, Callable[[], None]]:
+    """Open the run of an invocation (or join the one bound); its id, and what ends it.
+
+    The run is bound in a context of its own, not the caller's: an invocation's stream is
+    a generator, and a binding set in one would leak into the code that reads it.
+    """
+    named = (ensure_config(config).get("metadata") or {}).get(METADATA_RUN)  # given, or a parent graph's
+    if named is not None and named == (ensure_config().get("metadata") or {}).get(METADATA_RUN):
+        return check_run(named), lambda: None  # run by a node of a graph in that run (as a subgraph): it joins
+    arbiter: Arbiter | None = app.arbiter if isinstance(app, AppHandle) else None
+    scope = run_scope(named) if arbiter is None else arbiter.run(named)
+    context = contextvars.copy_context()
+    run = context.run(scope.__enter__)
+
+    def end() -> None:  # the arbiter records the end on its own loop, whichever thread this runs on
+        context.run(scope.__exit__, None, None, None)
+
+    return run, end
+
+
+def _with_run(config: RunnableConfig | None, run: str) -> RunnableConfig:
+    config = dict(config or {})
+    config["metadata"] = {**(config.get("metadata") or {}), METADATA_RUN: run}
+    return config  # type: ignore[return-value]
 
 
 def _wrap(graph: G, app: AppHandle | App) -> G:
@@ -202,7 +302,7 @@ class _ActingAsNode(Runnable[Any, Any]):
         agent = _declare(self.app, name, metadata.get(METADATA_WEIGHT))
         token = _scope.set(self.app)
         try:
-            with acting_as(agent):
+            with acting_as(agent, run=metadata.get(METADATA_RUN)):  # the invocation's run (fair_graph's)
                 yield
         finally:
             _scope.reset(token)

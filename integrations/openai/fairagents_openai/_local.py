@@ -35,14 +35,15 @@ from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogpr
 from fairagents import AgentHandle, Arbiter, Portal, Reply, TokenLogprob
 from fairagents.engines import Delta
 from fairagents.errors import InvalidParameterError, UnknownModelError
-from fairagents.identity import Agent, Modality
+from fairagents.constants import HEADER_RUN
+from fairagents.identity import Agent, Modality, current_run, run_from_headers
 from fairagents.images import parse_size
 from fairagents.limits import RequestLimits
 from fairagents.openai_request import HARMLESS, ChatCompletionRequest, join_text, validate
 from fairagents_openai._errors import openai_errors
 
 __all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "ChatCompletionSyncStream", "chat_completion", "chat_request",
-           "generate_image", "given"]
+           "generate_image", "given", "request_run"]
 
 IN_PROCESS_URL = "fairagents://in-process/v1"
 """The ``base_url`` of a client that serves through an arbiter in this process (no HTTP is spoken)."""
@@ -61,6 +62,29 @@ def given(value: Any) -> bool:
         (True, False, False, False)
     """
     return value is not None and not isinstance(value, openai.NotGiven | openai.Omit)
+
+
+def request_run(request: Mapping[str, Any]) -> str | None:
+    """The run of a call: ``X-Fairagents-Run`` in its ``extra_headers``, read as a server reads it; else the run
+    bound where the call is made (:func:`fairagents.run_scope`, a fair graph's node), if any.
+
+    Raises:
+        InvalidParameterError: the header is not a run id.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> request_run({"extra_headers": {"x-fairagents-run": "ticket-9"}})
+        'ticket-9'
+        >>> with fa.run_scope("digest-7"):
+        ...     request_run({"model": "chat"})
+        'digest-7'
+    """
+    headers = request.get("extra_headers")
+    if given(headers):
+        text = next((v for k, v in headers.items() if k.lower() == HEADER_RUN.lower() and given(v)), None)
+        if text is not None and (run := run_from_headers({HEADER_RUN: text})) is not None:
+            return run
+    return current_run()
 
 
 def chat_request(
@@ -113,15 +137,19 @@ def _messages(messages: Sequence[Any]) -> list[Any]:
 
 async def chat_completion(
     arbiter: Arbiter, agent: AgentHandle | Agent | None, request: Mapping[str, Any], portal: Portal | None = None,
+    run: str | None = None,
 ) -> ChatCompletion | ChatCompletionStream:
     """Serve one ``chat.completions.create(**request)`` through ``arbiter``, on its event loop.
 
     Called from another loop, a ``portal`` (:class:`~fairagents.Portal`) carries the call,
     and the returned stream's chunks, to and from the arbiter's loop. Each of ``n``
-    choices is a request of its own, scheduled and charged fairly.
+    choices is a request of its own, scheduled and charged fairly, in ``run`` (default:
+    :func:`request_run`, read before the call leaves the caller's context).
     """
+    if run is None:
+        run = request_run(request)
     if portal is not None:
-        served = await portal.run(chat_completion, arbiter, agent, request)
+        served = await portal.run(chat_completion, arbiter, agent, request, run=run)
         if isinstance(served, ChatCompletionStream):
             served._portal = portal
         return served
@@ -130,7 +158,7 @@ async def chat_completion(
     kwargs = body.arbiter_kwargs()
     async with asyncio.timeout(None if stream else timeout):
         if not stream and n == 1:
-            replies = [await arbiter.chat(model, messages, agent=agent, **kwargs)]
+            replies = [await arbiter.chat(model, messages, agent=agent, run=run, **kwargs)]
         else:
             # Prepare once (images in the arbiter's pool; tools rendered), keeping the call's place in the
             # queue, so that every choice, and the usage, count the very prompt that was charged.
@@ -140,7 +168,7 @@ async def chat_completion(
             arbiter.check_admission(model, agent, output=spec)
             prompt = await arbiter.prepare_chat(model, messages, agent=agent, tools=spec.template_tools)
             if stream:
-                deltas = _merged([arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, **kwargs)
+                deltas = _merged([arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
                                   for _ in range(n)])
                 try:  # bad input raises here, at create(), as the HTTP API answers 400: once every choice started
                     head = await _head(deltas, n)
@@ -148,7 +176,7 @@ async def chat_completion(
                     await deltas.aclose()
                     raise
                 return ChatCompletionStream(arbiter, model, prompt.n_tokens, n, head, deltas, include_usage)
-            replies = await _all([arbiter.chat(model, prompt, agent=agent, arrival=arrival, **kwargs)
+            replies = await _all([arbiter.chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
                                   for _ in range(n)])
     first_reply = replies[0]
     prompt_tokens = first_reply.usage.prompt_tokens
@@ -425,8 +453,10 @@ def _delta(delta: Delta) -> ChoiceDelta:
                                        "tool_calls": [p.as_openai() for p in delta.tool_calls]})
 
 
-async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: AgentHandle | Agent | None = None) -> ImagesResponse:
-    """Serve ``images.generate(**request)`` on the pool's image model, as ``agent`` (or the one in context).
+async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: AgentHandle | Agent | None = None,
+                         run: str | None = None) -> ImagesResponse:
+    """Serve ``images.generate(**request)`` on the pool's image model, as ``agent`` (or the one in context), in ``run``
+    (default: :func:`request_run`).
 
     Takes ``model`` (default: the pool's only image model), ``prompt``, ``n``, ``size``
     (``"WxH"``) and ``response_format`` ``"b64_json"`` (images are never hosted, so
@@ -436,6 +466,7 @@ async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: Ag
         UnknownModelError: no image model of that name (or none at all) in the pool.
         InvalidParameterError: a parameter the image model cannot honour.
     """
+    run = request_run(request) if run is None else run
     options = {k: v for k, v in request.items() if given(v) and k not in HARMLESS | _TRANSPORT}
     image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
     model = options.pop("model", None)
@@ -459,7 +490,7 @@ async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: Ag
     size = None if size is None else parse_size(size)
     if options:
         raise InvalidParameterError(f"images.generate parameters not supported: {', '.join(sorted(options))}")
-    reply = await arbiter.generate_image(model, prompt, agent=agent, size=size, n=n)
+    reply = await arbiter.generate_image(model, prompt, agent=agent, size=size, n=n, run=run)
     return ImagesResponse(
         created=int(time.time()), data=[Image(b64_json=base64.b64encode(png).decode()) for png in reply.png]
     )

@@ -6,14 +6,17 @@
 - ``AsyncFairOpenAI(arbiter)``: through an arbiter in this process. The calling agent
   is the client's ``agent``, or else the one bound in context when the call is made
   (:func:`fairagents.acting_as`, ``@fa.agent``, a node under
-  ``fairagents_langgraph.fair_graph``).
+  ``fairagents_langgraph.fair_graph``). Its run likewise: the one bound in context when the
+  call is made (:func:`fairagents.run_scope`, a fair graph's invocation), or the
+  ``X-Fairagents-Run`` of the call's ``extra_headers``, read as a server reads it.
 - ``AsyncFairOpenAI(base_url=..., api_key=...)``: through a fairagents server, with the
   stock ``openai`` client. The API key is the app's (sent as the bearer token); the
   agent goes in ``X-Fairagents-Agent``, with the weight and SLO it states
   (``X-Fairagents-Agent-Weight``, ``X-Fairagents-Agent-Slo``: the server declares a new
   agent with them); a server that runs without keys is told the app
   in ``X-Fairagents-App`` instead, and gets no ``Authorization`` header at all (so not
-  ``OPENAI_API_KEY`` from the environment either).
+  ``OPENAI_API_KEY`` from the environment either). The run bound in context goes in
+  ``X-Fairagents-Run`` (a call's own ``extra_headers`` may name another).
 
 In process, calls reach the arbiter through a :class:`~fairagents.Portal`: an
 ``AsyncFairOpenAI`` works from any event loop (the arbiter's, or another thread's), and
@@ -59,7 +62,7 @@ from fairagents.identity import Agent, identity_headers
 from fairagents_openai._errors import openai_errors
 from fairagents_openai._events import ChatCompletionEventStream, ChatCompletionSyncEventStream, parsed, structured
 from fairagents_openai._local import (IN_PROCESS_URL, ChatCompletionStream, ChatCompletionSyncStream, chat_completion,
-                                      generate_image)
+                                      generate_image, request_run)
 
 __all__ = ["AsyncFairOpenAI", "ChatCompletionSyncStream", "FairOpenAI", "RawResponse"]
 
@@ -206,7 +209,8 @@ class _Completions:
             return await client.openai.chat.completions.create(**client._remote_options(request))
         assert client.arbiter is not None
         with client._errors(_CHAT):
-            return await chat_completion(client.arbiter, client.agent, request, client.portal)  # type: ignore[arg-type]
+            return await chat_completion(client.arbiter, client.agent, request, client.portal,  # type: ignore[arg-type]
+                                         run=request_run(request))
 
     async def parse(self, **request: Any) -> ParsedChatCompletion[Any]:
         """``chat.completions.parse``: ``create``, with the answer parsed into ``response_format`` (a class).
@@ -326,7 +330,7 @@ class _Images:
             return await client.openai.images.generate(**client._remote_options(request))
         assert client.arbiter is not None and client.portal is not None
         with client._errors(_IMAGES):
-            return await client.portal.run(generate_image, client.arbiter, request, client.agent)
+            return await client.portal.run(generate_image, client.arbiter, request, client.agent, request_run(request))
 
 
 class FairOpenAI(_Client):
@@ -393,7 +397,7 @@ class _SyncCompletions:
         assert client.arbiter is not None and client.portal is not None
         with client._errors(_CHAT):
             served = client.portal.run_sync(
-                chat_completion, client.arbiter, client.agent, request)  # type: ignore[arg-type]
+                chat_completion, client.arbiter, client.agent, request, run=request_run(request))  # type: ignore[arg-type]
         if isinstance(served, ChatCompletionStream):
             return ChatCompletionSyncStream(served, client.portal)
         return served
@@ -437,4 +441,4 @@ class _SyncImages:
             return client.openai.images.generate(**client._remote_options(request))
         assert client.arbiter is not None and client.portal is not None
         with client._errors(_IMAGES):
-            return client.portal.run_sync(generate_image, client.arbiter, request, client.agent)
+            return client.portal.run_sync(generate_image, client.arbiter, request, client.agent, request_run(request))

@@ -1,0 +1,167 @@
+"""HMFS with a run level: apps share the pool by weight, and inside an app the runs share it fairly.
+
+A **run** is one invocation of an agent workflow (``Request.run``; a call without one is
+a run of its own). Apps are chosen as in :class:`~fairagents.policies.HMFS` (weighted
+counters, unified tokens, the same ``2U`` bound between apps). Inside an app, calls are
+ordered by **start-time fair queueing over runs**: each run is a flow, each call a
+packet of it.
+
+- A call's tag is its run's finish tag so far (the service the run has asked for and
+  received, over the calling agent's weight), lifted to the app's virtual time (the tag
+  of the last call dispatched) so an idle run banks no credit. Lowest tag first, then
+  arrival.
+- A run's tag grows by each call's prompt cost when the call arrives, and by its output
+  as it streams, so the calls of a fan-out are spread over the run's fair share: a run
+  that fans out 100 calls cannot hold the app while other runs wait, and a new run's
+  first call goes after at most one call of each run ahead of it.
+- Tags grow with service, never with waiting: a run that has received more goes later,
+  and one that waits is overtaken only by runs that have received less. The virtual time
+  also grows with the app's service over its active runs (as in processor sharing), so
+  a stream of new runs cannot keep one waiting: every run finishes.
+
+Agent weights scale what a call adds to its run's tag. Idle runs are forgotten after
+``run_memory`` seconds (and past ``max_runs``, the longest idle first), so run state is
+bounded. See *Scheduling agent workflows* in the docs for when it pays.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from typing import ClassVar
+
+from fairagents.cost import CostModel
+from fairagents.errors import InvalidParameterError
+from fairagents.policies.hmfs import HMFS
+from fairagents.request import Outcome, Request
+
+__all__ = ["HMFSRuns"]
+
+_RunKey = tuple[str, str]  # (app, run)
+
+
+class HMFSRuns(HMFS):
+    """HMFS between apps; inside an app, fair queueing over workflow runs (see the module docs).
+
+    Args:
+        cost: how tokens are charged (as :class:`~fairagents.policies.HMFS`).
+        run_memory: seconds an idle run's tag is kept (its next stage continues from it).
+        max_runs: most runs whose tags are kept at once; past it the longest idle is forgotten.
+
+    Examples:
+        One run fans out five calls; another run's call, arriving later, need not wait for all five:
+
+        >>> import fairagents as fa
+        >>> cost = fa.UnifiedTokenCost({"chat": fa.ModelProfile(d_model=4096, n_layers=1)})
+        >>> policy = fa.policies.HMFSRuns(cost)
+        >>> worker = fa.Agent("worker", fa.App("news"))
+        >>> for i in range(5):
+        ...     policy.on_arrival(fa.Request(f"map{i}", worker, "chat", 10, 4, 0.0, run="digest"), now=0.0)
+        >>> policy.on_arrival(fa.Request("ask", worker, "chat", 10, 4, 1.0, run="question"), now=1.0)
+        >>> order = []
+        >>> while (r := policy.select("chat", 1.0)) is not None:
+        ...     policy.on_dispatch(r, 1.0); order.append(r.id)
+        >>> order
+        ['map0', 'ask', 'map1', 'map2', 'map3', 'map4']
+    """
+
+    name: ClassVar[str] = "hmfs_runs"
+
+    def __init__(self, cost: CostModel | None = None, *, run_memory: float = 300.0, max_runs: int = 100_000) -> None:
+        if isinstance(run_memory, bool) or not isinstance(run_memory, int | float) or not run_memory > 0:
+            raise InvalidParameterError(f"run_memory must be > 0 seconds, got {run_memory!r}")
+        if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+            raise InvalidParameterError(f"max_runs must be an integer ≥ 1, got {max_runs!r}")
+        super().__init__(cost)
+        self.run_memory, self.max_runs = run_memory, max_runs
+        self._finish: dict[_RunKey, float] = {}  # run -> finish tag so far
+        self._active: dict[_RunKey, int] = {}  # run -> calls waiting or running
+        self._n_active: dict[str, int] = {}  # app -> its runs with calls waiting or running
+        self._idle: OrderedDict[_RunKey, float] = OrderedDict()  # idle runs, longest idle first -> since when
+        self._vtime: dict[str, float] = {}  # app -> tag of the last call dispatched
+        self._tag: dict[str, float] = {}  # call id -> its start tag, while it waits
+        self._heaps: dict[tuple[str, str], list[tuple[float, float, int, Request]]] = {}  # (app, model) -> calls
+        self._gone: set[str] = set()  # calls dispatched or withdrawn, left in the heaps until they surface
+        self._seq = itertools.count()
+
+    def run_tags(self, app: str) -> dict[str, float]:
+        """The finish tag of each run of ``app`` kept now (a call that named no run: ``~<request id>``)."""
+        return {run: tag for (a, run), tag in self._finish.items() if a == app}
+
+    def select(self, model: str, now: float) -> Request | None:
+        app = self._apps.lowest(model)
+        if app is None:
+            return None
+        heap = self._heaps[(app, model)]
+        while heap[0][3].id in self._gone:
+            self._gone.discard(heapq.heappop(heap)[3].id)
+        return heap[0][3]
+
+    def _rank(self, req: Request) -> tuple[float, float, float]:
+        return self._apps.counter[req.agent.app.name], self._tag[req.id], req.arrival
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        super()._enqueue(req, now)
+        run, app = req.run_key, req.agent.app.name
+        if self._active.get(run, 0) == 0:
+            self._idle.pop(run, None)
+            self._n_active[app] = self._n_active.get(app, 0) + 1
+        self._active[run] = self._active.get(run, 0) + 1
+        start = max(self._vtime.get(app, 0.0), self._finish.get(run, 0.0))
+        self._finish[run] = start + self.cost.input_cost(req.model, req.prompt_tokens) / req.agent.weight
+        self._tag[req.id] = start
+        heapq.heappush(self._heaps.setdefault((app, req.model), []), (start, req.arrival, next(self._seq), req))
+        self._forget_idle(now)
+
+    def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
+        super()._dequeue(req, now, dispatched)
+        self._gone.add(req.id)
+        start = self._tag.pop(req.id)
+        if dispatched:
+            app = req.agent.app.name
+            if start > self._vtime.get(app, 0.0):
+                self._vtime[app] = start
+        else:
+            self._leave(req, now)
+
+    def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
+        super().on_progress(req, new_output_tokens, now)
+        run = req.run_key
+        if run in self._finish:  # the output it asked for goes on its run's account
+            self._finish[run] += self._output_cost(req.model, new_output_tokens) / req.agent.weight
+
+    def _charge(self, req: Request, amount: float, now: float) -> None:
+        super()._charge(req, amount, now)
+        app = req.agent.app.name  # processor sharing among the app's active runs: the virtual time's aging
+        self._vtime[app] = self._vtime.get(app, 0.0) + amount / req.agent.weight / self._n_active[app]
+
+    def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
+        running = req.id in self._running
+        super().on_finish(req, outcome, now)
+        if running:
+            self._leave(req, now)
+
+    def _leave(self, req: Request, now: float) -> None:
+        """``req`` neither waits nor runs any more; its run may go idle."""
+        run = req.run_key
+        left = self._active[run] - 1
+        if left:
+            self._active[run] = left
+            return
+        del self._active[run]
+        self._n_active[req.agent.app.name] -= 1
+        if req.run is None:  # a call that named no run was a run of its own: over now
+            self._finish.pop(run, None)
+        else:
+            self._idle[run] = now
+            self._forget_idle(now)
+
+    def _forget_idle(self, now: float) -> None:
+        idle = self._idle
+        while idle:
+            run, since = next(iter(idle.items()))
+            if now - since < self.run_memory and len(self._finish) <= self.max_runs:
+                return
+            idle.popitem(last=False)
+            del self._finish[run]

@@ -1,0 +1,88 @@
+import json
+
+import pytest
+
+from fairagents.bench import BENCHMARKS, workflows
+from fairagents.cli import main
+from fairagents.errors import InvalidParameterError
+from fairagents.policies import POLICIES
+from fairagents.simulation import simulate_workflows
+from fairagents.testing import FakeEngine
+
+
+def test_registered_as_a_bench_command():
+    assert BENCHMARKS["workflows"] is workflows
+
+
+def test_every_scenario_scales_its_users():
+    for name in workflows.SCENARIOS:
+        full, half = workflows.scenario(name), workflows.scenario(name, users=0.5)
+        assert [g.n for g in half.closed] == [max(1, round(g.n / 2)) for g in full.closed]
+        apps = 1 if name == "shared" else 2  # two apps share the engine; "shared": one node of one app
+        assert len({g.mix[0][1].app.name for g in full.closed}) == apps
+    weights = {g.name: g.mix[0][1].app.weight for g in workflows.scenario("weighted").closed}
+    assert weights == {"gold": 2.0, "silver": 1.0}
+    labels = {s.label for _, s in workflows.scenario("fanout").closed[0].mix}
+    assert labels == {"single", "fanout16"}
+    with pytest.raises(InvalidParameterError):
+        workflows.scenario("nope")
+    with pytest.raises(InvalidParameterError):
+        workflows.scenario("chains", users=0)
+
+
+def test_policies_default_to_the_baselines_and_those_named_for_runs():
+    defaults = workflows.default_policies()
+    assert defaults[:2] == ["fcfs", "hmfs"]
+    assert set(defaults[2:]) == {p for p in POLICIES if "run" in p} - {"fcfs", "hmfs"}
+    assert workflows._policies(["vtc,sjf", "vtc"]) == ["fcfs", "hmfs", "vtc", "sjf"]
+    with pytest.raises(InvalidParameterError):
+        workflows._policies(["nope"])
+
+
+def test_summary_of_a_tiny_run():
+    result = workflows.run(policies=["fcfs"], seconds=3, users=0.25)
+    assert [c["name"] for c in result["scenarios"]] == list(workflows.SCENARIOS)
+    assert result["policies"] == ["fcfs", "hmfs"] and result["engine"] == "sim"
+    for cell in result["scenarios"]:
+        for policy, r in cell["results"].items():
+            assert r["runs"] == sum(c["runs"] for c in r["classes"].values()) > 0
+            assert all(c["mean"] <= c["p95"] * 1.5 for c in r["classes"].values())
+            assert r["runs_per_s"]["total"] == pytest.approx(sum(v for k, v in r["runs_per_s"].items() if k != "total"))
+            for key in ("share", "share_active"):
+                shares = [a[key] for a in r["apps"].values() if a[key] is not None]
+                assert not shares or sum(shares) == pytest.approx(1.0)
+            assert 0 < r["jain"] <= 1
+    assert [len(t.rows) for t in workflows.render(result)][-1] == 2 * len(workflows.SCENARIOS)
+
+
+def test_weights_show_in_the_shares():
+    flows = workflows.scenario("weighted", 20.0, users=0.5)
+    fair = workflows.summarize(simulate_workflows(flows, "hmfs", workflows.engines()), 20.0)
+    assert fair["apps"]["gold"]["weight"] == 2.0
+    assert fair["apps"]["gold"]["share"] == pytest.approx(2 / 3, abs=0.07)
+
+
+def test_cli_runs_a_tiny_configuration_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "workflows.json"
+    assert main(["bench", "workflows", "--scenarios", "chains", "fanout", "--seconds", "2", "--users", "0.25",
+                 "--policies", "vtc", "--json", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["policies"] == ["fcfs", "hmfs", "vtc"]
+    assert [c["name"] for c in printed["scenarios"]] == ["chains", "fanout"]
+    assert main(["bench", "workflows", "--scenarios", "flood", "--seconds", "1", "--users", "0.1"]) == 0
+    assert "run completion time" in capsys.readouterr().out
+
+
+def test_the_real_path_sends_every_call_with_its_run():
+    flows = workflows.scenario("fanout", 0.4, users=0.2)
+    results = workflows._run_real(flows, ["fcfs"], 0.4, FakeEngine(token_time=0.001))
+    result = results["fcfs"]
+    assert result.runs and {r.label for r in result.runs} <= {"single", "fanout16", "long"}
+    assert len(result.records) == sum(r.calls for r in result.runs)
+    assert all(r.service > 0 for r in result.runs)  # charged through the run id each call carried
+    fan = [r for r in result.runs if r.label == "fanout16"]
+    assert all(r.calls == 17 for r in fan)
+    summary = workflows.run(scenarios=["chains"], policies=None, seconds=0.3, users=0.1, real=True,
+                            engine=FakeEngine(token_time=0.001))
+    assert summary["engine"] == "real" and summary["scenarios"][0]["results"]["fcfs"]["runs"] > 0
