@@ -35,6 +35,7 @@ Examples:
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,60 +151,69 @@ class RunBook:
         self._done: dict[str, deque[RunRecord]] = {}
         self._totals: dict[str, _Totals] = {}
         self._now = -math.inf
+        self._lock = threading.RLock()  # stats() may read (and expire) from a portal's thread
 
     # -- what happens to a run's requests ---------------------------------------------
 
     def arrive(self, now: float, app: str, run: str, request: str, *, arrival: float) -> None:
         """A request of ``run`` is queued."""
-        r = self._touch(now, app, run, arrival)
-        r.live.add(request)
+        with self._lock:
+            self._touch(now, app, run, arrival).live.add(request)
 
     def charge(self, now: float, app: str, run: str, request: str, amount: float, *,
                arrival: float | None = None) -> None:
         """``amount`` unified tokens charged to a request of ``run`` (it is running)."""
-        r = self._touch(now, app, run, now if arrival is None else arrival)
-        r.service += amount
-        r.live.add(request)
+        with self._lock:
+            r = self._touch(now, app, run, now if arrival is None else arrival)
+            r.service += amount
+            r.live.add(request)
 
     def ended(self, now: float, app: str, run: str, request: str, *, arrival: float | None = None) -> None:
         """A request of ``run`` ended at ``now`` (a call of the run)."""
-        r = self._touch(now, app, run, now if arrival is None else arrival)
-        r.calls += 1
-        r.live.discard(request)
-        r.end = now if r.end is None else max(r.end, now)
-        if r.ending and not r.live:
-            self._complete(app, run)
-        self.expire()
+        with self._lock:
+            r = self._touch(now, app, run, now if arrival is None else arrival)
+            r.calls += 1
+            r.live.discard(request)
+            r.end = now if r.end is None else max(r.end, now)
+            if r.ending and not r.live:
+                self._complete(app, run)
+            self.expire()
 
     def end(self, run: str, now: float) -> None:
         """``run``'s scope ended: it completes now, or as its last request queued or running ends."""
-        self._now = max(self._now, now)
-        for app, runs in list(self._active.items()):
-            r = runs.get(run)
-            if r is None:
-                continue
-            if r.live:
-                r.ending = True
-            else:
-                self._complete(app, run)
+        with self._lock:
+            self._now = max(self._now, now)
+            for app, runs in list(self._active.items()):
+                r = runs.get(run)
+                if r is None:
+                    continue
+                if r.live:
+                    r.ending = True
+                else:
+                    self._complete(app, run)
 
     # -- reading ------------------------------------------------------------------------
 
     def expire(self, now: float | None = None) -> None:
         """Complete the runs idle for ``idle`` seconds at ``now`` (default: the clock, or the latest time seen)."""
-        now = self._time(now)
-        for app, runs in list(self._active.items()):
-            stale = []
-            for run, r in runs.items():  # least recently active first: stop at the first still recent
-                if now - r.last < self.idle:
-                    break
-                if not r.live:
-                    stale.append(run)
-            for run in stale:
-                self._complete(app, run)
+        with self._lock:
+            now = self._time(now)
+            for app, runs in list(self._active.items()):
+                stale = []
+                for run, r in runs.items():  # least recently active first: stop at the first still recent
+                    if now - r.last < self.idle:
+                        break
+                    if not r.live:
+                        stale.append(run)
+                for run in stale:
+                    self._complete(app, run)
 
     def summary(self, now: float | None = None) -> dict[str, RunStats]:
         """Each app's :class:`RunStats` (apps with a run active or completed), idle runs completed first."""
+        with self._lock:
+            return self._summary(now)
+
+    def _summary(self, now: float | None) -> dict[str, RunStats]:
         self.expire(now)
         out = {}
         for app in self._totals.keys() | self._active.keys():

@@ -551,14 +551,7 @@ def _validate(
 ) -> list[tuple[SimRequest, Request]]:
     out = []
     for i, item in enumerate(workload.requests):
-        if item.model not in engines:
-            raise UnknownModelError.among(item.model, engines)
-        if apps is not None:
-            app = apps.get(item.agent.app.name)
-            if app is None:
-                raise UnknownAppError(f"unknown app {item.agent.app.name!r}")
-            if item.agent.app != app:
-                raise UnknownAgentError(f"agent {item.agent.name!r} does not belong to the declared app {app.name!r}")
+        _check_who(item.model, item.agent, engines, apps)
         max_tokens = item.output_tokens if item.max_tokens is None else item.max_tokens
         req = Request(f"r{i}", item.agent, item.model, item.prompt_tokens, max_tokens, item.at)
         if not 1 <= item.output_tokens <= max_tokens:
@@ -808,15 +801,20 @@ def _draw(rng: random.Random, length: Length) -> int:
     return length if isinstance(length, int) else rng.randint(*length)
 
 
+def _check_who(model: str, agent: Agent, engines: Mapping[str, SimEngine], apps: Mapping[str, App] | None) -> None:
+    """Raise if ``model`` is not simulated, or ``agent``'s app is not the declared one (when apps are declared)."""
+    if model not in engines:
+        raise UnknownModelError.among(model, engines)
+    if apps is not None:
+        app = apps.get(agent.app.name)
+        if app is None:
+            raise UnknownAppError(f"unknown app {agent.app.name!r}")
+        if agent.app != app:
+            raise UnknownAgentError(f"agent {agent.name!r} does not belong to the declared app {app.name!r}")
+
+
 def _check_call(call: Call, engines: Mapping[str, SimEngine], apps: Mapping[str, App] | None) -> None:
     """Raise if ``call`` names an unknown model or app, or can never fit its engine."""
-    if call.model not in engines:
-        raise UnknownModelError.among(call.model, engines)
-    if apps is not None:
-        app = apps.get(call.agent.app.name)
-        if app is None:
-            raise UnknownAppError(f"unknown app {call.agent.app.name!r}")
-        if call.agent.app != app:
-            raise UnknownAgentError(f"agent {call.agent.name!r} does not belong to the declared app {app.name!r}")
+    _check_who(call.model, call.agent, engines, apps)
     prompt, max_tokens = call.longest
     engines[call.model].check(Request("check", call.agent, call.model, prompt, max_tokens, 0.0))

@@ -37,7 +37,7 @@ async def main():
     arbiter.add_model("chat", FakeEngine())  # a test double; any engine does
     research = arbiter.app("research")
     runs = []
-    arbiter.runner.submitted.append(lambda request: runs.append(request.run))  # each request's run, as queued
+    arbiter.add_listener(lambda record: runs.append(record.run))  # each request's run, as it ends
     # --8<-- [start:runs]
     graph = fair_graph(build(ChatFairAgents(arbiter=arbiter, model="chat", max_tokens=8)), app=research)
     async with arbiter:

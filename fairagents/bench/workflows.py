@@ -162,7 +162,7 @@ def scenario(name: str, seconds: float = 60.0, *, users: float = 1.0, seed: int 
 def engines(seed: int = 0) -> dict[str, SimEngine]:
     """The simulated engine of every scenario: a batch of 8, 4,096 tokens of KV (reserved), ±5 % step jitter.
 
-    Small on purpose, as a small GPU (or the embedded engine's 2 MiB KV cache) is: every
+    Small on purpose, as a small GPU (or the embedded engine's 4 MiB KV cache) is: every
     scenario keeps it busy, so the order in which calls are served decides run times.
     """
     return {MODEL: SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=8, kv_capacity=4096, jitter=0.05,
@@ -321,7 +321,7 @@ def run(
         seed: the runs' seed (the same runs under every policy).
         real: run on a real engine through the arbiter, in real time, instead of the simulator.
         out: a file to write the JSON result to.
-        engine: with ``real``, the engine to use (default: the embedded text model with 2 MiB of KV cache).
+        engine: with ``real``, the engine to use (default: the embedded text model with 4 MiB of KV cache).
     """
     names = list(scenarios or SCENARIOS)
     for name in names:
@@ -410,7 +410,7 @@ async def _real(flows: Workflows, policies: list[str], seconds: float, engine: E
     if engine is None:
         from fairagents.engines.vllm import VLLMEngine
 
-        engine = VLLMEngine(None, kv_cache_bytes=2 * 2**20, max_model_len=1024)
+        engine = VLLMEngine(None, kv_cache_bytes=4 * 2**20, max_model_len=1024)  # a long request fits twice
     await engine.start()
     try:
         return {p: await _play_real(flows, p, seconds, engine) for p in policies}

@@ -82,7 +82,9 @@ class HMFSRuns(HMFS):
         self._vtime: dict[str, float] = {}  # app -> tag of the last call dispatched
         self._tag: dict[str, float] = {}  # call id -> its start tag, while it waits
         self._heaps: dict[tuple[str, str], list[tuple[float, float, int, Request]]] = {}  # (app, model) -> calls
-        self._gone: set[str] = set()  # calls dispatched or withdrawn, left in the heaps until they surface
+        self._waiting_in: dict[tuple[str, str], int] = {}  # (app, model) -> calls waiting in its heap
+        self._entry: dict[str, int] = {}  # call id -> its heap entry, while it waits
+        self._gone: set[int] = set()  # entries of calls that left, until they surface (or their heap empties)
         self._seq = itertools.count()
 
     def run_tags(self, app: str) -> dict[str, float]:
@@ -93,10 +95,18 @@ class HMFSRuns(HMFS):
         app = self._apps.lowest(model)
         if app is None:
             return None
-        heap = self._heaps[(app, model)]
-        while heap[0][3].id in self._gone:
-            self._gone.discard(heapq.heappop(heap)[3].id)
-        return heap[0][3]
+        return self._top((app, model))[3]
+
+    def _top(self, key: tuple[str, str]) -> tuple[float, float, int, Request]:
+        heap = self._heaps[key]
+        while heap[0][2] in self._gone:
+            self._gone.discard(heapq.heappop(heap)[2])
+        return heap[0]
+
+    def _lowest_waiting(self, app: str) -> float:
+        """The lowest tag of a call of ``app`` waiting for any model (infinite when none waits)."""
+        tags = [self._top(key)[0] for key, n in self._waiting_in.items() if n and key[0] == app]
+        return min(tags, default=float("inf"))
 
     def _rank(self, req: Request) -> tuple[float, float, float]:
         return self._apps.counter[req.agent.app.name], self._tag[req.id], req.arrival
@@ -108,15 +118,28 @@ class HMFSRuns(HMFS):
             self._idle.pop(run, None)
             self._n_active[app] = self._n_active.get(app, 0) + 1
         self._active[run] = self._active.get(run, 0) + 1
-        start = max(self._vtime.get(app, 0.0), self._finish.get(run, 0.0))
+        # Lifted to the virtual time, but never past a call already waiting: a new run goes after at most
+        # one call of each run ahead of it, however far the service of running calls has aged the time.
+        floor = min(self._vtime.get(app, 0.0), self._lowest_waiting(app))
+        start = max(floor, self._finish.get(run, 0.0))
         self._finish[run] = start + self.cost.input_cost(req.model, req.prompt_tokens) / req.agent.weight
         self._tag[req.id] = start
-        heapq.heappush(self._heaps.setdefault((app, req.model), []), (start, req.arrival, next(self._seq), req))
+        key, seq = (app, req.model), next(self._seq)
+        heapq.heappush(self._heaps.setdefault(key, []), (start, req.arrival, seq, req))
+        self._entry[req.id] = seq
+        self._waiting_in[key] = self._waiting_in.get(key, 0) + 1
         self._forget_idle(now)
 
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
         super()._dequeue(req, now, dispatched)
-        self._gone.add(req.id)
+        key = (req.agent.app.name, req.model)
+        self._gone.add(self._entry.pop(req.id))
+        left = self._waiting_in[key] - 1
+        if left:
+            self._waiting_in[key] = left
+        else:  # nothing of the app waits for the model: its heap goes, lazily deleted entries with it
+            del self._waiting_in[key]
+            self._gone.difference_update(entry[2] for entry in self._heaps.pop(key))
         start = self._tag.pop(req.id)
         if dispatched:
             app = req.agent.app.name

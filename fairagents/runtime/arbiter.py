@@ -226,8 +226,8 @@ class Arbiter:
             try:
                 yield bound
             finally:
-                if bound != outer:
-                    self._end_run(bound)
+                if bound != outer:  # on the arbiter's loop: the scope may close on a portal's thread
+                    self.lifecycle.on_loop(self.ledger.end_run, bound, self.clock())
 
     def add_listener(self, listener: Callable[[RequestRecord], None]) -> None:
         """Call ``listener`` with the record of every request as it ends (metrics exporters).
@@ -413,8 +413,12 @@ class Arbiter:
 
     @property
     def fair_counters(self) -> Any:
-        """The counters the pool's engines with ``scheduler="fair"`` share (created with the first)."""
+        """The counters the pool's engines with ``scheduler="fair"`` share (created with the first, or set)."""
         return self.pool.fair_counters
+
+    @fair_counters.setter
+    def fair_counters(self, counters: Any) -> None:
+        self.pool.fair_counters = counters
 
     @property
     def restart(self) -> Restart | None:
@@ -500,19 +504,6 @@ class Arbiter:
         return self.pool.budget(self.pool.get(model))
 
     # -- internals ------------------------------------------------------------------
-
-    def _end_run(self, run: str) -> None:
-        """Record a run's end on the arbiter's loop (a scope may close on another thread, through a portal)."""
-        loop = self.lifecycle.loop
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        end = self.clock()
-        if loop is None or here is loop or loop.is_closed() or not loop.is_running():
-            self.ledger.end_run(run, end)
-        else:
-            loop.call_soon_threadsafe(self.ledger.end_run, run, end)
 
     def _share_of(self, app: str) -> float | None:
         return self.tenants.share.get(app, self.max_in_flight_share)

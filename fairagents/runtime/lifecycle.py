@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fairagents._logging import get_logger
@@ -133,6 +134,21 @@ class Lifecycle:
         await asyncio.shield(starting)
         if not self.started:
             raise ShutdownError(f"the arbiter failed to start: {self._start_failure!r}") from self._start_failure
+
+    def on_loop(self, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on the arbiter's loop: soon from another thread, at once on it or with none running."""
+        loop = self.loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is not None and here is not loop and loop.is_running():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+                return
+            except RuntimeError:  # the loop closed meanwhile: nothing else runs there now
+                pass
+        fn(*args)
 
     def register(self, m: PoolModel) -> None:
         """Open a started model for requests, with its limits."""

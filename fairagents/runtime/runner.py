@@ -153,7 +153,10 @@ class Runner:
         call.ticket = self.dispatcher.ticket(request.id)
         self.ledger.arrive(request)
         for hook in self.submitted:
-            hook(request)
+            try:
+                hook(request)
+            except Exception:  # a hook's bug must not leak into the request, nor leave its slot taken
+                log.exception("fairagents.arbiter.hook_failed", hook=repr(hook))
         self.apply(changes)
         return call
 

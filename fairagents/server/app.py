@@ -69,6 +69,7 @@ from fairagents.errors import (
     UnknownModelError,
 )
 from fairagents.http_errors import http_error
+from fairagents.openai_request import all_choices
 from fairagents.identity import Agent, Modality, agent_from_headers, run_from_headers
 from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
 from fairagents.server.dashboard import page
@@ -446,7 +447,7 @@ class Gateway:
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         if not body.stream:
             call: Any = self.arbiter.chat if chat else self.arbiter.complete
-            replies = await _until_disconnected(request, _all([
+            replies = await _until_disconnected(request, all_choices([
                 self._counted(model, call(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
                 for _ in range(body.choices)]))
             usage = wire.Usage(prompt_tokens=prompt.n_tokens,
@@ -620,15 +621,6 @@ class _Choices:
             await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def _all(works: list[Awaitable[T]]) -> list[T]:
-    """Await ``works`` at once; when one fails, the others are cancelled and its error raised."""
-    tasks = [asyncio.ensure_future(work) for work in works]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _run(request: Request) -> str | None:
@@ -851,7 +843,7 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
         body = await gateway.parse(request, who, wire.ChatCompletionRequest, raw)
         request.state.labels = (who.identity.app.name, who.identity.name, body.model)
         gateway.engine(body.model)
-        spec = body.output_spec()
+        spec = body.output_spec(arbiter.limits)
         # a full queue is a 429, tools or a format the model cannot serve a 400: before any tokenizing
         arbiter.check_admission(body.model, who, output=spec)
         messages = body.chat_messages(remote=gateway.fetcher is not None)

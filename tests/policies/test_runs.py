@@ -146,3 +146,34 @@ def test_a_long_run_finishes_under_an_endless_stream_of_new_short_runs(seed, flo
     else:
         pytest.fail(f"the long run waited through {flood} new runs")
     assert waited <= 2000 / 5 + 2  # until the new runs, one at a time, received what it had
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(3, 120), st.integers(1, 3), st.integers(1, 800))
+def test_streamed_output_does_not_push_a_new_run_behind_a_waiting_fan_out(width, running, output):
+    """The virtual time ages with the service of running calls, but a new run never starts past a waiting call."""
+    p = policy()
+    who = fa.Agent("worker", fa.App("a"))
+    for j in range(width):
+        p.on_arrival(request(f"a{j}", who, "fan", 0.0), 0.0)
+    started = []
+    for _ in range(min(running, width - 1)):
+        r = p.select("m", 0.0)
+        p.on_dispatch(r, 0.0)
+        started.append(r)
+    for r in started:
+        p.on_progress(r, output, 1.0)
+    p.on_arrival(request("late", who, "late", 2.0), 2.0)
+    order = [r.id for r in drain(p, 2.0, finish=False)]
+    assert order.index("late") <= 1
+
+
+def test_calls_withdrawn_while_waiting_leave_nothing_behind():
+    p = policy()
+    who = fa.Agent("worker", fa.App("a"))
+    reqs = [request(i, who, f"r{i % 7}", 0.0) for i in range(1000)]
+    for r in reqs:
+        p.on_arrival(r, 0.0)
+    for r in reqs:
+        p.on_finish(r, fa.Outcome.CANCELLED, 1.0)
+    assert p._heaps == {} and p._gone == set() and p._tag == {} and p.queued() == 0

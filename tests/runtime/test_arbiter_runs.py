@@ -59,3 +59,22 @@ def test_a_bad_run_id_is_refused_and_costs_nothing():
 
     stats = asyncio.run(main())
     assert stats.apps["a"].service == 0 and stats.apps["a"].done == 0
+
+
+def test_a_failing_submitted_hook_costs_the_request_nothing():
+    async def main():
+        arbiter = fa.Arbiter(in_flight=1)
+        arbiter.add_model("m", FakeEngine(tokens_per_reply=2))
+        bot = arbiter.app("a").agent("bot")
+
+        def broken(request):
+            raise ValueError("a hook's bug")
+
+        arbiter.runner.submitted.append(broken)
+        async with arbiter:
+            first = await asyncio.wait_for(bot.chat("m", MESSAGES, max_tokens=4), 5)
+            second = await asyncio.wait_for(bot.chat("m", MESSAGES, max_tokens=4), 5)  # the slot was freed
+            return first, second, arbiter.pool_running
+
+    first, second, running = asyncio.run(main())
+    assert first.finish_reason == second.finish_reason == "stop" and running == 0

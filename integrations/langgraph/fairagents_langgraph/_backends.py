@@ -107,7 +107,7 @@ class LocalBackend:
         # A stream reports no usage: the prompt is prepared first (the engine's own template and
         # tokenizer, off the loop), so its length is known, and sent with the time the call came in.
         arrival = self.arbiter.clock()
-        spec = OutputSpec.of(**{name: call.params.get(name) for name in OUTPUT_PARAMS})
+        spec = OutputSpec.of(**{name: call.params.get(name) for name in OUTPUT_PARAMS}, limits=self.arbiter.limits)
         self.arbiter.check_admission(call.model, call.agent, output=spec)  # what is refused costs no preparation
         async with asyncio.timeout(self.timeout):
             prompt = await self.arbiter.prepare_chat(

@@ -39,7 +39,7 @@ from fairagents.constants import HEADER_RUN
 from fairagents.identity import Agent, Modality, current_run, run_from_headers
 from fairagents.images import parse_size
 from fairagents.limits import RequestLimits
-from fairagents.openai_request import HARMLESS, ChatCompletionRequest, join_text, validate
+from fairagents.openai_request import HARMLESS, ChatCompletionRequest, all_choices, join_text, validate
 from fairagents_openai._errors import openai_errors
 
 __all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "ChatCompletionSyncStream", "chat_completion", "chat_request",
@@ -176,7 +176,7 @@ async def chat_completion(
                     await deltas.aclose()
                     raise
                 return ChatCompletionStream(arbiter, model, prompt.n_tokens, n, head, deltas, include_usage)
-            replies = await _all([arbiter.chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
+            replies = await all_choices([arbiter.chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
                                   for _ in range(n)])
     first_reply = replies[0]
     prompt_tokens = first_reply.usage.prompt_tokens
@@ -204,15 +204,6 @@ async def chat_completion(
     )
 
 
-async def _all(works: list[Any]) -> list[Reply]:
-    """Await ``works`` at once; when one fails, the others are cancelled and its error raised."""
-    tasks = [asyncio.ensure_future(work) for work in works]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _head(events: AsyncIterator[tuple[int, Delta]], n: int) -> list[tuple[int, Delta]]:
