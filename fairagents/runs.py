@@ -152,6 +152,7 @@ class RunBook:
         self._totals: dict[str, _Totals] = {}
         self._now = -math.inf
         self._lock = threading.RLock()  # stats() may read (and expire) from a portal's thread
+        self._completed: list[RunRecord] = []  # completed under the lock, told to the listeners after it
 
     # -- what happens to a run's requests ---------------------------------------------
 
@@ -159,6 +160,7 @@ class RunBook:
         """A request of ``run`` is queued."""
         with self._lock:
             self._touch(now, app, run, arrival).live.add(request)
+        self._tell()
 
     def charge(self, now: float, app: str, run: str, request: str, amount: float, *,
                arrival: float | None = None) -> None:
@@ -167,6 +169,7 @@ class RunBook:
             r = self._touch(now, app, run, now if arrival is None else arrival)
             r.service += amount
             r.live.add(request)
+        self._tell()
 
     def ended(self, now: float, app: str, run: str, request: str, *, arrival: float | None = None) -> None:
         """A request of ``run`` ended at ``now`` (a call of the run)."""
@@ -177,7 +180,8 @@ class RunBook:
             r.end = now if r.end is None else max(r.end, now)
             if r.ending and not r.live:
                 self._complete(app, run)
-            self.expire()
+            self._expire(None)
+        self._tell()
 
     def end(self, run: str, now: float) -> None:
         """``run``'s scope ended: it completes now, or as its last request queued or running ends."""
@@ -191,30 +195,37 @@ class RunBook:
                     r.ending = True
                 else:
                     self._complete(app, run)
+        self._tell()
 
     # -- reading ------------------------------------------------------------------------
 
     def expire(self, now: float | None = None) -> None:
         """Complete the runs idle for ``idle`` seconds at ``now`` (default: the clock, or the latest time seen)."""
         with self._lock:
-            now = self._time(now)
-            for app, runs in list(self._active.items()):
-                stale = []
-                for run, r in runs.items():  # least recently active first: stop at the first still recent
-                    if now - r.last < self.idle:
-                        break
-                    if not r.live:
-                        stale.append(run)
-                for run in stale:
-                    self._complete(app, run)
+            self._expire(now)
+        self._tell()
+
+    def _expire(self, now: float | None) -> None:
+        now = self._time(now)
+        for app, runs in list(self._active.items()):
+            stale = []
+            for run, r in runs.items():  # least recently active first: stop at the first still recent
+                if now - r.last < self.idle:
+                    break
+                if not r.live:
+                    stale.append(run)
+            for run in stale:
+                self._complete(app, run)
 
     def summary(self, now: float | None = None) -> dict[str, RunStats]:
         """Each app's :class:`RunStats` (apps with a run active or completed), idle runs completed first."""
         with self._lock:
-            return self._summary(now)
+            out = self._summary(now)
+        self._tell()
+        return out
 
     def _summary(self, now: float | None) -> dict[str, RunStats]:
-        self.expire(now)
+        self._expire(now)
         out = {}
         for app in self._totals.keys() | self._active.keys():
             done = self._done.get(app, ())
@@ -262,10 +273,12 @@ class RunBook:
         return r
 
     def _complete(self, app: str, run: str) -> None:
-        runs = self._active[app]
-        r = runs.pop(run)
+        runs = self._active.get(app, {})
+        r = runs.pop(run, None)
+        if r is None:  # completed already
+            return
         if not runs:
-            del self._active[app]
+            self._active.pop(app, None)
         record = RunRecord(app, run, r.start, r.last if r.end is None else r.end, r.calls, r.service)
         done = self._done.get(app)
         if done is None:
@@ -275,8 +288,16 @@ class RunBook:
         totals.completed += 1
         totals.calls += r.calls
         totals.service += r.service
-        for listener in self.listeners:
-            try:
-                listener(record)
-            except Exception:  # a listener's bug must not leak into the request that ended
-                log.exception("fairagents.runs.listener_failed", listener=repr(listener))
+        self._completed.append(record)
+
+    def _tell(self) -> None:
+        """Tell the listeners of the runs completed, outside the lock (a listener may read the book)."""
+        while self._completed:
+            with self._lock:
+                records, self._completed = self._completed, []
+            for record in records:
+                for listener in self.listeners:
+                    try:
+                        listener(record)
+                    except Exception:  # a listener's bug must not leak into the request that ended
+                        log.exception("fairagents.runs.listener_failed", listener=repr(listener))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from typing import ClassVar
 
@@ -82,7 +83,7 @@ class HMFSRuns(HMFS):
         self._vtime: dict[str, float] = {}  # app -> tag of the last call dispatched
         self._tag: dict[str, float] = {}  # call id -> its start tag, while it waits
         self._heaps: dict[tuple[str, str], list[tuple[float, float, int, Request]]] = {}  # (app, model) -> calls
-        self._waiting_in: dict[tuple[str, str], int] = {}  # (app, model) -> calls waiting in its heap
+        self._waiting_in: dict[str, dict[str, int]] = {}  # app -> model -> calls waiting in its heap
         self._entry: dict[str, int] = {}  # call id -> its heap entry, while it waits
         self._gone: set[int] = set()  # entries of calls that left, until they surface (or their heap empties)
         self._seq = itertools.count()
@@ -103,10 +104,20 @@ class HMFSRuns(HMFS):
             self._gone.discard(heapq.heappop(heap)[2])
         return heap[0]
 
-    def _lowest_waiting(self, app: str) -> float:
-        """The lowest tag of a call of ``app`` waiting for any model (infinite when none waits)."""
-        tags = [self._top(key)[0] for key, n in self._waiting_in.items() if n and key[0] == app]
-        return min(tags, default=float("inf"))
+    def _cost(self, req: Request) -> float:
+        """What a call's prompt adds to its run's tag."""
+        return self.cost.input_cost(req.model, req.prompt_tokens) / req.agent.weight
+
+    def _cap(self, app: str, model: str) -> float:
+        """Just below the finish tag of the first call of ``app`` waiting for ``model`` (infinite when none waits).
+
+        A new run's call tagged under it goes after that call and before the rest of its run; as
+        the first calls go, the cap rises with them, so the runs waiting are never held back for good.
+        """
+        if not self._waiting_in.get(app, {}).get(model):
+            return math.inf
+        start, _, _, first = self._top((app, model))
+        return math.nextafter(start + self._cost(first), -math.inf)
 
     def _rank(self, req: Request) -> tuple[float, float, float]:
         return self._apps.counter[req.agent.app.name], self._tag[req.id], req.arrival
@@ -120,33 +131,46 @@ class HMFSRuns(HMFS):
         self._active[run] = self._active.get(run, 0) + 1
         # Lifted to the virtual time, but never past a call already waiting: a new run goes after at most
         # one call of each run ahead of it, however far the service of running calls has aged the time.
-        floor = min(self._vtime.get(app, 0.0), self._lowest_waiting(app))
+        floor = min(self._vtime.get(app, 0.0), self._cap(app, req.model))
         start = max(floor, self._finish.get(run, 0.0))
-        self._finish[run] = start + self.cost.input_cost(req.model, req.prompt_tokens) / req.agent.weight
+        self._finish[run] = start + self._cost(req)
         self._tag[req.id] = start
         key, seq = (app, req.model), next(self._seq)
-        heapq.heappush(self._heaps.setdefault(key, []), (start, req.arrival, seq, req))
+        heap = self._heaps.setdefault(key, [])
+        heapq.heappush(heap, (start, req.arrival, seq, req))
         self._entry[req.id] = seq
-        self._waiting_in[key] = self._waiting_in.get(key, 0) + 1
+        waiting = self._waiting_in.setdefault(app, {})
+        waiting[req.model] = n = waiting.get(req.model, 0) + 1
+        if len(heap) > 2 * n + 32:  # mostly entries of calls that left: rebuilt, so it stays bounded
+            gone = self._gone
+            live = [entry for entry in heap if entry[2] not in gone]
+            gone.difference_update(entry[2] for entry in heap if entry[2] in gone)
+            heapq.heapify(live)
+            self._heaps[key] = live
         self._forget_idle(now)
 
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
         super()._dequeue(req, now, dispatched)
-        key = (req.agent.app.name, req.model)
+        app = req.agent.app.name
         self._gone.add(self._entry.pop(req.id))
-        left = self._waiting_in[key] - 1
+        waiting = self._waiting_in[app]
+        left = waiting[req.model] - 1
         if left:
-            self._waiting_in[key] = left
+            waiting[req.model] = left
         else:  # nothing of the app waits for the model: its heap goes, lazily deleted entries with it
-            del self._waiting_in[key]
-            self._gone.difference_update(entry[2] for entry in self._heaps.pop(key))
+            del waiting[req.model]
+            if not waiting:
+                del self._waiting_in[app]
+            self._gone.difference_update(entry[2] for entry in self._heaps.pop((app, req.model)))
         start = self._tag.pop(req.id)
         if dispatched:
-            app = req.agent.app.name
             if start > self._vtime.get(app, 0.0):
                 self._vtime[app] = start
-        else:
-            self._leave(req, now)
+            return
+        run = req.run_key  # withdrawn while it waited: its run asked for nothing, if it was the run's last call
+        if self._finish.get(run) == start + self._cost(req):
+            self._finish[run] = start
+        self._leave(req, now)
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
         super().on_progress(req, new_output_tokens, now)
@@ -173,7 +197,10 @@ class HMFSRuns(HMFS):
             self._active[run] = left
             return
         del self._active[run]
-        self._n_active[req.agent.app.name] -= 1
+        app = req.agent.app.name
+        self._n_active[app] -= 1
+        if not self._n_active[app]:
+            del self._n_active[app]
         if req.run is None:  # a call that named no run was a run of its own: over now
             self._finish.pop(run, None)
         else:

@@ -621,8 +621,6 @@ class _Choices:
             await stream.aclose()  # type: ignore[attr-defined]
 
 
-
-
 def _run(request: Request) -> str | None:
     """The run of a request, as :meth:`Gateway.identify` read it from ``X-Fairagents-Run``."""
     return getattr(request.state, "run", None)

@@ -177,3 +177,44 @@ def test_calls_withdrawn_while_waiting_leave_nothing_behind():
     for r in reqs:
         p.on_finish(r, fa.Outcome.CANCELLED, 1.0)
     assert p._heaps == {} and p._gone == set() and p._tag == {} and p.queued() == 0
+
+
+def test_a_waiting_fan_out_keeps_its_turns_while_new_runs_keep_coming():
+    """New runs go between the fan-out's calls, not ahead of all of them: the fan-out keeps a run's share."""
+    p = policy()
+    who = fa.Agent("worker", fa.App("a"))
+    for j in range(50):
+        p.on_arrival(request(f"fan{j}", who, "fan", 0.0), 0.0)
+    served, since = 0, 0
+    for i in range(400):  # one new short run per dispatch: the queue never empties, and its runs pile up
+        p.on_arrival(request(f"new{i}", who, f"new{i}", 1.0), 1.0)
+        runs_waiting = len({r.run for r in p.waiting_requests()})
+        r = p.select("m", 1.0)
+        p.on_dispatch(r, 1.0)
+        p.on_finish(r, fa.Outcome.FINISHED, 1.0)
+        since = 0 if r.run == "fan" else since + 1
+        served += r.run == "fan"
+        assert since <= runs_waiting + 2  # its next call waits about one call of each other run waiting
+    assert served >= 25
+
+
+def test_the_heaps_stay_bounded_when_calls_behind_the_first_are_withdrawn():
+    p = policy()
+    who = fa.Agent("worker", fa.App("a"))
+    p.on_arrival(request("first", who, "first", 0.0), 0.0)
+    for i in range(5000):
+        r = request(f"c{i}", who, f"r{i}", 0.0)
+        p.on_arrival(r, 0.0)
+        p.on_finish(r, fa.Outcome.CANCELLED, 0.0)
+    assert len(p._heaps[("a", "m")]) <= 2 * 1 + 33 and len(p._gone) <= 35
+
+
+def test_a_withdrawn_call_costs_its_run_nothing():
+    p = policy()
+    who = fa.Agent("worker", fa.App("a"))
+    calls = [request(f"c{j}", who, "run", 0.0) for j in range(10)]
+    for r in calls:
+        p.on_arrival(r, 0.0)
+    for r in reversed(calls):
+        p.on_finish(r, fa.Outcome.CANCELLED, 1.0)
+    assert p.run_tags("a")["run"] == 0.0

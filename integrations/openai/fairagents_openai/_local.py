@@ -177,7 +177,7 @@ async def chat_completion(
                     raise
                 return ChatCompletionStream(arbiter, model, prompt.n_tokens, n, head, deltas, include_usage)
             replies = await all_choices([arbiter.chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
-                                  for _ in range(n)])
+                                         for _ in range(n)])
     first_reply = replies[0]
     prompt_tokens = first_reply.usage.prompt_tokens
     completion_tokens = sum(r.usage.completion_tokens for r in replies)
@@ -202,8 +202,6 @@ async def chat_completion(
             unified_tokens=sum(r.usage.unified_tokens for r in replies),  # type: ignore[call-arg]  # what was charged
         ),
     )
-
-
 
 
 async def _head(events: AsyncIterator[tuple[int, Delta]], n: int) -> list[tuple[int, Delta]]:
