@@ -7,13 +7,13 @@ ordered by **start-time fair queueing over runs**: each run is a flow, each call
 packet of it.
 
 - A call's tag is its run's finish tag so far (the service the run has asked for and
-  received, over the calling agent's weight), lifted to the app's virtual time (the tag
-  of the last call dispatched) so an idle run banks no credit. Lowest tag first, then
-  arrival.
+  received, over the calling agent's weight), lifted to the app's virtual time so an
+  idle run banks no credit, but never past the finish of the first call waiting for the
+  same model. Lowest tag first, then arrival.
 - A run's tag grows by each call's prompt cost when the call arrives, and by its output
   as it streams, so the calls of a fan-out are spread over the run's fair share: a run
   that fans out 100 calls cannot hold the app while other runs wait, and a new run's
-  first call goes after at most one call of each run ahead of it.
+  first call goes right after the first call waiting for its model, not behind a whole fan-out.
 - Tags grow with service, never with waiting: a run that has received more goes later,
   and one that waits is overtaken only by runs that have received less. The virtual time
   also grows with the app's service over its active runs (as in processor sharing), so
