@@ -9,9 +9,11 @@ comes in (seconds), and it calls no engine. Drivers report events — :meth:`~Di
 :meth:`~Dispatcher.close` — and each returns the :class:`~fairagents.records.Changes` it
 caused: the tickets to start now, and those that ended. A model takes the policy's next
 request while it has a free slot (and the pool one) and its token budget has room for
-the request's reservation, ``prompt + max_tokens`` rounded up to the KV block. The
-rules, the per-app share and queue bound, Statera admission and what each costs are
-explained in [Capacity and admission](../concepts/capacity.md).
+the request's reservation, ``prompt + max_tokens`` rounded up to the KV block. A model
+whose engine schedules by the policy itself (``in_engine``) is handed each request as
+it arrives (within its app's share): the engine's scheduler drives the same policy,
+under the lock both share. The rules, the per-app share and queue bound, Statera
+admission and what each costs are explained in [Capacity and admission](../concepts/capacity.md).
 
 Examples:
     >>> import fairagents as fa
@@ -36,6 +38,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -93,6 +96,9 @@ class Dispatcher:
             event or :meth:`refill`, as a request that does not fit is held. Arbiters that
             share counters and a model's capacity gate on the pool-wide view
             (:meth:`fairagents.shared.SharedView.gate`).
+        lock: held for every event, so that the policy, which in-engine schedulers
+            drive from their threads too, sees one call at a time
+            (:attr:`fairagents.policies.pooled.PoolPolicy.lock`); ``None``: no lock.
 
     Examples:
         >>> import fairagents as fa
@@ -115,6 +121,7 @@ class Dispatcher:
         queue_bound: Callable[[str], int | None] | None = None,
         admission: Statera | None = None,
         gate: Callable[[Ticket, ModelState], bool] | None = None,
+        lock: contextlib.AbstractContextManager[Any] | None = None,
     ) -> None:
         if pool_slots is not None:
             _check_count(pool_slots, "pool slots", optional=True)
@@ -135,6 +142,8 @@ class Dispatcher:
         self._held: dict[tuple[str, str], list[int]] = {}  # (app, model) -> [requests, tokens] running or shown
         self._held_back: dict[tuple[str, str], deque[Ticket]] = {}  # (app, model) -> waiting, not yet shown
         self._waiting: dict[tuple[str, str], int] = {}  # (app, model) -> requests waiting, held back or shown
+        self._handed: list[Ticket] = []  # handed to in-engine models during the current event
+        self.lock: contextlib.AbstractContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
 
     # -- the pool ------------------------------------------------------------------
 
@@ -147,8 +156,14 @@ class Dispatcher:
         token_budget: int | None,
         max_model_len: int,
         block: int = 1,
+        in_engine: bool = False,
+        kv_tokens: int | None = None,
     ) -> ModelState:
-        """Add a model: its profile joins the cost model (and the policy's, if separate)."""
+        """Add a model: its profile joins the cost model (and the policy's, if separate).
+
+        ``in_engine``: its engine orders its requests by the policy itself; each is handed
+        over as it arrives, and ``kv_tokens`` (the engine's KV capacity) bounds what it holds.
+        """
         if name in self._models:
             raise InvalidParameterError(f"model {name!r} is already in the pool", model=name)
         _check_count(slots, "slots")
@@ -160,8 +175,9 @@ class Dispatcher:
         policy_cost = getattr(self.policy, "cost", None)
         if isinstance(policy_cost, UnifiedTokenCost) and policy_cost is not self.cost:
             policy_cost.register(name, profile)
-        state = self._models[name] = ModelState(name, slots, token_budget, max_model_len, block)
-        if self.admission is not None:
+        state = self._models[name] = ModelState(name, slots, None if in_engine else token_budget, max_model_len, block,
+                                                in_engine=in_engine, kv_tokens=kv_tokens)
+        if self.admission is not None and not in_engine:
             self.admission.add_model(state)
         return state
 
@@ -185,7 +201,8 @@ class Dispatcher:
         """Requests waiting for ``model`` (or for any model), of ``app`` (or of any), held back ones included."""
         if app is not None:
             return sum(n for (a, m), n in self._waiting.items() if a == app and (model is None or m == model))
-        shown = self.policy.queued(model)
+        with self.lock:
+            shown = self.policy.queued(model)
         held = sum(len(q) for (_, m), q in self._held_back.items() if model is None or m == model)
         return shown + held
 
@@ -255,6 +272,7 @@ class Dispatcher:
         (default and cap: its context), and at most its token budget — unless an
         admission controller reserves less than the worst case: then the budget no
         longer bounds the tokens its requests may come to hold, and only the slots do.
+        An in-engine model's batch holds at most its engine's KV capacity.
         """
         longest, held = {}, {}
         for m in self._models.values():
@@ -263,6 +281,8 @@ class Dispatcher:
             held[m.name] = slots * longest[m.name]
             if m.token_budget is not None and self.admission is None:
                 held[m.name] = min(held[m.name], m.token_budget)
+            if m.in_engine and m.kv_tokens is not None:  # what its batch can hold at once
+                held[m.name] = min(held[m.name], m.kv_tokens)
         return service_bound(self.cost, held, pool=self.pool_slots, longest=longest)
 
     # -- events ------------------------------------------------------------------------
@@ -278,6 +298,10 @@ class Dispatcher:
             EngineError: the model is down.
             ShutdownError: the dispatcher is closed.
         """
+        with self.lock:
+            return self._arrive(request, now)
+
+    def _arrive(self, request: Request, now: float) -> Changes:
         about = {"model": request.model, "app": request.app, "agent": request.agent.name, "request_id": request.id}
         if self._closed:
             raise ShutdownError("the arbiter is closed and admits no new requests", **about)
@@ -292,10 +316,11 @@ class Dispatcher:
                 f"model {m.name!r} ({m.max_model_len} tokens)", **about,
             )
         reserved = self.reservation(m.name, request.prompt_tokens, request.max_tokens)
-        if m.token_budget is not None and reserved > m.token_budget:
+        whole = m.kv_tokens if m.in_engine else m.token_budget
+        if whole is not None and reserved > whole:
             raise ContextLengthError(
                 f"prompt ({request.prompt_tokens} tokens) + max_tokens ({request.max_tokens}) needs {reserved} tokens "
-                f"of KV cache; model {m.name!r} holds {m.token_budget} in all", **about,
+                f"of KV cache; model {m.name!r} holds {whole} in all", **about,
             )
         if m.down is not None:
             raise EngineError(f"model {m.name!r} is down: {m.down}", **about)
@@ -310,6 +335,8 @@ class Dispatcher:
             self._show(ticket, now)  # raises (queuing nothing) for a request the policy cannot price
         self._tickets[request.id] = ticket
         self._waiting[key] = self._waiting.get(key, 0) + 1
+        if m.in_engine and not ticket.held_back:
+            self._hand(ticket, m, now)
         return self._changes(m, now, [])
 
     def progress(self, request_id: str, new_tokens: int, now: float) -> float:
@@ -320,11 +347,25 @@ class Dispatcher:
             raise ProtocolError(f"request {request_id!r} is not running", request_id=request_id)
         if not new_tokens:
             return 0.0
+        with self.lock:
+            return self._progress(ticket, new_tokens, now)
+
+    def _progress(self, ticket: Ticket, new_tokens: int, now: float) -> float:
         r = ticket.request
+        m = self._models[r.model]
         if ticket.first_token is None:
             ticket.first_token = now
+            if m.in_engine:  # out of the engine's queue: its prompt was charged there as it joined the batch
+                self._unwait(r)
+                self._charge(ticket, self.cost.input_cost(m.name, r.prompt_tokens), now)
         ticket.produced += new_tokens
-        m = self._models[r.model]
+        if m.in_engine:  # its engine's scheduler charges the policy
+            m.used += new_tokens
+            amount = self.cost.output_cost(r.model, new_tokens)
+            ticket.charged += amount
+            if self._charge_cb is not None:
+                self._charge_cb(now, r, amount)
+            return amount
         admission = self.admission
         if admission is not None:
             admission.tick(m, now)  # occupancy up to now, before it changes
@@ -354,14 +395,15 @@ class Dispatcher:
 
     def end(self, request_id: str, outcome: Outcome, now: float) -> Changes:
         """End a request with ``outcome``; a no-op for one that has already ended."""
-        ticket = self._tickets.get(request_id)
-        if ticket is None:
-            return _NOTHING
-        if outcome is Outcome.FINISHED and ticket.state is not TicketState.RUNNING:
-            raise ProtocolError(f"request {request_id!r} finished without running", **_about(ticket))
-        m = self._models[ticket.request.model]
-        self._end(ticket, outcome, now)
-        return self._changes(m, now, [ticket])
+        with self.lock:
+            ticket = self._tickets.get(request_id)
+            if ticket is None:
+                return _NOTHING
+            if outcome is Outcome.FINISHED and ticket.state is not TicketState.RUNNING:
+                raise ProtocolError(f"request {request_id!r} finished without running", **_about(ticket))
+            m = self._models[ticket.request.model]
+            self._end(ticket, outcome, now)
+            return self._changes(m, now, [ticket])
 
     def model_down(self, model: str, error: EngineError, now: float) -> Changes:
         """``model``'s engine failed: its waiting requests end (failed) and it takes no more.
@@ -373,38 +415,43 @@ class Dispatcher:
             return _NOTHING
         m.down = error
         ended = []
-        for ticket in [t for t in self._tickets.values() if t.request.model == model and t.state is TicketState.WAITING]:
-            ticket.error = EngineError(f"model {model!r} is down: {error}", **_about(ticket))
-            self._end(ticket, Outcome.FAILED, now)
-            ended.append(ticket)
-        return self._changes(m, now, ended)
+        with self.lock:
+            for ticket in [t for t in self._tickets.values()
+                           if t.request.model == model and t.state is TicketState.WAITING]:
+                ticket.error = EngineError(f"model {model!r} is down: {error}", **_about(ticket))
+                self._end(ticket, Outcome.FAILED, now)
+                ended.append(ticket)
+            return self._changes(m, now, ended)
 
     def model_up(self, model: str, now: float) -> Changes:
         """``model``'s engine serves again: it takes requests."""
         m = self.model(model)
         m.down = None
-        return self._changes(m, now, [])
+        with self.lock:
+            return self._changes(m, now, [])
 
     def close(self, now: float) -> Changes:
         """Admit and dispatch nothing more: every waiting request ends (failed, with a ShutdownError)."""
         self._closed = True
         ended = []
-        for ticket in [t for t in self._tickets.values() if t.state is TicketState.WAITING]:
-            ticket.error = ShutdownError("the arbiter shut down before the request ran", **_about(ticket))
-            self._end(ticket, Outcome.FAILED, now)
-            ended.append(ticket)
+        with self.lock:
+            for ticket in [t for t in self._tickets.values() if t.state is TicketState.WAITING]:
+                ticket.error = ShutdownError("the arbiter shut down before the request ran", **_about(ticket))
+                self._end(ticket, Outcome.FAILED, now)
+                ended.append(ticket)
         return Changes([], ended)
 
     def refill(self, now: float) -> Changes:
         """Dispatch into every model with room: what changed outside is worth a new look (a gate opened)."""
         if self._closed:
             return _NOTHING
-        if self.pool_slots is not None:
-            started = self._fill_pool(now)
-        else:
-            started = [t for m in self._models.values() for t in self._fill_model(m, now)]
-        ended, self._withdrawn = self._withdrawn, []
-        return Changes(started, ended) if started or ended else _NOTHING
+        with self.lock:
+            if self.pool_slots is not None:
+                started = self._fill_pool(now)
+            else:
+                started = [t for m in self._models.values() for t in self._fill_model(m, now)]
+            ended, self._withdrawn = self._withdrawn, []
+            return Changes(started, ended) if started or ended else _NOTHING
 
     @property
     def closed(self) -> bool:
@@ -419,6 +466,15 @@ class Dispatcher:
         m = self._models[r.model]
         if ticket.state is TicketState.WAITING:
             self._unwait(r)
+        elif m.in_engine:
+            m.running -= 1
+            m.reserved -= ticket.reserved
+            m.used -= r.prompt_tokens + ticket.produced
+            if ticket.first_token is None:  # it was still in the engine's queue
+                self._unwait(r)
+            if outcome is Outcome.FINISHED and ticket.dispatched is not None:
+                run = now - ticket.dispatched
+                m.run_time = run if m.run_time is None else 0.8 * m.run_time + 0.2 * run
         else:
             m.running -= 1
             m.reserved -= ticket.reserved
@@ -442,7 +498,8 @@ class Dispatcher:
             if not self._closed and m.down is None:
                 self._show_held_back(key, now)  # the ones behind it may fit now
             return
-        self.policy.on_finish(r, outcome, now)
+        if not m.in_engine:  # an in-engine model's scheduler ends it in the policy
+            self.policy.on_finish(r, outcome, now)
         held = self._held.get(key)
         if held is not None:
             held[0] -= 1
@@ -470,13 +527,31 @@ class Dispatcher:
         return held[0] < slots and (tokens is None or held[1] + ticket.reserved <= tokens)
 
     def _show(self, ticket: Ticket, now: float) -> None:
-        """Hand a waiting request to the policy; it now counts against its app's share."""
+        """Hand a waiting request to the policy (or an in-engine model's engine); it now counts against its app's share."""
         r = ticket.request
-        self.policy.on_arrival(r, now)
+        m = self._models[r.model]
+        if m.in_engine:
+            self.cost.input_cost(m.name, r.prompt_tokens)  # what the policy checks: raises before queuing
+        else:
+            self.policy.on_arrival(r, now)
         ticket.held_back = False
         held = self._held.setdefault((r.app, r.model), [0, 0])
         held[0] += 1
         held[1] += ticket.reserved
+
+    def _hand(self, ticket: Ticket, m: ModelState, now: float) -> None:
+        """Hand a request to an in-engine model's engine now: it runs from the arbiter's view, waits in the engine's."""
+        r = ticket.request
+        if self._is_live is not None and not self._is_live(r.id):
+            self._end(ticket, Outcome.CANCELLED, now)  # its caller left while it was held back: uncharged
+            self._withdrawn.append(ticket)
+            return
+        ticket.state = TicketState.RUNNING
+        ticket.dispatched = now
+        m.running += 1
+        m.reserved += ticket.reserved
+        m.used += r.prompt_tokens
+        self._handed.append(ticket)
 
     def _show_held_back(self, key: tuple[str, str], now: float) -> None:
         """Show an app's held-back requests, in arrival order, while they fit its share.
@@ -489,6 +564,9 @@ class Dispatcher:
             ticket = queue.popleft()
             try:
                 self._show(ticket, now)
+                m = self._models[ticket.request.model]
+                if m.in_engine:
+                    self._hand(ticket, m, now)
             except FairAgentsError as err:
                 self._refused(ticket, err, now)
             except Exception as err:  # a custom policy's bug: the request fails, not the bystander
@@ -514,9 +592,9 @@ class Dispatcher:
         dispatch (H-MAS Alg. 2 (B)), so a request that waited while the predictor learned
         is admitted on what is known now.
         """
-        if self.admission is None:
-            return
         r = ticket.request
+        if self.admission is None or self._models[r.model].in_engine:
+            return
         ticket.predicted, ticket.bound = self.admission.admit(r, self.cost)
         change = self.reservation(r.model, r.prompt_tokens, ticket.bound) - ticket.reserved
         ticket.reserved += change
@@ -536,8 +614,11 @@ class Dispatcher:
     def _changes(self, touched: ModelState, now: float, ended: list[Ticket]) -> Changes:
         if self.admission is not None:
             for m in self._models.values() if self.pool_slots is not None else (touched,):
-                self.admission.tick(m, now)
+                if not m.in_engine:
+                    self.admission.tick(m, now)
         started = self._fill(touched, now)
+        if self._handed:
+            started, self._handed = self._handed + started, []
         if self._withdrawn:
             ended = ended + self._withdrawn
             self._withdrawn = []
@@ -553,6 +634,8 @@ class Dispatcher:
 
     def _fill_model(self, m: ModelState, now: float) -> list[Ticket]:
         started: list[Ticket] = []
+        if m.in_engine:
+            return started  # nothing of it waits here: its engine has it all
         select = self.policy.select
         while m.has_slot():
             req = select(m.name, now)
@@ -570,7 +653,7 @@ class Dispatcher:
 
     def _fill_pool(self, now: float) -> list[Ticket]:
         started: list[Ticket] = []
-        room = [m.name for m in self._models.values() if m.has_slot()]
+        room = [m.name for m in self._models.values() if not m.in_engine and m.has_slot()]
         while room and self.pool_running < self.pool_slots:  # type: ignore[operator]
             req = self.policy.select_among(room, now)
             if req is None:

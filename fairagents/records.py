@@ -181,6 +181,11 @@ class ModelState:
     run_time: float | None = None
     """Seconds a finished request ran (dispatch to end), an exponential average (0.8 old, 0.2 new);
     ``None`` until one finished. A full queue's ``retry_after`` is drawn from it."""
+    in_engine: bool = False
+    """Its engine schedules by the pool's policy itself: each request is handed over as it arrives
+    (:class:`~fairagents.vllm.FairScheduler`); ``slots`` is then the engine's batch capacity."""
+    kv_tokens: int | None = None
+    """KV tokens the engine of an in-engine model holds in all (``None``: unknown)."""
 
     def has_slot(self) -> bool:
         """Whether it may take one more request now (up, below its limits; alone, always)."""

@@ -351,3 +351,64 @@ def test_a_policy_that_refuses_a_held_back_request_fails_that_request_not_the_by
     picky = [t for t in changes.ended if t.request.id == "picky"]
     assert picky and picky[0].outcome is fa.Outcome.FAILED and isinstance(picky[0].error, ProtocolError)
     assert d.tickets() == [] and d.queued() == 0
+
+
+# -- models whose engine schedules by the policy itself (in-engine) -------------------------
+
+
+def in_engine(*, kv=1000, slots=4, share=None, bound=None):
+    """A dispatcher with one in-engine model ``m``: the engine's scheduler, not the dispatcher, drives the policy."""
+    cost = fa.UnifiedTokenCost(d_base=64)
+    charges = []
+    policy = fa.policies.make_policy("hmfs", cost)
+    d = Dispatcher(policy, cost, charge=lambda now, r, amount: charges.append((r.id, amount)),
+                   app_share=None if share is None else share.get, queue_bound=None if bound is None else bound.get)
+    d.add_model("m", PROFILE, slots=slots, token_budget=500, max_model_len=1000, in_engine=True, kv_tokens=kv)
+    return d, policy, charges
+
+
+def test_an_in_engine_model_is_handed_every_request_at_once_and_the_dispatcher_leaves_the_policy_to_it():
+    d, policy, charges = in_engine(slots=2)
+    handed = [started(d.arrive(req(f"r{i}"), 0.0)) for i in range(6)]
+    assert handed == [[f"r{i}"] for i in range(6)]  # past the batch's 2 sequences: no reservation, no queue here
+    assert d.model("m").token_budget is None and d.model("m").running == 6
+    assert policy.queued() == policy.running() == 0  # the engine's scheduler tells the policy, not the dispatcher
+    assert d.queued("m", app="a") == 6  # waiting in the engine until their first token
+    assert d.progress("r0", 2, 1.0) == 4.0
+    assert charges == [("r0", 10.0), ("r0", 4.0)]  # its prompt charged as it produced its first token
+    assert d.queued("m", app="a") == 5
+    d.finish("r0", 2.0)
+    d.cancel("r1", 2.0)  # never produced: its prompt is not charged
+    assert d.queued("m", app="a") == 4 and d.model("m").running == 4
+    assert policy.queued() == policy.running() == 0 and [c for c in charges if c[0] == "r1"] == []
+
+
+def test_max_queued_answers_overloaded_on_the_in_engine_path():
+    d, _, _ = in_engine(bound={"a": 2})
+    for i in range(2):
+        d.arrive(req(f"r{i}"), 0.0)
+    with pytest.raises(fa.OverloadedError, match="2 requests queued"):
+        d.arrive(req("r2"), 0.0)
+    d.arrive(req("b0", who=B), 0.0)  # another app's bound is its own
+    d.progress("r0", 1, 1.0)  # r0 left the engine's queue: a place is free
+    assert started(d.arrive(req("r2"), 1.0)) == ["r2"]
+
+
+def test_an_apps_share_holds_back_what_it_may_not_hand_to_an_in_engine_model():
+    d, _, _ = in_engine(slots=4, share={"a": 0.5})
+    assert [started(d.arrive(req(f"r{i}"), 0.0)) for i in range(3)] == [["r0"], ["r1"], []]
+    assert started(d.arrive(req("b0", who=B), 0.0)) == ["b0"]
+    assert started(d.finish("r0", 1.0)) == ["r2"]  # handed as the app's share frees
+
+
+def test_an_in_engine_request_larger_than_the_engines_kv_cache_is_refused():
+    d, _, _ = in_engine(kv=100)
+    with pytest.raises(fa.ContextLengthError, match="holds 100 in all"):
+        d.arrive(req("big", prompt=60, max_tokens=50), 0.0)
+    assert d.tickets() == []
+
+
+def test_the_bound_of_an_in_engine_model_is_what_its_kv_cache_holds():
+    d, _, _ = in_engine(kv=300, slots=8)
+    cost = d.cost
+    assert d.bound() == fa.service_bound(cost, {"m": 300}, longest={"m": 1000})

@@ -11,12 +11,19 @@ processes, each with its own apps' API key, use the stock ``openai`` client:
   run the flood **honours** ``Retry-After`` (it sleeps that long); in the other it
   **ignores** it and retries at once.
 
-Each flood runs twice: without a per-app cap, and with ``max_in_flight_share = share``
-(the flood may hold at most that share of the model's slots and token budget). The
-victim's latency with no flood is the baseline. ``in_flight`` sets the model's
-in-flight limit (default: the engine's batch capacity). Reported per run: the victim's p50
-and p99 latency and their ratio to the idle baseline, the flood's completed
-requests/s and its 429s/s.
+Each flood runs twice on the default path (``hmfs`` inside the engine, with fair
+preemption): without a per-app cap, and with ``max_in_flight_share = share`` (the
+flood may hold at most that share of the model's batch). The flood that ignores
+``Retry-After`` runs once more without a cap under ``fcfs``, the order plain vLLM
+serves in, for its throughput. The victim's latency with no flood is the baseline.
+``in_flight`` sets the model's in-flight limit (for ``scheduler="vllm"`` engines).
+
+Reported per run: the victim's p50 and p99 latency and their ratio to the idle
+baseline; its p99 time to first token (from the arbiter's records) and how far above
+the idle one it is, in the flood's time per output token (one engine step of the
+flood's batch): the steps a quiet request waits for its turn; the flood's completed
+requests/s, output tokens/s and 429s/s; and the engine's fair preemptions and
+recompute tax (recomputed tokens over all prefilled ones).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from rich.table import Table
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.metrics import percentile
+from fairagents.request import Outcome
 
 __all__ = ["FLOODS", "render", "run"]
 
@@ -124,10 +132,11 @@ async def _tell(process: asyncio.subprocess.Process) -> None:
 
 
 async def _one(engine: Engine, share: float | None, mode: str | None, *, seconds: float, victim_tokens: int,
-               flood_clients: int, flood_tokens: int, flood_queue: int, in_flight: int | None) -> dict[str, Any]:
+               flood_clients: int, flood_tokens: int, flood_queue: int, in_flight: int | None,
+               policy: str = "hmfs") -> dict[str, Any]:
     from fairagents.server import Config, create_app, running
 
-    arbiter = Arbiter(policy="hmfs", max_in_flight_share=share, in_flight=in_flight)
+    arbiter = Arbiter(policy=policy, max_in_flight_share=share, in_flight=in_flight)
     arbiter.add_model("chat", engine)
     apps = {VICTIM: {"api_key": _key(VICTIM)}, FLOOD: {"api_key": _key(FLOOD), "max_queued": flood_queue}}
     app = create_app(arbiter, Config.model_validate({"apps": apps, "server": {"preprocess_queue_per_app": None}}))
@@ -150,13 +159,21 @@ async def _one(engine: Engine, share: float | None, mode: str | None, *, seconds
     finally:
         await arbiter.close(timeout=0, stop_engines=False)
     latencies = measured["latencies"]
+    records = [r for r in arbiter.ledger.records if r.outcome is Outcome.FINISHED]
+    ttfts = [r.ttft for r in records if r.app == VICTIM and r.ttft is not None]
+    tpots = [r.tpot for r in records if r.app == FLOOD and r.tpot is not None]
+    tally = arbiter.pool_policy.tally("chat")
     row: dict[str, Any] = {
-        "share": share, "flood": mode, "victim_requests": len(latencies), "victim_failed": measured["failed"],
-        "victim_p50_s": percentile(latencies, 50), "victim_p99_s": percentile(latencies, 99),
+        "policy": policy, "share": share, "flood": mode, "victim_requests": len(latencies),
+        "victim_failed": measured["failed"], "victim_p50_s": percentile(latencies, 50),
+        "victim_p99_s": percentile(latencies, 99), "victim_ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
+        "flood_tpot_s": percentile(tpots, 50) if tpots else None, "fair_preemptions": tally.fair_preemptions,
+        "preemptions": tally.preemptions, "recompute_tax": tally.recompute_tax,
     }
     if "flood" in measured:
         f = measured["flood"]
-        row |= {"flood_done_per_s": f["done"] / f["seconds"], "flood_429_per_s": f["refused"] / f["seconds"]}
+        row |= {"flood_done_per_s": f["done"] / f["seconds"], "flood_429_per_s": f["refused"] / f["seconds"],
+                "flood_tokens_per_s": f["done"] * flood_tokens / f["seconds"]}
     return row
 
 
@@ -166,10 +183,15 @@ async def _run(engine: Engine, options: dict[str, Any], share: float) -> dict[st
     for _, mode in FLOODS[1:]:
         for cap in (None, share):
             rows.append(await _one(engine, cap, mode, **options))
+    rows.append(await _one(engine, None, "ignore", **options, policy="fcfs"))
     idle = rows[0]
     for row in rows[1:]:
         row["p50_over_idle"] = row["victim_p50_s"] / idle["victim_p50_s"]
         row["p99_over_idle"] = row["victim_p99_s"] / idle["victim_p99_s"]
+        if row["victim_ttft_p99_s"] is not None and idle["victim_ttft_p99_s"] is not None and row["flood_tpot_s"]:
+            row["ttft_steps"] = (row["victim_ttft_p99_s"] - idle["victim_ttft_p99_s"]) / row["flood_tpot_s"]
+        else:
+            row["ttft_steps"] = None
     in_flight = options["in_flight"] or capabilities(engine).max_num_seqs
     return {"load": options | {"share": share}, "in_flight": in_flight, "runs": rows}
 
@@ -202,18 +224,26 @@ def render(result: dict[str, Any]) -> list[Table]:
     table = Table(title=f"Victim latency while another app floods: {load['flood_clients']} flood clients x "
                         f"{load['flood_tokens']} tokens vs one victim request at a time x {load['victim_tokens']} tokens "
                         f"({load['seconds']:.0f} s per run, in-flight limit {result['in_flight']})")
-    for column in ("flood", "per-app cap", "victim p50", "victim p99", "p50 / idle", "p99 / idle",
-                   "flood done/s", "flood 429/s"):
+    for column in ("flood", "policy", "per-app cap", "victim p50", "victim p99", "p50 / idle", "p99 / idle",
+                   "victim TTFT p99", "(TTFT p99 − idle) / flood TPOT", "flood done/s", "flood tok/s", "flood 429/s",
+                   "fair preemptions", "recompute tax"):
         table.add_column(column, justify="right")
     names = dict((mode, name) for name, mode in FLOODS)
     for row in result["runs"]:
-        cap = "-" if row["flood"] is None else ("off" if row["share"] is None else f"{row['share']:.0%} of slots")
+        flooded = row["flood"] is not None
+        cap = "-" if not flooded else ("off" if row["share"] is None else f"{row['share']:.0%} of slots")
+        steps = row.get("ttft_steps")
         table.add_row(
-            names[row["flood"]], cap, f"{row['victim_p50_s'] * 1e3:.0f} ms", f"{row['victim_p99_s'] * 1e3:.0f} ms",
-            "-" if row["flood"] is None else f"{row['p50_over_idle']:.1f}x",
-            "-" if row["flood"] is None else f"{row['p99_over_idle']:.1f}x",
-            "-" if row["flood"] is None else f"{row['flood_done_per_s']:.1f}",
-            "-" if row["flood"] is None else f"{row['flood_429_per_s']:.1f}",
+            names[row["flood"]], row.get("policy", "hmfs"), cap, f"{row['victim_p50_s'] * 1e3:.0f} ms",
+            f"{row['victim_p99_s'] * 1e3:.0f} ms",
+            f"{row['p50_over_idle']:.1f}x" if flooded else "-",
+            f"{row['p99_over_idle']:.1f}x" if flooded else "-",
+            "-" if row.get("victim_ttft_p99_s") is None else f"{row['victim_ttft_p99_s'] * 1e3:.0f} ms",
+            f"{steps:.1f} steps" if flooded and steps is not None else "-",
+            f"{row['flood_done_per_s']:.1f}" if flooded else "-",
+            f"{row['flood_tokens_per_s']:,.0f}" if flooded else "-",
+            f"{row['flood_429_per_s']:.1f}" if flooded else "-",
+            str(row.get("fair_preemptions", "-")), f"{row.get('recompute_tax', 0.0):.1%}",
         )
     return [table]
 

@@ -3,20 +3,22 @@
 Three measurements, the first two on one real engine, the third on a second one:
 
 1. **Overhead.** The same closed-loop load (``callers`` concurrent callers sending
-   requests of ``max_tokens`` output tokens back to back) goes straight to the engine
-   and through the arbiter with ``hmfs``, alternating, ``rounds`` times each: output
-   tokens/s of both, their ratio, and p50/p99 TTFT, counted from the caller's clock just
-   before the call on both paths.
-2. **In-flight sweep.** Two apps of equal weight, 6 and 60 callers, through ``hmfs`` at
-   each in-flight limit: throughput, the largest service gap between them as a
-   fraction of ``2U``, each app's median TTFT, and the smallest limit within 3% of the
-   best throughput.
-3. **KV pressure.** A second engine whose KV cache holds :data:`PRESSURE_HOLDS`
-   requests (:func:`pressure_kv_bytes`); two apps, 3 and 30 callers, backlogged for
-   ``kv_seconds`` with the token budget (the default) and by request count alone
-   (``token_budget=None``): throughput, the victim's service over the flood's, the
-   largest gap while both had a request waiting for its first token (in the arbiter's
-   queue or vLLM's) as a fraction of the token budget's ``2U``, and median TTFTs.
+   requests of ``max_tokens`` output tokens back to back) goes straight to an engine
+   with vLLM's own scheduler (``scheduler="vllm"``: plain vLLM) and through the arbiter
+   with ``hmfs`` on the default path (a second engine, ``VLLMEngine()``: the policy inside
+   it), alternating, ``rounds`` times each: output tokens/s of both, their ratio, and
+   p50/p99 TTFT, counted from the caller's clock just before the call on both paths.
+2. **In-flight sweep.** On the first engine (the arbiter's admission, ``scheduler="vllm"``),
+   two apps of equal weight, 6 and 60 callers, through ``hmfs`` at each in-flight
+   limit: throughput, the largest service gap between them as a fraction of ``2U``,
+   each app's median TTFT, and the smallest limit within 3% of the best throughput.
+3. **KV pressure.** A third engine (``scheduler="vllm"``) whose KV cache holds
+   :data:`PRESSURE_HOLDS` requests (:func:`pressure_kv_bytes`); two apps, 3 and 30
+   callers, backlogged for ``kv_seconds`` with the token budget and by request count
+   alone (``token_budget=None``): throughput, the victim's service over the flood's,
+   the largest gap while both had a request waiting for its first token (in the
+   arbiter's queue or vLLM's) as a fraction of the token budget's ``2U``, and median
+   TTFTs. ``bench vllm-scheduler`` sets the default path against both.
 
 The Benchmarks page in the docs shows a run and explains the results.
 """
@@ -141,15 +143,18 @@ async def _sweep_point(engine: Engine, in_flight: int, victim_callers: int, per_
     }
 
 
-async def _run(engine: Engine, callers: int, per_caller: int, max_tokens: int, rounds: int, sweep: Sequence[int]) -> dict[str, Any]:
+async def _run(engine: Engine, default: Engine, callers: int, per_caller: int, max_tokens: int, rounds: int,
+               sweep: Sequence[int]) -> dict[str, Any]:
     await engine.start()
+    await default.start()
     await _direct(engine, callers, 1, 8)  # warm up
+    await _direct(default, callers, 1, 8)
     direct = [0, 0.0, []]  # type: list[Any]
     through = [0, 0.0, []]  # type: list[Any]
     for _ in range(rounds):
         for acc, result in (
             (direct, await _direct(engine, callers, per_caller, max_tokens)),
-            (through, await _arbitrated(engine, callers, per_caller, max_tokens)),
+            (through, await _arbitrated(default, callers, per_caller, max_tokens)),
         ):
             acc[0] += result[0]
             acc[1] += result[1]
@@ -165,6 +170,7 @@ async def _run(engine: Engine, callers: int, per_caller: int, max_tokens: int, r
     return {
         "load": {"callers": callers, "requests": callers * per_caller * rounds, "max_tokens": max_tokens},
         "default_in_flight": _default_limit(engine),
+        "default_max_num_seqs": _default_limit(default),
         "direct": d,
         "arbiter": a,
         "ratio": a["tokens_per_s"] / d["tokens_per_s"],
@@ -250,7 +256,7 @@ async def _kv_pressure(flood_callers: int, victim_callers: int, max_tokens: int,
     from fairagents.engines.vllm import VLLMEngine
 
     kv_bytes = pressure_kv_bytes(max_tokens)
-    engine = VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024)
+    engine = VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024, scheduler="vllm")
     await engine.start()
     try:
         prompt = len(engine.prepare_chat(MESSAGES).token_ids)
@@ -301,13 +307,16 @@ def run(
     then KV pressure on a second engine (always the embedded model), ``kv_seconds`` per admission mode."""
     from fairagents.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(model, kv_cache_bytes=256 * 2**20, max_model_len=1024 if model is None else None)
+    length = 1024 if model is None else None
+    engine = VLLMEngine(model, kv_cache_bytes=256 * 2**20, max_model_len=length, scheduler="vllm")
+    default = VLLMEngine(model, kv_cache_bytes=256 * 2**20, max_model_len=length)
 
     async def main() -> dict[str, Any]:
         try:
-            result = await _run(engine, callers, per_caller, max_tokens, rounds, sweep)
+            result = await _run(engine, default, callers, per_caller, max_tokens, rounds, sweep)
         finally:
             await engine.stop()
+            await default.stop()
         result["kv_pressure"] = await _kv_pressure(kv_flood_callers, kv_victim_callers, PRESSURE_TOKENS, kv_seconds)
         return result
 
@@ -318,14 +327,15 @@ def render(result: dict[str, Any]) -> list[Table]:
     """Three tables: direct vs arbiter, the in-flight sweep, and KV pressure."""
     load = result["load"]
     first = Table(title=f"Arbiter overhead: {load['requests']} requests x {load['max_tokens']} tokens, "
-                        f"{load['callers']} callers, in-flight limit {result['default_in_flight']}")
+                        f"{load['callers']} callers")
     for column in ("path", "output tok/s", "TTFT p50", "TTFT p99"):
         first.add_column(column, justify="right")
-    for name in ("direct", "arbiter"):
+    for name, label in (("direct", "direct (plain vLLM)"), ("arbiter", "arbiter (default path: hmfs in the engine)")):
         r = result[name]
-        first.add_row(name, f"{r['tokens_per_s']:,.0f}", f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p99_s'] * 1e3:.0f} ms")
+        first.add_row(label, f"{r['tokens_per_s']:,.0f}", f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p99_s'] * 1e3:.0f} ms")
     first.caption = f"ratio arbiter/direct = {result['ratio']:.3f}"
-    second = Table(title="In-flight limit sweep (hmfs; two apps of equal weight, 6 and 60 callers)")
+    second = Table(title="In-flight limit sweep (hmfs; the arbiter's admission, scheduler=\"vllm\"; two apps of "
+                         "equal weight, 6 and 60 callers)")
     for column in ("limit", "output tok/s", "max service gap", "gap / 2U", "victim TTFT p50", "flood TTFT p50"):
         second.add_column(column, justify="right")
     for limit, p in result["sweep"].items():

@@ -9,10 +9,12 @@ mode, the modes alternating ``rounds`` times:
 - ``vllm``: vLLM's own scheduler (FCFS, preempting the newest), handed everything
   (the arbiter's in-flight limit 65,536, no token budget): what serving without
   fairagents does;
-- ``fair``: the same, with :class:`~fairagents.vllm.FairScheduler` inside the engine
-  (``VLLMEngine(scheduler="fair")``; the arbiter hands it everything by default);
-- ``arbiter``: vLLM's own scheduler behind the arbiter's token-budget admission (the
-  default mode): the arbiter keeps the queue and hands the engine what fits.
+- ``default``: the default path, the arbiter's ``hmfs`` inside the engine
+  (``VLLMEngine()``, :class:`~fairagents.vllm.FairScheduler`), handed each request at
+  once, with fair preemption;
+- ``arbiter``: vLLM's own scheduler behind the arbiter's token-budget admission
+  (``VLLMEngine(scheduler="vllm")``): the arbiter keeps the queue and hands the
+  engine what fits.
 
 Reported per mode (summed over rounds): output tokens/s, and its ratio to ``vllm``;
 the largest service gap between the two apps while both had a request waiting for its
@@ -35,7 +37,7 @@ from fairagents.metrics import percentile
 
 __all__ = ["DECISION_APPS", "MODES", "decision_cost", "render", "run"]
 
-MODES = ("vllm", "fair", "arbiter")
+MODES = ("vllm", "default", "arbiter")
 #: Numbers of apps at which the in-engine queue's decision cost is measured.
 DECISION_APPS = (10, 100, 1_000, 10_000)
 _HAND_EVERYTHING = {"in_flight": 65_536, "token_budget": None}
@@ -47,19 +49,23 @@ def decision_cost(apps: int, decisions: int = 20_000) -> float:
     from vllm.v1.request import Request as VllmRequest
 
     from fairagents.cost import ModelProfile
-    from fairagents.vllm.scheduler import FairCounters, FairQueue, identity
+    from fairagents.request import Outcome, Request
+    from fairagents.vllm.scheduler import Binding, FairQueue, identity, own_policy
 
-    counters = FairCounters()
-    counters.register("engine", ModelProfile(d_model=4096, n_layers=1))
-    queue = FairQueue(counters, "engine", lambda r: identity(r.sampling_params.extra_args),
-                      lambda r: counters.charge(identity(r.sampling_params.extra_args), "engine", prompt=16))
+    seat = own_policy()
+    seat.register("engine", ModelProfile(d_model=4096, n_layers=1))
+    queue = FairQueue(Binding(seat, "engine"), lambda r: Request(
+        r.request_id, identity(r.sampling_params.extra_args), "engine", 16, 8, r.arrival_time))
     requests = [VllmRequest(f"r{i}", [1] * 16, SamplingParams(max_tokens=8, extra_args={"fairagents_app": f"a{i % apps}"}),
                             None, arrival_time=float(i)) for i in range(2 * apps)]
     for r in requests:
         queue.add_request(r)
     start = time.perf_counter()
-    for _ in range(decisions):
-        queue.add_request(queue.pop_request())  # served, charged, and back again: the queue keeps its size
+    for _ in range(decisions):  # served (its prompt charged), one token out, ended, and back: the queue keeps its size
+        request = queue.pop_request()
+        seat.engine_progress("engine", [(request.request_id, 1)])
+        seat.engine_end("engine", request.request_id, Outcome.FINISHED)
+        queue.add_request(request)
     return (time.perf_counter() - start) / decisions * 1e6
 
 
@@ -67,17 +73,17 @@ async def _measure(flood_callers: int, victim_callers: int, seconds: float, roun
     from fairagents.engines.vllm import VLLMEngine
 
     kv_bytes = pressure_kv_bytes(PRESSURE_TOKENS)
-    engines = {"vllm": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024),
-               "fair": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024, scheduler="fair")}
+    engines = {"vllm": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024, scheduler="vllm"),
+               "default": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024)}
     engines["arbiter"] = engines["vllm"]
-    limits = {"vllm": _HAND_EVERYTHING, "fair": {}, "arbiter": {"token_budget": "engine"}}
+    limits = {"vllm": _HAND_EVERYTHING, "default": {}, "arbiter": {"token_budget": "engine"}}
     rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     u = 0.0
     for engine in {id(e): e for e in engines.values()}.values():
         await engine.start()
     try:
         prompt = len(engines["vllm"].prepare_chat(MESSAGES).token_ids)
-        for engine in (engines["vllm"], engines["fair"]):
+        for engine in (engines["vllm"], engines["default"]):
             await _direct(engine, 2, 1, 8)  # warm up
         load = (flood_callers, victim_callers, prompt, PRESSURE_TOKENS, seconds)
         for _ in range(rounds):

@@ -22,7 +22,7 @@ from fairagents.reply import TokenLogprob
 from fairagents.tools import OutputSpec, ToolCallDelta
 
 if TYPE_CHECKING:
-    from fairagents.vllm.scheduler import FairCounters
+    from fairagents.policies.pooled import PoolPolicy
 
 __all__ = ["Delta", "Engine", "EngineBase", "GenerationParams", "ImageEngine", "Prompt", "capabilities"]
 
@@ -313,13 +313,16 @@ class EngineBase:
     """Other arbiters may send to the same capacity (remote replicas): arbiters that share counters
     draw on it as one (:mod:`fairagents.shared`)."""
     scheduler: str | None = None
-    """``"fair"``: the engine orders and preempts by fair counters itself, so the arbiter hands it
-    everything and shares its counters with it (``share_counters``); else it runs what it is handed."""
-    fair_counters: FairCounters | None = None
-    """With ``scheduler="fair"``: the counters the engine charges (``None`` until bound or started)."""
-    share_counters: Callable[[FairCounters, str], None] | None = None
-    """With ``scheduler="fair"``: ``share_counters(counters, name)`` makes the engine charge a pool's
-    counters as model ``name``, before ``start()``."""
+    """``"fair"``: the engine orders its queue and preempts by the pool's policy itself, so the arbiter
+    hands it each request at once and shares its policy with it (``share_policy``); else it runs
+    what it is handed."""
+    pool_policy: PoolPolicy | None = None
+    """With ``scheduler="fair"``: the pool's policy the engine schedules by (``None`` until bound or started)."""
+    share_policy: Callable[[PoolPolicy, str, int | None], None] | None = None
+    """With ``scheduler="fair"``: ``share_policy(policy, name, max_running)`` makes the engine schedule
+    by a pool's policy as model ``name``, running at most ``max_running`` requests at once (``None``:
+    its own batch capacity); it raises :class:`~fairagents.errors.ProtocolError` while it serves
+    requests under another policy."""
 
 
 _CAPABILITIES = tuple(EngineBase.__annotations__)

@@ -88,16 +88,21 @@ class VLLMEngine(ThreadedEngine):
             sized by ``gpu_memory_utilization`` (see :meth:`engine_args`).
         gpu_memory_utilization: on a GPU, the share of its memory this engine may take
             (vLLM's default 0.9 when unset); give each engine of a pool on one GPU its share.
-        max_num_seqs: most sequences vLLM batches at once; the arbiter's in-flight limit
-            for this model defaults to it, and its token budget to ``token_capacity``, so
-            what vLLM is handed fits its batch and KV cache at once and its own FCFS queue
-            stays empty.
+        max_num_seqs: most sequences vLLM batches at once. With ``scheduler="vllm"`` the
+            arbiter's in-flight limit for this model defaults to it, and its token budget
+            to ``token_capacity``, so what vLLM is handed fits its batch and KV cache at
+            once; with ``"fair"`` it bounds the engine's batch and ``arbiter.bound()``.
         dtype: weights' dtype (default: ``"float32"`` on a CPU, the model's own on a GPU).
-        scheduler: ``"vllm"`` (vLLM's own FCFS scheduler: the arbiter keeps the queue and
-            hands the engine what fits) or ``"fair"``: HMFS inside vLLM's engine loop
-            (:class:`~fairagents.vllm.scheduler.FairScheduler`), so the engine
-            orders its queue and picks preemption victims by app and agent counters; the
-            arbiter then hands it everything (see "Capacity and admission").
+        scheduler: ``"fair"`` (the default): the pool's policy inside vLLM's engine loop
+            (:class:`~fairagents.vllm.scheduler.FairScheduler`): the arbiter hands the
+            engine each request at once, and the engine orders its waiting queue,
+            preempts and charges by the arbiter's policy, so the batch stays full and
+            nothing is reserved in front of it. ``"vllm"``: vLLM's own FCFS scheduler;
+            the arbiter keeps the queue and hands the engine what fits its token budget
+            (see "Capacity and admission" for when to choose it).
+        preempt: with ``scheduler="fair"``, whether a waiting client the policy owes
+            service preempts a more-served client's running request when the batch is
+            full (:meth:`~fairagents.vllm.scheduler.FairScheduler.fair_victim`).
         engine_args: further ``vllm.EngineArgs`` fields, passed as is.
         tool_parser: the vLLM tool parser that reads the model's tool calls under
             ``tool_choice="auto"`` (``"hermes"``, ``"llama3_json"``, ``"mistral"`` …);
@@ -121,7 +126,7 @@ class VLLMEngine(ThreadedEngine):
 
     Examples:
         >>> from fairagents.engines.vllm import VLLMEngine
-        >>> engine = VLLMEngine(kv_cache_bytes=64 * 2**20, scheduler="fair")   # nothing loads before start()
+        >>> engine = VLLMEngine(kv_cache_bytes=64 * 2**20)   # nothing loads before start()
         >>> engine.engine_args(gpu=False)["kv_cache_memory_bytes"] // 2**20, engine.scheduler
         (64, 'fair')
     """
@@ -141,7 +146,8 @@ class VLLMEngine(ThreadedEngine):
         gpu_memory_utilization: float | None = None,
         max_num_seqs: int = 32,
         dtype: str | None = None,
-        scheduler: Literal["vllm", "fair"] = "vllm",
+        scheduler: Literal["vllm", "fair"] = "fair",
+        preempt: bool = True,
         engine_args: dict[str, Any] | None = None,
         tool_parser: str | None = None,
         compact_json: bool = True,
@@ -155,8 +161,12 @@ class VLLMEngine(ThreadedEngine):
             raise InvalidParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if scheduler not in ("vllm", "fair"):
             raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
+        if not isinstance(preempt, bool):
+            raise InvalidParameterError(f"preempt must be true or false, got {preempt!r}")
         super().__init__(model)
         self.scheduler = scheduler
+        self.preempt = preempt
+        """With ``scheduler="fair"``: whether the engine preempts for a client owed service."""
         self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.max_num_seqs = max_num_seqs
@@ -167,7 +177,7 @@ class VLLMEngine(ThreadedEngine):
         self._args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "disable_log_stats": True,
                       **(engine_args or {})}
         self._engine: Any = None  # the vllm LLMEngine, owned by the thread; kept for introspection
-        self._fair_name = "engine"
+        self._binding: Any = None  # with scheduler="fair": the pool's policy and this model's name in it
 
     def engine_args(self, *, gpu: bool | None = None) -> dict[str, Any]:
         """The ``vllm.EngineArgs`` fields this engine starts with, for the device it runs on.
@@ -201,11 +211,34 @@ class VLLMEngine(ThreadedEngine):
             args["structured_outputs_config"] = dict(COMPACT_JSON)
         return {**args, **self._args}
 
-    def share_counters(self, counters: Any, name: str) -> None:
-        """With ``scheduler="fair"``: charge and order by ``counters`` (a pool's), as model ``name``; before start."""
-        if self._thread is not None:
-            raise ProtocolError("share_counters must be called before start()")
-        self.fair_counters, self._fair_name = counters, name
+    @property
+    def pool_policy(self) -> Any:
+        """With ``scheduler="fair"``: the pool's policy the engine schedules by (``None`` until bound or started)."""
+        return None if self._binding is None else self._binding.seat
+
+    def share_policy(self, policy: Any, name: str, max_running: int | None = None) -> None:
+        """With ``scheduler="fair"``: order, preempt and charge by ``policy`` (a pool's), as model ``name``.
+
+        ``max_running`` caps the requests the engine runs at once (below ``max_num_seqs``).
+        A started engine takes it at once if it holds no request (an engine an arbiter
+        closed, added to the next one); one serving requests raises
+        :class:`~fairagents.errors.ProtocolError`.
+        """
+        binding = self._binding
+        if binding is None or self._thread is None:
+            from fairagents.vllm.scheduler import Binding
+
+            self._binding = Binding(policy, name, max_running)
+            return
+        if binding.seat is policy and binding.model == name:
+            binding.max_running = max_running
+            return
+        if self._sinks:
+            raise ProtocolError("the engine is serving requests under another pool's policy")
+        binding.seat.forget(binding.model)
+        if self.profile is not None:
+            policy.register(name, self.profile)
+        binding.seat, binding.model, binding.max_running = policy, name, max_running  # read from the next step on
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -349,11 +382,11 @@ class VLLMEngine(ThreadedEngine):
 
             args = self.engine_args()
             if self.scheduler == "fair":
-                from fairagents.vllm.scheduler import FairCounters, FairScheduler
+                from fairagents.vllm.scheduler import Binding, FairScheduler, own_policy
 
-                if self.fair_counters is None:
-                    self.fair_counters = FairCounters()
-                args.setdefault("scheduler_cls", FairScheduler.sharing(self.fair_counters, self._fair_name))
+                if self._binding is None:
+                    self._binding = Binding(own_policy(), "engine")
+                args.setdefault("scheduler_cls", FairScheduler.sharing(self._binding, preempt=self.preempt))
             if isinstance(args.get("structured_outputs_config"), Mapping):  # EngineArgs takes only the object
                 from vllm.config import StructuredOutputsConfig
 

@@ -38,6 +38,7 @@ from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO, check_run, current_run, run_scope
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.policies import Policy, priced_policy
+from fairagents.policies.pooled import PoolPolicy
 from fairagents.records import RequestRecord
 from fairagents.reply import ImageReply, Reply
 from fairagents.runtime.handles import AgentHandle, AppHandle, Who
@@ -127,7 +128,7 @@ class Arbiter:
         self.pool_in_flight = pool_in_flight
         self.admission = make_admission(admission)
         self.limits = limits or DEFAULT_LIMITS
-        self.pool = Pool(in_flight=in_flight, token_budget=token_budget)
+        self.pool = Pool(in_flight=in_flight, token_budget=token_budget, policy=PoolPolicy(policy, self.cost, clock=clock))
         self.tenants = Tenants()
         self.counters: SharedCounters | None = None
         """The counters shared with other arbiters, if any (``counters=``)."""
@@ -166,14 +167,14 @@ class Arbiter:
             raise InvalidParameterError(
                 f"the arbiter is running: add model {name!r} with 'await arbiter.start_model(...)'", model=name
             )
-        self.pool.share_fair_counters(name, engine, self.cost)
+        self.pool.share_policy(name, engine, in_flight)
         self.pool.add(name, engine, in_flight=in_flight, token_budget=token_budget)
 
     async def start_model(
         self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
     ) -> None:
         """Add a model to a running arbiter: start its engine, then open it for requests."""
-        self.pool.share_fair_counters(name, engine, self.cost)
+        self.pool.share_policy(name, engine, in_flight)
         self.lifecycle.register(await self.pool.add_started(name, engine, in_flight=in_flight,
                                                             token_budget=token_budget))
         if self.runner.shared is not None:
@@ -405,6 +406,8 @@ class Arbiter:
     @clock.setter
     def clock(self, clock: Callable[[], float]) -> None:
         self.runner.clock = self.runner.ledger.runs.clock = clock
+        if self.pool.policy is not None:
+            self.pool.policy.clock = clock
 
     @property
     def ledger(self) -> Ledger:
@@ -412,13 +415,14 @@ class Arbiter:
         return self.runner.ledger
 
     @property
-    def fair_counters(self) -> Any:
-        """The counters the pool's engines with ``scheduler="fair"`` share (created with the first, or set)."""
-        return self.pool.fair_counters
+    def pool_policy(self) -> PoolPolicy:
+        """The policy's seat in the pool, which engines that schedule by it share (``scheduler="fair"``).
 
-    @fair_counters.setter
-    def fair_counters(self, counters: Any) -> None:
-        self.pool.fair_counters = counters
+        Its :attr:`~fairagents.policies.pooled.PoolPolicy.tallies` hold each such
+        engine's preemptions and recompute tax.
+        """
+        assert self.pool.policy is not None  # an arbiter's pool always has one
+        return self.pool.policy
 
     @property
     def restart(self) -> Restart | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fairagents._logging import get_logger
 from fairagents.engines.base import capabilities
 from fairagents.errors import EngineError, ProtocolError, ShutdownError
-from fairagents.runtime.pool import Pool, PoolModel, Restart
+from fairagents.runtime.pool import Pool, PoolModel, Restart, schedules_fairly
 from fairagents.runtime.runner import Runner
 from fairagents.shared import SharedCounters, SharedView
 
@@ -152,9 +152,11 @@ class Lifecycle:
 
     def register(self, m: PoolModel) -> None:
         """Open a started model for requests, with its limits."""
+        caps = capabilities(m.engine)
         self.runner.dispatcher.add_model(m.name, m.engine.profile, slots=self.pool.limit(m),
                                          token_budget=self.pool.budget(m), max_model_len=m.engine.max_model_len,
-                                         block=self.pool.block(m))
+                                         block=self.pool.block(m), in_engine=schedules_fairly(m.engine),
+                                         kv_tokens=caps.token_capacity if isinstance(caps.token_capacity, int) else None)
 
     def shared_models(self) -> set[str]:
         """Models whose capacity other arbiters may draw on too (remote replicas)."""

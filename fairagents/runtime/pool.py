@@ -1,10 +1,12 @@
 """The pool of models behind an arbiter: each model's engine and its admission limits.
 
-A model runs under two limits (see :mod:`fairagents.dispatcher`): **in-flight**, the
-requests handed to its engine at once, and a **token budget**, the KV tokens those
-requests may reserve. Unset, the in-flight limit is the engine's batch capacity
-(``max_num_seqs``) and the token budget its KV capacity (``token_capacity``), as the
-engine reports them once started.
+A model the arbiter dispatches runs under two limits (see :mod:`fairagents.dispatcher`):
+**in-flight**, the requests handed to its engine at once, and a **token budget**, the
+KV tokens those requests may reserve. Unset, the in-flight limit is the engine's batch
+capacity (``max_num_seqs``) and the token budget its KV capacity (``token_capacity``),
+as the engine reports them once started. A model whose engine schedules by the pool's
+policy itself (``VLLMEngine``'s default, ``scheduler="fair"``) is handed each request
+at once: neither limit applies, and its batch capacity is its app shares' base.
 
 Examples:
     >>> from fairagents.runtime.pool import Pool
@@ -24,16 +26,14 @@ from typing import Any, Literal
 
 import tenacity
 
-from fairagents.cost import CostModel
 from fairagents.engines.base import Engine, capabilities
-from fairagents.errors import InvalidParameterError, ModelLoadError, UnknownModelError
+from fairagents.errors import InvalidParameterError, ModelLoadError, ProtocolError, UnknownModelError
+from fairagents.policies.pooled import PoolPolicy
 
-__all__ = ["DEFAULT_IN_FLIGHT", "FAIR_ENGINE_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "schedules_fairly"]
+__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "schedules_fairly"]
 
 #: Requests a model runs at once when neither the call nor the engine says (``fairagents bench overhead``).
 DEFAULT_IN_FLIGHT = 32
-#: Requests handed at once to an engine that schedules fairly itself: everything, in practice.
-FAIR_ENGINE_IN_FLIGHT = 65_536
 
 #: A token budget: the engine's reported KV capacity (``"engine"``), a number of tokens, or none.
 TokenBudget = Literal["engine"] | int | None
@@ -94,6 +94,7 @@ class Pool:
     Args:
         in_flight: the in-flight limit of models added without their own.
         token_budget: the token budget of models added without their own.
+        policy: the pool's policy, which in-engine schedulers share with the arbiter.
 
     Examples:
         >>> from fairagents.runtime.pool import Pool
@@ -103,15 +104,15 @@ class Pool:
         fairagents.errors.InvalidParameterError: in-flight limit must be an integer ≥ 1, got 0
     """
 
-    def __init__(self, *, in_flight: int | None, token_budget: TokenBudget) -> None:
+    def __init__(self, *, in_flight: int | None, token_budget: TokenBudget, policy: PoolPolicy | None = None) -> None:
         if in_flight is not None:
             check_limit(in_flight)
         check_budget(token_budget)
         self.in_flight = in_flight
         self.token_budget = token_budget
         self.models: dict[str, PoolModel] = {}
-        self.fair_counters: Any = None
-        """The counters the pool's engines with ``scheduler="fair"`` share (created with the first)."""
+        self.policy = policy
+        """The pool's policy, shared by the arbiter and the engines that schedule by it (``scheduler="fair"``)."""
 
     def add(
         self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
@@ -141,27 +142,22 @@ class Pool:
             raise
         return m
 
-    def share_fair_counters(self, name: str, engine: Engine, cost: CostModel) -> None:
-        """An engine that schedules fairly itself charges the pool's one set of in-engine counters."""
-        if not schedules_fairly(engine) or name in self.models:
+    def share_policy(self, name: str, engine: Engine, in_flight: int | None = None) -> None:
+        """An engine that schedules by the pool's policy itself takes this pool's, as model ``name``.
+
+        Its batch is capped at the model's in-flight limit when one is set (``in_flight``,
+        else the pool's). An engine serving requests under another pool's policy is refused.
+        """
+        if not schedules_fairly(engine) or name in self.models or self.policy is None:
             return
         caps = capabilities(engine)
-        theirs = caps.fair_counters
-        if theirs is not None:  # started (or bound) elsewhere already: its counters are the pool's
-            if self.fair_counters is None:
-                self.fair_counters = theirs
-            elif theirs is not self.fair_counters:
-                raise InvalidParameterError(
-                    f"model {name!r}'s engine already charges another arbiter's counters; the fair engines of "
-                    "one arbiter must share one set", model=name)
-            return
-        if self.fair_counters is None:
-            from fairagents.vllm.scheduler import FairCounters
-
-            self.fair_counters = FairCounters(d_base=getattr(cost, "d_base", None), w_input=cost.w_input,
-                                              w_output=cost.w_output)
-        assert caps.share_counters is not None  # an engine with scheduler="fair" binds counters
-        caps.share_counters(self.fair_counters, name)
+        assert caps.share_policy is not None  # an engine with scheduler="fair" binds a policy
+        try:
+            caps.share_policy(self.policy, name, in_flight if in_flight is not None else self.in_flight)
+        except ProtocolError as err:
+            raise InvalidParameterError(
+                f"model {name!r}'s engine is running under another arbiter's policy; stop it before adding it "
+                "to this one", model=name) from err
 
     def get(self, name: str) -> PoolModel:
         """The model of that name; raises :class:`~fairagents.UnknownModelError`."""
@@ -173,15 +169,20 @@ class Pool:
     def limit(self, m: PoolModel) -> int:
         """``m``'s in-flight limit: its own, the pool's, its engine's batch capacity, or :data:`DEFAULT_IN_FLIGHT`.
 
-        An engine that schedules fairly itself (``engine.scheduler == "fair"``) is handed
-        everything by default (:data:`FAIR_ENGINE_IN_FLIGHT`): it orders and preempts.
+        An engine that schedules by the pool's policy itself (``engine.scheduler ==
+        "fair"``) is handed each request at once: its limit is its batch capacity, capped
+        inside the engine by the model's (or the pool's) in-flight limit when set, and the
+        base of its apps' shares and of :meth:`fairagents.Arbiter.bound`.
         """
+        capacity = capabilities(m.engine).max_num_seqs
+        if schedules_fairly(m.engine):  # the engine's batch, capped inside the engine by a limit set here
+            batch = capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
+            cap = m.in_flight if m.in_flight is not None else self.in_flight
+            return batch if cap is None else min(cap, batch)
         if m.in_flight is not None:
             return m.in_flight
         if self.in_flight is not None:
             return self.in_flight
-        if schedules_fairly(m.engine):
-            return FAIR_ENGINE_IN_FLIGHT
         capacity = capabilities(m.engine).max_num_seqs
         return capacity if isinstance(capacity, int) and capacity > 0 else DEFAULT_IN_FLIGHT
 
@@ -190,7 +191,7 @@ class Pool:
         if m.token_budget != "engine":
             return m.token_budget  # type: ignore[return-value]
         if schedules_fairly(m.engine):
-            return None  # it preempts by counters: reserving its KV in front of it would only idle it
+            return None  # it schedules and preempts itself: reserving its KV in front of it would only idle it
         capacity = capabilities(m.engine).token_capacity
         return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0 else None
 
@@ -238,12 +239,12 @@ async def _timed_start(m: PoolModel) -> None:
 
 
 def schedules_fairly(engine: object) -> bool:
-    """Whether ``engine`` orders and preempts by fair counters itself (``VLLMEngine(scheduler="fair")``).
+    """Whether ``engine`` orders and preempts by the pool's policy itself (``VLLMEngine()``, ``scheduler="fair"``).
 
     Examples:
         >>> from fairagents.runtime.pool import schedules_fairly
         >>> from fairagents.engines.vllm import VLLMEngine
-        >>> schedules_fairly(VLLMEngine(scheduler="fair")), schedules_fairly(VLLMEngine())
+        >>> schedules_fairly(VLLMEngine()), schedules_fairly(VLLMEngine(scheduler="vllm"))
         (True, False)
     """
     return capabilities(engine).scheduler == "fair"

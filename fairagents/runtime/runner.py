@@ -105,7 +105,8 @@ class Runner:
         cost, pool_slots, app_share, admission = self._dispatcher_args
         return Dispatcher(policy, cost, pool_slots=pool_slots, charge=self._charge, is_live=self._is_live,
                           app_share=app_share, queue_bound=self.tenants.max_queued.get, admission=admission,
-                          gate=None if self.shared is None else self.shared.gate)
+                          gate=None if self.shared is None else self.shared.gate,
+                          lock=None if self.pool.policy is None else self.pool.policy.lock)
 
     # -- admitting and submitting ----------------------------------------------
 
@@ -198,6 +199,8 @@ class Runner:
             self._fail_model(r.model, failure)
             raise failure from err
         finally:
+            if self.pool.policy is not None:
+                self.pool.policy.unexpect(r.model, r.id)  # if its engine never took it
             self.apply(self.dispatcher.end(r.id, outcome, self.clock()))
 
     async def stream(self, call: Call) -> AsyncIterator[Delta]:
@@ -290,6 +293,8 @@ class Runner:
         for t in changes.started:
             call = self.calls.get(t.request.id)
             if call is not None and not call.dispatched.done():
+                if self.pool.policy is not None and self.dispatcher.models[t.request.model].in_engine:
+                    self.pool.policy.expect(t.request)  # its engine's scheduler takes this very request
                 call.dispatched.set_result(None)
         for t in changes.ended:
             self._ended(t)
@@ -356,5 +361,7 @@ class Runner:
         if self.dispatcher.model(model).down is not None:
             return
         log.error("fairagents.arbiter.engine_failed", model=model, error=str(err))
+        if self.pool.policy is not None and self.dispatcher.model(model).in_engine:
+            self.pool.policy.forget(model)  # what its scheduler held will never end there
         self.on_engine_death(model)
         self.apply(self.dispatcher.model_down(model, err, self.clock()))

@@ -1,25 +1,30 @@
-"""HMFS inside vLLM's engine loop: a v1 scheduler that orders, charges and preempts by fair counters.
+"""A fairagents policy inside vLLM's engine loop: a v1 scheduler that orders, charges and preempts by it.
 
-fairagents' arbiter schedules in front of an engine; this module schedules inside one.
+fairagents' arbiter schedules in front of the models it dispatches; this module
+schedules inside a vLLM engine, by the same policy object (:class:`~fairagents.policies.pooled.PoolPolicy`).
 :class:`FairScheduler` subclasses vLLM's ``AsyncScheduler`` (with async scheduling
 off it updates requests as vLLM's plain ``Scheduler`` does), for
 ``EngineArgs(scheduler_cls=...)`` or ``vllm serve --scheduler-cls fairagents.vllm.FairScheduler``:
 
-- **Identity**: ``fairagents_app`` and ``fairagents_agent`` in each request's
+- **The policy**: in-process engines take their arbiter's (any name of
+  :func:`~fairagents.policies.make_policy`, or your own); served on its own the
+  scheduler makes the one :data:`POLICY_ENV` names (HMFS by default).
+- **Identity**: the arbiter's own request when it handed it over; else
+  ``fairagents_app``, ``fairagents_agent`` and ``fairagents_run`` in the request's
   ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP); app ``default`` without them.
-  ``fairagents_run`` names the run a request belongs to (:func:`run_of`); it is read
-  onto the request the policy sees, which does not order by it yet.
 - **Weights**: from the file named by :data:`CONFIG_ENV` (:class:`Weights`) when set,
   the request's own weight arguments then ignored; else from ``fairagents_app_weight`` /
   ``fairagents_agent_weight`` (default 1), checked by
   :class:`~fairagents.vllm.args.FairArgsValidator`.
-- **The waiting queue** (:class:`FairQueue`) is HMFS's: lowest app counter, then its
-  lowest agent counter, then the earliest arrival.
-- **Charges**, in unified tokens of this model: the whole prompt as the request enters
-  the batch, output tokens as each step returns them; recomputation after a
-  preemption is never charged again.
-- **Preemption**: on a step that could run out of KV blocks the running requests are
-  ordered so vLLM's victim (the last) has the highest counter.
+- **The waiting queue** (:class:`FairQueue`) is the policy's: ``select`` picks, a
+  request taken into the batch is dispatched (its prompt charged), output is charged
+  as each step returns it, and a preempted request is never charged its prompt again.
+- **Preemption**: when the batch is full, a waiting client the policy has served less
+  than a running one, by more than its own prompt's charge, preempts that client's
+  request (:meth:`FairScheduler.fair_victim`), at most one per step; and on a step
+  that could run out of KV blocks the running requests are ordered so vLLM's own
+  victim (the last) is the most served. Both follow the policy's counters, so only
+  policies that keep them (``counters_of``, as HMFS) preempt for fairness.
 - **Metrics** join vLLM's ``/metrics`` (:mod:`fairagents.vllm.metrics`).
 
 The guide "Fair vLLM without the SDK" explains each, and what it costs.
@@ -34,11 +39,14 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
-import threading
+import time
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -53,18 +61,22 @@ from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT
 from fairagents.cost import ModelProfile, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, App, Modality, check_run
-from fairagents.policies.hmfs import HMFS
+from fairagents.policies import make_policy
+from fairagents.policies.pooled import PoolPolicy
 from fairagents.request import Outcome
 from fairagents.request import Request as FairRequest
 from fairagents.vllm.args import FairArgsValidator, check_weight
 from fairagents.vllm.metrics import SchedulerMetrics
 
-__all__ = ["CONFIG_ENV", "FairCounters", "FairQueue", "FairScheduler", "Weights", "identity", "run_of"]
+__all__ = ["CONFIG_ENV", "POLICY_ENV", "Binding", "FairQueue", "FairScheduler", "Weights", "identity", "outcome_of", "own_policy",
+           "run_of"]
 
 log = get_logger(__name__)
 
 #: Environment variable naming the weights file (TOML or JSON) of :class:`FairScheduler`.
 CONFIG_ENV = "FAIRAGENTS_SCHEDULER_CONFIG"
+#: Environment variable naming the policy of a :class:`FairScheduler` served on its own (default ``hmfs``).
+POLICY_ENV = "FAIRAGENTS_SCHEDULER_POLICY"
 DEFAULT = "default"
 
 
@@ -155,169 +167,141 @@ def _arg_weight(args: Mapping[str, Any], key: str) -> float:
         return 1.0
 
 
-class FairCounters:
-    """HMFS counters for one or more engines' fair schedulers: one set per pool, safe across engine threads.
+class Binding:
+    """Which pool's policy an engine's scheduler follows, and its model's name there.
 
-    Each engine registers its model (its profile prices its tokens in unified
-    tokens); apps and agents then have one counter across every model of the pool, as
-    in HMFS's Algorithm 1, so an app's service on one model counts on the others.
+    An in-process engine keeps one across restarts and hands it to each scheduler it
+    builds; an idle engine added to another arbiter is re-bound to that arbiter's policy.
 
     Examples:
         >>> import fairagents as fa
-        >>> from fairagents.vllm.scheduler import FairCounters
-        >>> counters = FairCounters()
-        >>> counters.register("chat", fa.ModelProfile(d_model=4096, n_layers=1))
-        >>> counters.charge(fa.Agent("t", fa.App("a")), "chat", prompt=10, output=5)
-        >>> counters.charged
-        {'a': 20.0}
+        >>> from fairagents.policies.pooled import PoolPolicy
+        >>> from fairagents.vllm.scheduler import Binding
+        >>> Binding(PoolPolicy(fa.policies.make_policy("fcfs")), "chat").seat.policy.name
+        'fcfs'
     """
 
-    def __init__(self, *, d_base: int | None = None, w_input: float = 1.0, w_output: float = 2.0) -> None:
-        self.cost = UnifiedTokenCost(**({"d_base": d_base} if d_base else {}), w_input=w_input, w_output=w_output)
-        self.policy = HMFS(self.cost)
-        """The counters: ``policy.app_counters()``, ``policy.agent_counters(app)`` (unified tokens / weight)."""
-        self.lock = threading.RLock()
-        self.charged: dict[str, float] = {}
-        """Service charged per app so far, in unified tokens (not divided by weight)."""
-        self.service: dict[tuple[str, str, str], float] = {}
-        """Service charged per ``(model, app, agent)`` so far, in unified tokens (not divided by weight)."""
-
-    def register(self, model: str, profile: ModelProfile) -> None:
-        """Price ``model``'s tokens by ``profile`` (an engine's model joins the pool)."""
-        with self.lock:
-            if model not in self.cost.profiles:
-                self.cost.register(model, profile)
-
-    def forget(self, model: str) -> None:
-        """Withdraw, uncharged, every request still waiting for ``model`` (its engine stopped)."""
-        with self.lock:
-            for twin in [t for t in self.policy.waiting_requests() if t.model == model]:
-                self.policy.on_finish(twin, Outcome.CANCELLED, 0.0)
-
-    def charge(self, agent: Agent, model: str, *, prompt: int = 0, output: int = 0) -> None:
-        """Charge ``prompt`` input and ``output`` output tokens of ``model`` to ``agent``."""
-        amount = (self.cost.input_cost(model, prompt) if prompt else 0.0) + (
-            self.cost.output_cost(model, output) if output else 0.0)
-        if amount > 0:
-            with self.lock:
-                self._add(agent, amount, model)
-
-    def charge_outputs(self, model: str, outputs: Iterable[tuple[Agent, int]]) -> None:
-        """Charge a step's output tokens, ``(agent, tokens)`` each, under one hold of the lock."""
-        with self.lock:
-            for agent, tokens in outputs:
-                self._add(agent, self.cost.output_cost(model, tokens), model)
-
-    def _add(self, agent: Agent, amount: float, model: str) -> None:
-        """Charge ``amount`` unified tokens of ``model`` to ``agent`` (the lock held)."""
-        self.policy.charge_to(agent, amount)
-        self.charged[agent.app.name] = self.charged.get(agent.app.name, 0.0) + amount
-        key = (model, agent.app.name, agent.name)
-        self.service[key] = self.service.get(key, 0.0) + amount
+    def __init__(self, seat: PoolPolicy, model: str, max_running: int | None = None) -> None:
+        self.seat = seat
+        self.model = model
+        self.max_running = max_running
+        """Most requests the engine runs at once, below its ``max_num_seqs`` (an arbiter's in-flight limit); ``None``: none."""
 
 
 class FairQueue(RequestQueue):
-    """vLLM's waiting queue, ordered by HMFS counters (see the module docs).
+    """vLLM's waiting queue, in the order of the pool's policy (see the module docs).
 
-    The requests it holds are known to the policy as waiting ones. A request popped
-    for scheduling leaves the policy (the scheduler charges it from then on); one put
-    back (skipped, or preempted) arrives again, with the counter lift that brings.
+    The requests it holds wait in the policy too. The one popped for the batch is
+    dispatched by the policy (its prompt charged); one vLLM then puts back unscheduled
+    (a grammar still compiling, no LoRA slot) keeps its turn, ahead of the policy's
+    next choice; one preempted starts over as a new arrival, its prompt not charged again.
 
     Args:
-        counters: the HMFS counters (shared with the scheduler that charges them, and
-            with other engines' schedulers of the same pool).
-        model: this engine's name among the counters' models.
-        agent_of: the agent of a vLLM request.
-        on_pop: called with each request popped, under the counters' lock (the
-            scheduler charges its prompt once it is in the batch, before the next pick).
-        settle: called before every pick (the scheduler charges what was popped into the batch).
+        binding: the pool's policy (shared with the arbiter and the pool's other
+            engines) and this engine's model name there.
+        twin_of: the policy's request for a vLLM request.
     """
 
-    def __init__(self, counters: FairCounters, model: str, agent_of: Any,
-                 on_pop: Any = None, settle: Any = None) -> None:
-        self.counters = counters
-        self.policy = counters.policy
-        self.model = model
-        self._agent_of = agent_of
-        self._on_pop = on_pop
-        self._settle = settle
-        self._held: dict[str, tuple[VllmRequest, FairRequest]] = {}
+    def __init__(self, binding: Binding, twin_of: Callable[[VllmRequest], FairRequest]) -> None:
+        self.binding = binding
+        self._twin_of = twin_of
+        self._held: dict[str, VllmRequest] = {}
+        self._chosen: deque[VllmRequest] = deque()  # dispatched by the policy, put back by vLLM
+        self._popped: set[str] = set()  # popped during this step: put back, they were skipped, not preempted
         self._peeked: str | None = None
-        counters.forget(model)  # an engine started again: its last queue's requests are gone with it
+        binding.seat.forget(binding.model)  # an engine started again: its last queue's requests are gone with it
+
+    @property
+    def seat(self) -> PoolPolicy:
+        """The pool's policy."""
+        return self.binding.seat
+
+    @property
+    def model(self) -> str:
+        """This engine's model name in the pool."""
+        return self.binding.model
+
+    def new_step(self) -> None:
+        """A scheduling step begins: what vLLM puts back from now on was popped in it (skipped) or before (preempted)."""
+        self._popped.clear()
 
     def add_request(self, request: VllmRequest) -> None:
-        # No prompt on the policy's copy: the scheduler charges input as prefill runs.
-        params = request.sampling_params
-        twin = FairRequest(request.request_id, self._agent_of(request), self.model, 0, max(request.max_tokens, 1),
-                           request.arrival_time, run=run_of(params.extra_args if params is not None else None))
-        with self.counters.lock:
-            self.policy.on_arrival(twin, request.arrival_time)
-        self._held[request.request_id] = (request, twin)
+        rid = request.request_id
+        preempted = self.seat.engine_running(self.model, rid)  # it ran: put back, it was preempted or skipped
+        if preempted and rid in self._popped:
+            self._chosen.append(request)  # popped this step and not scheduled: it keeps its turn
+            return
+        try:
+            self.seat.engine_arrive(self._twin_of(request), requeued=preempted)
+        except Exception as err:  # a policy's bug must not take the engine down: serve it, uncharged
+            log.error("fairagents.vllm.policy_refused", request_id=rid, error=repr(err))
+            self._chosen.append(request)
+            return
+        self._held[rid] = request
 
     def peek_request(self) -> VllmRequest:
-        if self._settle is not None:
-            self._settle()
-        with self.counters.lock:
-            while (twin := self.policy.select(self.model, 0.0)) is not None and twin.id not in self._held:
-                self.policy.on_finish(twin, Outcome.CANCELLED, 0.0)  # not ours (cannot happen): never serve it
-            if twin is None:
-                self._peeked = None
-                raise IndexError("peek from an empty queue")
-            self._peeked = twin.id
-        return self._held[twin.id][0]
+        if self._chosen:
+            self._peeked = self._chosen[0].request_id
+            return self._chosen[0]
+        with self.seat.lock:
+            while (twin := self.seat.engine_select(self.model)) is not None and twin.id not in self._held:
+                self.seat.discard(twin)  # not this queue's (cannot happen): never serve it
+        if twin is None:
+            self._peeked = None
+            raise IndexError("peek from an empty queue")
+        self._peeked = twin.id
+        return self._held[twin.id]
 
     def pop_request(self) -> VllmRequest:
         """Take the request :meth:`peek_request` showed (vLLM allocates for it between the two)."""
-        with self.counters.lock:
-            if self._peeked is None or self._peeked not in self._held:
-                self.peek_request()
-            request, twin = self._held.pop(self._peeked)  # type: ignore[arg-type]
-            self._peeked = None
-            self.policy.on_dispatch(twin, 0.0)  # charges nothing: the twin has no prompt
-            self.policy.on_finish(twin, Outcome.FINISHED, 0.0)  # the scheduler tracks it while it runs
-            if self._on_pop is not None:
-                self._on_pop(request)
+        if self._peeked is None:
+            self.peek_request()
+        rid, self._peeked = self._peeked, None
+        self._popped.add(rid)  # type: ignore[arg-type]
+        if self._chosen and self._chosen[0].request_id == rid:
+            return self._chosen.popleft()
+        request = self._held.pop(rid)  # type: ignore[arg-type]
+        self.seat.engine_dispatch(self.model, rid)  # type: ignore[arg-type]
         return request
 
     def prepend_request(self, request: VllmRequest) -> None:
-        self.add_request(request)  # the order is the counters', not the position
+        self.add_request(request)  # the order is the policy's, not the position
 
     def prepend_requests(self, requests: Iterable[VllmRequest]) -> None:
         for request in requests:
             self.add_request(request)
 
     def remove_request(self, request: VllmRequest) -> None:
-        if self._peeked == request.request_id:
+        rid = request.request_id
+        if self._peeked == rid:
             self._peeked = None
-        held = self._held.pop(request.request_id, None)
-        if held is not None:
-            with self.counters.lock:
-                self.policy.on_finish(held[1], Outcome.CANCELLED, 0.0)
+        self._popped.discard(rid)
+        if self._held.pop(rid, None) is None:
+            with contextlib.suppress(ValueError):
+                self._chosen.remove(request)
+        self.seat.engine_end(self.model, rid, outcome_of(request))
 
     def remove_requests(self, requests: Iterable[VllmRequest]) -> None:
         for request in requests:
             self.remove_request(request)
 
     def __bool__(self) -> bool:
-        return bool(self._held)
+        return bool(self._held) or bool(self._chosen)
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self._held) + len(self._chosen)
 
     def __iter__(self) -> Iterator[VllmRequest]:
-        with self.counters.lock:
-            keyed = [(self.policy.counters_of(t.agent), t.arrival, r) for r, t in self._held.values()]
-        keyed.sort(key=lambda k: (k[0], k[1]))
-        return iter([r for _, _, r in keyed])
+        return iter([*self._chosen, *sorted(self._held.values(), key=lambda r: r.arrival_time)])
 
 
 class FairScheduler(AsyncScheduler):
-    """vLLM's async scheduler with HMFS order, charging and preemption (see the module docs).
+    """vLLM's async scheduler, ordering, charging and preempting by a fairagents policy (see the module docs).
 
-    Constructed by vLLM (``EngineArgs(scheduler_cls=FairScheduler)``); it reads the
-    model's hidden size and depth from its config for unified tokens. It keeps its own
-    :class:`FairCounters`, unless built from :meth:`sharing`, which binds the counters
-    of a pool (in-process engines, as ``VLLMEngine(scheduler="fair")`` in an arbiter).
+    Constructed by vLLM (``EngineArgs(scheduler_cls=...)``); it reads the model's
+    hidden size and depth from its config for unified tokens. Served on its own it
+    makes its own policy (:data:`POLICY_ENV`, HMFS by default); built from
+    :meth:`sharing` it takes a pool's (in-process engines of an arbiter).
 
     Examples:
         >>> from vllm.engine.arg_utils import EngineArgs
@@ -326,10 +310,10 @@ class FairScheduler(AsyncScheduler):
         True
     """
 
-    shared: ClassVar[FairCounters | None] = None
-    """Counters bound by :meth:`sharing` (``None``: this scheduler makes its own)."""
-    model: ClassVar[str] = "engine"
-    """This engine's name among the counters' models."""
+    shared: ClassVar[Binding | None] = None
+    """The pool's policy and model name bound by :meth:`sharing` (``None``: this scheduler makes its own)."""
+    preempt: ClassVar[bool] = True
+    """Whether a waiting client owed service may preempt a more-served client's request (:meth:`fair_victim`)."""
     metrics: SchedulerMetrics | None = None
     """This engine's series in vLLM's ``/metrics`` (``None`` from :meth:`sharing`: the pool's server reports)."""
 
@@ -337,98 +321,169 @@ class FairScheduler(AsyncScheduler):
         super().__init__(*args, **kwargs)
         path = os.environ.get(CONFIG_ENV)
         self.weights = Weights.load(path) if path else None
-        self.counters = self.shared if self.shared is not None else FairCounters()
-        self.counters.register(self.model, _profile(self.vllm_config))
+        self.binding = self.shared if self.shared is not None else Binding(own_policy(), "engine")
+        self.seat.register(self.model, _profile(self.vllm_config))
         if self.shared is None:  # served on its own, as by `vllm serve`
             self.metrics = SchedulerMetrics.for_engine(self.vllm_config)
             if not FairArgsValidator.configured(self.vllm_config):
                 log.warning("fairagents.vllm.args_unchecked", fix="--logits-processors fairagents.vllm:FairArgsValidator",
                             reason="requests with invalid fairagents_* arguments are served, not refused")
-        self._agents: dict[str, Agent] = {}  # request id -> its agent, while the engine holds it
-        self._prefilled: dict[str, int] = {}  # request id -> prompt tokens charged so far
-        self._outputs: dict[tuple[str, str], tuple[Agent, int]] = {}  # (app, agent) -> this step's output tokens
+        self._twins: dict[str, FairRequest] = {}  # request id -> the policy's request, while the engine holds it
+        self._outputs: dict[str, int] = {}  # request id -> this step's output tokens, charged at its end
         self.policy = SchedulingPolicy.FCFS  # preemption takes the last of `running`, which we order
         # Without async scheduling the engine steps synchronously and vLLM itself picks its plain
         # Scheduler: AsyncScheduler's output placeholders and its extra prefix caching per decode
         # step then only cost time (5 % of the tiny model's throughput, measured), so skip them.
         self._overlap = bool(self.scheduler_config.async_scheduling)
-        self._popped: list[VllmRequest] = []  # popped since the last settle: in the batch, or only skipped
-        self.waiting = FairQueue(self.counters, self.model, self._agent_of, self._popped.append, self._settle_pops)
+        self.waiting = FairQueue(self.binding, self._twin_of)
+        self._engine_max_active = int(getattr(self, "max_num_active_reqs", self.max_num_running_reqs))
+        self._max_active = self._engine_max_active
         if self.scheduler_config.policy != "fcfs":
             log.warning("fairagents.vllm.policy_ignored", policy=self.scheduler_config.policy,
-                        reason="FairScheduler orders by fair counters")
+                        reason=f"FairScheduler orders by the fairagents policy {self.seat.policy.name!r}")
 
     @classmethod
-    def sharing(cls, counters: FairCounters, model: str) -> type[FairScheduler]:
-        """This class bound to ``counters`` under the name ``model`` (for in-process engines of one pool).
+    def sharing(cls, binding: Binding, *, preempt: bool = True) -> type[FairScheduler]:
+        """This class bound to a pool's policy and model name (for in-process engines of one pool).
 
         Examples:
-            >>> from fairagents.vllm.scheduler import FairCounters, FairScheduler
-            >>> bound = FairScheduler.sharing(FairCounters(), "chat")
-            >>> issubclass(bound, FairScheduler), bound.model
-            (True, 'chat')
+            >>> import fairagents as fa
+            >>> from fairagents.policies.pooled import PoolPolicy
+            >>> from fairagents.vllm.scheduler import Binding, FairScheduler
+            >>> bound = FairScheduler.sharing(Binding(PoolPolicy(fa.policies.make_policy("vtc")), "chat"))
+            >>> issubclass(bound, FairScheduler), bound.shared.model, bound.shared.seat.policy.name
+            (True, 'chat', 'vtc')
         """
-        return type(cls.__name__, (cls,), {"shared": counters, "model": model, "__module__": cls.__module__})
+        return type(cls.__name__, (cls,), {"shared": binding, "preempt": preempt, "__module__": cls.__module__})
+
+    @property
+    def seat(self) -> PoolPolicy:
+        """The pool's policy this scheduler follows."""
+        return self.binding.seat
+
+    @property
+    def model(self) -> str:
+        """This engine's model name in the pool."""
+        return self.binding.model
 
     # -- identity and charging ---------------------------------------------------------
 
-    def _agent_of(self, request: VllmRequest) -> Agent:
-        agent = self._agents.get(request.request_id)
-        if agent is None:
-            params = request.sampling_params
-            agent = identity(params.extra_args if params is not None else None, self.weights)
-            self._agents[request.request_id] = agent
-            if self.metrics is not None:
-                self.metrics.observe(agent)
-        return agent
-
-    def _settle_pops(self) -> None:
-        """Charge the prompts of the popped requests that joined the batch (vLLM pops skipped ones too)."""
-        popped, self._popped[:] = list(self._popped), []
-        for request in popped:
-            if request.status == RequestStatus.RUNNING:
-                self._charge_prompt(request)
-
-    def _charge_prompt(self, request: VllmRequest, upto: int | None = None) -> None:
-        """Charge ``request``'s prompt up to token ``upto`` (all of it by default), never a token twice."""
+    def _twin_of(self, request: VllmRequest) -> FairRequest:
+        """The policy's request for ``request``: the arbiter's own when it handed it over, else built from its arguments."""
         rid = request.request_id
-        upto = request.num_prompt_tokens if upto is None else min(upto, request.num_prompt_tokens)
-        done = self._prefilled.get(rid, 0)
-        if upto > done:
-            self._prefilled[rid] = upto
-            self.counters.charge(self._agent_of(request), self.model, prompt=upto - done)
+        twin = self._twins.get(rid)
+        if twin is None:
+            # vLLM makes ids unique with a suffix ("<id>-<8 characters>"); the arbiter knows the id it gave
+            given = rid[:-9] if len(rid) > 9 and rid[-9] == "-" else rid
+            twin = self.seat.expected(self.model, given) or self.seat.expected(self.model, rid)
+            if twin is not None and twin.id != rid:
+                twin = dataclasses.replace(twin, id=rid)
+            elif twin is None:
+                params = request.sampling_params
+                extra = params.extra_args if params is not None else None
+                twin = FairRequest(rid, identity(extra, self.weights), self.model, request.num_prompt_tokens,
+                                   max(request.max_tokens, 1), self.seat.clock(), run=run_of(extra))
+            self._twins[rid] = twin
+            if self.metrics is not None:
+                self.metrics.observe(twin.agent)
+        return twin
 
-    def _key(self, request: VllmRequest) -> tuple[float, float, float]:
-        return (*self.counters.policy.counters_of(self._agent_of(request)), request.arrival_time)
+    def _agent_of(self, request: VllmRequest) -> Agent:
+        return self._twin_of(request).agent
+
+    # -- preemption --------------------------------------------------------------------
 
     def _may_preempt(self) -> bool:
         """Whether this step could run out of KV blocks: one per running request, and a full step of prefill."""
         need = len(self.running) + -(-self.max_num_scheduled_tokens // self.block_size)
         return self.kv_cache_manager.block_pool.get_num_free_blocks() < need
 
-    def _running_key(self, request: VllmRequest) -> tuple[bool, float, float, float]:
+    def _running_key(self, request: VllmRequest) -> tuple[Any, ...]:
         # Decodes first, so a chunked prefill cannot take a step's whole token budget from them
-        # (vLLM serves `running` in order); within each, by counters, so the last — the one
-        # vLLM preempts — is the highest counter (a prefill, when there is one: the cheapest to redo).
-        return (request.num_computed_tokens < request.num_prompt_tokens, *self._key(request))
+        # (vLLM serves `running` in order); within each, by the policy's counters, so the last — the
+        # one vLLM preempts — is the most served (a prefill, when there is one: the cheapest to redo).
+        return (request.num_computed_tokens < request.num_prompt_tokens, *self.seat.served(self._agent_of(request)),
+                request.arrival_time)
+
+    def _shortfall(self, head: VllmRequest) -> tuple[bool, int]:
+        """Whether the batch is out of sequences for ``head``, and the KV blocks it lacks for ``head``'s next chunk."""
+        block = self.block_size
+        chunk = min(head.num_tokens - head.num_computed_tokens, self.max_num_scheduled_tokens)
+        growing = sum(1 for r in self.running if r.num_computed_tokens % block == 0)  # decodes opening a block
+        lacking = -(-chunk // block) + growing - self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return len(self.running) >= self._max_active, max(lacking, 0)
+
+    def fair_victim(self, head: VllmRequest) -> VllmRequest | None:
+        """The running request to preempt so that ``head`` (the policy's next choice) can run, if any.
+
+        Only when the batch cannot take ``head`` (no sequence slot, or too few free KV
+        blocks). A candidate belongs to another client — another app, or another agent
+        of ``head``'s app — that the policy has served more than ``head``'s by more than
+        ``head``'s own prompt charge (at that level, over the weight), and freeing it
+        lets ``head`` in. Among candidates: the most served app, then agent, then the
+        request with the least progress (the cheapest to recompute).
+
+        The threshold is the hysteresis: once ``head`` runs, its client is charged its
+        prompt and is still no further served than the victim's, so the victim's client
+        is not owed a preemption back.
+        """
+        full, lacking = self._shortfall(head)
+        if not full and not lacking:
+            return None
+        twin = self._twin_of(head)
+        who = twin.agent
+        app, agent = self.seat.served(who)
+        charge = self.seat.cost.input_cost(self.model, head.num_prompt_tokens)
+        best: tuple[tuple[float, float, int], VllmRequest] | None = None
+        for request in self.running:
+            other = self._agent_of(request)
+            served = self.seat.served(other)
+            if other.app.name != who.app.name:
+                owed = served[0] - app > charge / who.app.weight
+            elif other.name != who.name:
+                owed = served[1] - agent > charge / who.weight
+            else:
+                continue
+            if not owed or -(-request.num_computed_tokens // self.block_size) < lacking:
+                continue
+            key = (served[0], served[1], -request.num_computed_tokens)
+            if best is None or key > best[0]:
+                best = (key, request)
+        return None if best is None else best[1]
+
+    def _preempt_for_waiting(self) -> None:
+        """At most one preemption per step, for the policy's next choice when the batch cannot take it."""
+        try:
+            head = self.waiting.peek_request()
+        except IndexError:
+            return
+        victim = self.fair_victim(head)
+        if victim is not None:
+            self.running.remove(victim)
+            self.seat.tally(self.model).fair_preemptions += 1
+            self._preempt_request(victim, time.monotonic())
+
+    def _preempt_request(self, request: VllmRequest, timestamp: float, *args: Any, **kwargs: Any) -> None:
+        tally = self.seat.tally(self.model)
+        tally.preemptions += 1
+        tally.recomputed += request.num_computed_tokens
+        super()._preempt_request(request, timestamp, *args, **kwargs)
 
     # -- the engine loop -----------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        """Order the running requests (the victim of a preemption is the last), schedule, charge prefill."""
-        if len(self.running) > 1 and self._may_preempt():
-            with self.counters.lock:
-                self.running.sort(key=self._running_key)
-        output = super().schedule(*args, **kwargs)
-        self._settle_pops()
-        # Requests that reached the batch without this queue (vLLM's queue of requests
-        # holding KV blocks): their prompt as computed so far (num_computed_tokens already
-        # counts this step's tokens).
-        for rid in output.num_scheduled_tokens:
-            request = self.requests.get(rid)
-            if request is not None and self._prefilled.get(rid, 0) < request.num_prompt_tokens:
-                self._charge_prompt(request, request.num_computed_tokens)
-        return output
+        """Preempt for a client owed service if the batch is full, order the running requests, schedule."""
+        self.waiting.new_step()
+        cap = self.binding.max_running
+        self._max_active = self._engine_max_active if cap is None else min(cap, self._engine_max_active)
+        self.max_num_active_reqs = self._max_active  # what vLLM admits into its batch, up to its max_num_seqs
+        if self.running and self.seat.keeps_counters:
+            with self.seat.lock:
+                if self.preempt and self.waiting:
+                    self._preempt_for_waiting()
+                if len(self.running) > 1 and self._may_preempt():
+                    self.running.sort(key=self._running_key)
+        return super().schedule(*args, **kwargs)
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         if self._overlap:
@@ -442,11 +497,9 @@ class FairScheduler(AsyncScheduler):
             new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
         else:
             new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
-        if new_token_ids:  # charged per agent, together, at the end of the step's outputs (update_from_output)
-            agent = self._agent_of(request)
-            key = (agent.app.name, agent.name)
-            held = self._outputs.get(key)
-            self._outputs[key] = (agent, len(new_token_ids) + (held[1] if held is not None else 0))
+        if new_token_ids:  # charged together at the end of the step's outputs (update_from_output)
+            rid = request.request_id
+            self._outputs[rid] = self._outputs.get(rid, 0) + len(new_token_ids)
         return new_token_ids, stopped
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
@@ -456,7 +509,7 @@ class FairScheduler(AsyncScheduler):
         finally:
             if self._outputs:
                 outputs, self._outputs = self._outputs, {}
-                self.counters.charge_outputs(self.model, outputs.values())
+                self.seat.engine_progress(self.model, outputs.items())
             self._publish()
 
     def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
@@ -470,16 +523,43 @@ class FairScheduler(AsyncScheduler):
         metrics = self.metrics
         if metrics is None or not (metrics.due() or not self.has_unfinished_requests()):
             return
-        with self.counters.lock:
-            service = [(app, agent, total) for (model, app, agent), total in self.counters.service.items()
+        with self.seat.lock:
+            service = [(app, agent, total) for (model, app, agent), total in self.seat.service.items()
                        if model == self.model]
         metrics.publish(service, [(self._agent_of(r), r.status == RequestStatus.RUNNING)
                                   for r in self.requests.values() if not r.is_finished()])
 
     def _free_request(self, request: VllmRequest, *args: Any, **kwargs: Any) -> Any:
-        self._agents.pop(request.request_id, None)
-        self._prefilled.pop(request.request_id, None)
+        rid = request.request_id
+        produced = self._outputs.pop(rid, 0)
+        if produced:  # its last tokens, before it ends
+            self.seat.engine_progress(self.model, [(rid, produced)])
+        self.seat.engine_end(self.model, rid, outcome_of(request))
+        self._twins.pop(rid, None)
         return super()._free_request(request, *args, **kwargs)
+
+
+def own_policy() -> PoolPolicy:
+    """The policy of a scheduler served on its own: :data:`POLICY_ENV` names it (HMFS by default).
+
+    Examples:
+        >>> import os
+        >>> from fairagents.vllm.scheduler import POLICY_ENV, own_policy
+        >>> own_policy().policy.name if POLICY_ENV not in os.environ else "hmfs"
+        'hmfs'
+    """
+    cost = UnifiedTokenCost()
+    return PoolPolicy(make_policy(os.environ.get(POLICY_ENV) or "hmfs", cost), cost)
+
+
+def outcome_of(request: VllmRequest) -> Outcome:
+    """How a vLLM request ended, for the policy (an unfinished one removed from the queue: cancelled)."""
+    status = request.status
+    if status == RequestStatus.FINISHED_ABORTED or not request.is_finished():
+        return Outcome.CANCELLED
+    if status == RequestStatus.FINISHED_ERROR:
+        return Outcome.FAILED
+    return Outcome.FINISHED
 
 
 def _profile(vllm_config: Any) -> ModelProfile:

@@ -10,7 +10,8 @@ from vllm.v1.request import Request as VllmRequest
 
 import fairagents as fa
 from fairagents.identity import identity_args
-from fairagents.vllm.scheduler import CONFIG_ENV, FairCounters, FairQueue, FairScheduler, Weights, identity, run_of
+from fairagents.policies.pooled import PoolPolicy
+from fairagents.vllm.scheduler import CONFIG_ENV, Binding, FairQueue, FairScheduler, Weights, identity, outcome_of, run_of
 
 
 def vreq(rid, app=None, agent=None, at=0.0, prompt=8, max_tokens=16, **extra):
@@ -23,10 +24,22 @@ def vreq(rid, app=None, agent=None, at=0.0, prompt=8, max_tokens=16, **extra):
     return VllmRequest(rid, list(range(prompt)), params, None, arrival_time=at)
 
 
-def queue():
-    counters = FairCounters()
-    counters.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
-    return FairQueue(counters, "engine", lambda r: identity(r.sampling_params.extra_args)), counters.policy
+def seat(policy="hmfs", *models):
+    cost = fa.UnifiedTokenCost()
+    pool = PoolPolicy(fa.policies.make_policy(policy, cost), cost)
+    for model in models or ("engine",):
+        pool.register(model, fa.ModelProfile(d_model=4096, n_layers=1))
+    return pool
+
+
+def twin_of(model="engine"):
+    return lambda r: fa.Request(r.request_id, identity(r.sampling_params.extra_args), model, r.num_prompt_tokens,
+                                r.max_tokens, r.arrival_time)
+
+
+def queue(policy="hmfs"):
+    pool = seat(policy)
+    return FairQueue(Binding(pool, "engine"), twin_of()), pool.policy
 
 
 def test_identity_comes_from_extra_args_with_defaults():
@@ -53,10 +66,10 @@ def test_the_scheduler_reads_the_run_onto_the_request_its_policy_sees():
     assert run_of({"fairagents_run": "digest-7"}) == "digest-7"
     assert run_of(None) is None and run_of({"fairagents_app": "a"}) is None
     assert run_of({"fairagents_run": "two words"}) is None  # unchecked (no validator): counted as none
-    q, policy = queue()
-    q.add_request(vreq("r1", "a", "x", fairagents_run="digest-7"))
-    q.add_request(vreq("r2", "a", "x"))
-    assert {t.id: t.run for t in policy.waiting_requests()} == {"r1": "digest-7", "r2": None}
+    sched = bare_scheduler(seat())
+    for r in (vreq("r1", "a", "x", fairagents_run="digest-7"), vreq("r2", "a", "x")):
+        sched.waiting.add_request(r)
+    assert {t.id: t.run for t in sched.seat.policy.waiting_requests()} == {"r1": "digest-7", "r2": None}
 
 
 def test_a_bad_weight_argument_counts_as_one():
@@ -82,6 +95,32 @@ def test_a_weights_file_overrides_what_requests_claim(tmp_path):
     assert CONFIG_ENV == "FAIRAGENTS_SCHEDULER_CONFIG"
 
 
+def bare_scheduler(pool, *, free=1000, max_active=4, block=16):
+    """A FairScheduler without an engine: its queue, its running list and a KV pool of ``free`` blocks."""
+    from types import SimpleNamespace
+
+    sched = object.__new__(FairScheduler)
+    sched.weights, sched.binding, sched.metrics = None, Binding(pool, "engine"), None
+    sched._twins, sched._outputs = {}, {}
+    sched.waiting = FairQueue(sched.binding, sched._twin_of)
+    sched.running = []
+    sched.block_size, sched.max_num_scheduled_tokens, sched._max_active = block, 256, max_active
+    sched.free = [free]
+    sched.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: sched.free[0]))
+    return sched
+
+
+def run(sched, request, computed):
+    """``request`` taken into the batch with ``computed`` tokens done."""
+    from vllm.v1.request import RequestStatus
+
+    sched.waiting.add_request(request)
+    assert sched.waiting.pop_request() is request
+    request.status = RequestStatus.RUNNING
+    request.num_computed_tokens = computed
+    sched.running.append(request)
+
+
 def test_the_queue_orders_by_app_counter_then_agent_counter_then_arrival():
     q, policy = queue()
     for rid, app, agent, at in [("a1", "A", "x", 0.0), ("a2", "A", "y", 1.0), ("b1", "B", "x", 2.0),
@@ -89,147 +128,237 @@ def test_the_queue_orders_by_app_counter_then_agent_counter_then_arrival():
         q.add_request(vreq(rid, app, agent, at))
     policy.charge_to(fa.Agent("x", fa.App("A")), 10.0)  # A's x has been served
     assert q.peek_request().request_id == "b1"  # B's counter is lower
-    assert [r.request_id for r in q] == ["b1", "a2", "a1", "a3"]  # then A's y (lower agent counter), then x by arrival
     assert q.pop_request().request_id == "b1"
     policy.charge_to(fa.Agent("x", fa.App("B")), 30.0)
-    assert q.pop_request().request_id == "a2"
-    assert len(q) == 2 and q
-
-
-def test_pop_and_prepend_move_a_request_out_and_back_with_the_lift():
-    q, policy = queue()
-    q.add_request(vreq("a1", "A", at=0.0))
-    q.add_request(vreq("b1", "B", at=1.0))
-    first = q.pop_request()
-    assert first.request_id == "a1"
-    policy.charge_to(fa.Agent("default", fa.App("A")), 50.0)  # A runs and is charged
-    q.prepend_request(first)  # preempted: back in the queue, behind B (higher counter)
-    assert [r.request_id for r in q] == ["b1", "a1"]
-    # an app returning from idle is lifted to the lowest active counter: no banked credit
-    q.remove_requests([first])
-    assert q.pop_request().request_id == "b1"
-    policy.charge_to(fa.Agent("default", fa.App("B")), 100.0)
-    q.add_request(vreq("b2", "B", at=4.0))  # B waits again, at 100
-    q.add_request(vreq("c1", "C", at=5.0))  # C is new: lifted to the lowest active counter, not 0
-    assert policy.counters_of(fa.Agent("default", fa.App("C")))[0] == 100.0
-    assert {q.pop_request().request_id, q.pop_request().request_id} == {"b2", "c1"}
-    with pytest.raises(IndexError):
-        q.peek_request()
-
-
-def test_removing_requests_the_queue_does_not_hold_is_harmless():
-    q, _ = queue()
-    q.add_request(vreq("a1", "A"))
-    q.remove_requests([vreq("zz", "A"), vreq("a1", "A")])
+    assert q.pop_request().request_id == "a2"  # then A's y (lower agent counter), then x by arrival
+    assert [q.pop_request().request_id for _ in range(2)] == ["a1", "a3"]
     assert len(q) == 0 and not q
 
 
+def test_a_request_is_charged_its_prompt_once_whether_skipped_or_preempted():
+    from vllm.v1.request import RequestStatus
+
+    q, policy = queue()
+    pool = q.seat
+    first = vreq("a1", "A", prompt=30)
+    q.add_request(first)
+    q.add_request(vreq("b1", "B", prompt=10, at=1.0))
+    assert q.pop_request() is first and pool.charged == {"A": 30.0}  # dispatched: its prompt charged
+    q.prepend_requests([first])  # vLLM skipped it (its grammar compiles): it keeps its turn, uncharged
+    assert q.peek_request() is first and len(q) == 2
+    assert q.pop_request() is first and pool.charged == {"A": 30.0}
+    q.new_step()
+    first.status = RequestStatus.PREEMPTED  # preempted in a later step: it starts over, its prompt recomputed free
+    q.prepend_request(first)
+    assert policy.queued("engine") == 2 and policy.running() == 0
+    assert {q.pop_request().request_id, q.pop_request().request_id} == {"a1", "b1"}
+    pool.engine_progress("engine", [("a1", 5), ("gone", 3)])
+    assert pool.charged == {"A": 40.0, "B": 10.0}
+    for rid in ("a1", "b1", "a1"):  # ended once: the second end of a1 is nothing
+        pool.engine_end("engine", rid, fa.Outcome.FINISHED)
+    assert policy.running() == policy.queued() == 0 and pool.held() == 0
+    assert pool.tally("engine").prefilled == 40
+
+
+def test_removing_requests_the_queue_does_not_hold_is_harmless():
+    q, policy = queue()
+    q.add_request(vreq("a1", "A"))
+    q.remove_requests([vreq("zz", "A"), vreq("a1", "A")])
+    assert len(q) == 0 and not q and policy.queued() == 0
+
+
+class Newest(fa.policies.BasePolicy):
+    """A policy of one's own: newest first, no counters."""
+
+    name = "newest"
+
+    def __init__(self):
+        super().__init__(fa.RawTokenCost())
+        self.stack = []
+
+    def select(self, model, now):
+        mine = [r for r in self.stack if r.model == model]
+        return mine[-1] if mine else None
+
+    def _enqueue(self, req, now):
+        self.stack.append(req)
+
+    def _dequeue(self, req, now, dispatched):
+        self.stack.remove(req)
+
+
+@pytest.mark.parametrize("policy", [*sorted(fa.policies.POLICIES), "custom"])
+def test_every_policy_orders_the_engine_queue_and_leaves_nothing_behind(policy):
+    """The in-engine contract, for every built-in policy and one of one's own: what waits is served, once."""
+    chosen = Newest() if policy == "custom" else policy
+    cost = fa.UnifiedTokenCost()
+    pool = PoolPolicy(fa.policies.make_policy(chosen, cost), cost)
+    pool.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
+    sched = bare_scheduler(pool)
+    q = sched.waiting
+    requests = [vreq(f"r{i}", "AB"[i % 2], f"t{i % 3}", at=float(i), prompt=4 + i) for i in range(9)]
+    for r in requests[:5]:
+        q.add_request(r)
+    served = []
+    while q:
+        request = q.pop_request()
+        served.append(request.request_id)
+        pool.engine_progress("engine", [(request.request_id, 3)])
+        if len(served) == 2:
+            for r in requests[5:]:
+                q.add_request(r)
+        if len(served) % 3 == 0:
+            pool.engine_end("engine", request.request_id, fa.Outcome.CANCELLED)
+        else:
+            pool.engine_end("engine", request.request_id, fa.Outcome.FINISHED)
+    assert sorted(served) == sorted(r.request_id for r in requests)
+    assert pool.policy.queued() == 0 and pool.held() == 0
+    assert sum(pool.charged.values()) == sum(4 + i for i in range(9)) + 9 * 3 * 2
+    if policy == "custom":
+        assert served[:2] == ["r4", "r3"] and not pool.keeps_counters  # its own order; no fair preemption
+    if policy == "fcfs":
+        assert served == [f"r{i}" for i in range(9)]
+
+
 def test_running_requests_are_ordered_so_the_victim_has_the_highest_counter():
-    sched = object.__new__(FairScheduler)  # only the ordering key: no engine behind it
-    sched.weights = None
-    sched.counters = FairCounters()
-    sched.counters.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
-    sched._agents = {}
+    sched = bare_scheduler(seat())
     running = [vreq("low", "A", at=0.0), vreq("high", "B", at=1.0), vreq("mid", "C", at=2.0)]
-    for r, prompt in zip(running, (5, 50, 20), strict=True):
-        sched.counters.charge(sched._agent_of(r), "engine", prompt=prompt)
-    running.sort(key=sched._key)
+    for r, charge in zip(running, (5, 50, 20), strict=True):
+        sched.seat.policy.charge_to(sched._agent_of(r), charge)
+    running.sort(key=sched._running_key)
     assert [r.request_id for r in running] == ["low", "mid", "high"]  # vLLM preempts running[-1]
 
 
-def test_counters_are_shared_across_the_models_of_a_pool():
-    counters = FairCounters()
-    counters.register("text", fa.ModelProfile(d_model=4096, n_layers=1))
-    counters.register("vision", fa.ModelProfile(d_model=1024, n_layers=1, modality="vision"))
-    text = FairQueue(counters, "text", lambda r: identity(r.sampling_params.extra_args))
-    vision = FairQueue(counters, "vision", lambda r: identity(r.sampling_params.extra_args))
+def test_one_policy_is_shared_across_the_models_of_a_pool():
+    pool = seat("hmfs", "text", "vision")
+    text, vision = FairQueue(Binding(pool, "text"), twin_of("text")), FairQueue(Binding(pool, "vision"), twin_of("vision"))
     text.add_request(vreq("t-a", "A", at=0.0))
     text.add_request(vreq("t-b", "B", at=1.0))
-    counters.charge(fa.Agent("default", fa.App("A")), "vision", output=100)  # A was served on the other model
-    assert text.peek_request().request_id == "t-b"
-    assert counters.charged == {"A": 100 * 2 * 1024 / 4096}
-    vision.add_request(vreq("v-a", "A", at=2.0))
+    assert text.peek_request().request_id == "t-a"
+    vision.add_request(vreq("v-a", "A", prompt=100))
     assert vision.pop_request().request_id == "v-a"  # the vision queue only holds its own
-    bound = FairScheduler.sharing(counters, "text")
-    assert bound.shared is counters and bound.model == "text" and FairScheduler.shared is None
+    assert text.peek_request().request_id == "t-b"  # A was served on the other model meanwhile
+    bound = FairScheduler.sharing(Binding(pool, "text"), preempt=False)
+    assert bound.shared.seat is pool and bound.shared.model == "text" and not bound.preempt
+    assert FairScheduler.shared is None
 
 
-def test_engine_defaults_follow_the_device():
-    from fairagents.engines.vllm import VLLMEngine
-
-    cpu = VLLMEngine().engine_args(gpu=False)
-    assert (cpu["dtype"], cpu["enforce_eager"], cpu["kv_cache_memory_bytes"]) == ("float32", True, 256 * 2**20)
-    gpu = VLLMEngine(gpu_memory_utilization=0.3).engine_args(gpu=True)
-    assert (gpu["dtype"], gpu["enforce_eager"], gpu["gpu_memory_utilization"]) == ("auto", False, 0.3)
-    assert "kv_cache_memory_bytes" not in gpu
-    sized = VLLMEngine(kv_cache_bytes=2**30, dtype="bfloat16").engine_args(gpu=True)
-    assert (sized["kv_cache_memory_bytes"], sized["dtype"]) == (2**30, "bfloat16")
-    assert VLLMEngine(engine_args={"enforce_eager": True}).engine_args(gpu=True)["enforce_eager"] is True
-    with pytest.raises(fa.InvalidParameterError):
-        VLLMEngine(gpu_memory_utilization=1.5)
-    with pytest.raises(fa.InvalidParameterError):
-        VLLMEngine(scheduler="priority")
-
-
-def test_fair_counters_stay_exact_under_concurrent_engine_threads():
-    """Engines step on their own threads; charges and queue operations on one set of counters take its lock."""
+def test_the_policy_stays_exact_under_concurrent_engine_threads_and_the_arbiter():
+    """Engines step on their own threads and the arbiter on its loop; every call into the policy takes one lock."""
     import threading
 
-    counters = FairCounters()
-    counters.register("a", fa.ModelProfile(d_model=4096, n_layers=1))
-    counters.register("b", fa.ModelProfile(d_model=4096, n_layers=1))
-    queues = {m: FairQueue(counters, m, lambda r: identity(r.sampling_params.extra_args)) for m in "ab"}
+    from fairagents.dispatcher import Dispatcher
+
+    pool = seat("hmfs", "a", "b")
+    pool.register("c", fa.ModelProfile(d_model=4096, n_layers=1))
+    queues = {m: FairQueue(Binding(pool, m), twin_of(m)) for m in "ab"}
+    dispatcher = Dispatcher(pool.policy, pool.cost, lock=pool.lock)
+    dispatcher.add_model("c", fa.ModelProfile(d_model=4096, n_layers=1), slots=4, token_budget=None,
+                         max_model_len=64)
     who = fa.Agent("default", fa.App("x"))
 
     def engine_thread(model):
         q = queues[model]
-        for i in range(2000):
-            q.add_request(vreq(f"{model}{i}", "x", at=float(i)))
-            counters.charge(who, model, output=1)
-            q.pop_request()
+        for i in range(1500):
+            q.add_request(vreq(f"{model}{i}", "x", at=float(i), prompt=0))
+            request = q.pop_request()
+            pool.engine_progress(model, [(request.request_id, 1)])
+            pool.engine_end(model, request.request_id, fa.Outcome.FINISHED)
 
-    threads = [threading.Thread(target=engine_thread, args=(m,)) for m in "ab"]
+    def arbiter_thread():
+        for i in range(1500):
+            dispatcher.arrive(fa.Request(f"c{i}", who, "c", 0, 1, arrival=0.0), now=0.0)
+            dispatcher.progress(f"c{i}", 1, now=0.0)
+            dispatcher.finish(f"c{i}", now=0.0)
+
+    threads = [threading.Thread(target=engine_thread, args=(m,)) for m in "ab"] + [threading.Thread(target=arbiter_thread)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert counters.charged["x"] == 2 * 2000 * 2.0  # not one charge lost to a race
-    assert counters.policy.counters_of(who)[0] == 8000.0
-    assert len(queues["a"]) == len(queues["b"]) == 0
+    assert pool.charged["x"] == 2 * 1500 * 2.0  # not one engine charge lost to a race
+    assert pool.policy.counters_of(who)[0] == 3 * 1500 * 2.0  # and the arbiter's landed in the same counters
+    assert pool.policy.queued() == pool.policy.running() == 0
 
 
 def test_an_engine_started_again_forgets_its_last_queue():
-    counters = FairCounters()
-    counters.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
-    old = FairQueue(counters, "engine", lambda r: identity(r.sampling_params.extra_args))
+    pool = seat()
+    old = FairQueue(Binding(pool, "engine"), twin_of())
     old.add_request(vreq("left-behind", "A"))
-    new = FairQueue(counters, "engine", lambda r: identity(r.sampling_params.extra_args))  # the engine restarted
+    old.add_request(vreq("was-running", "A"))
+    old.pop_request()
+    new = FairQueue(Binding(pool, "engine"), twin_of())  # the engine restarted
     new.add_request(vreq("fresh", "B"))
     assert new.peek_request().request_id == new.pop_request().request_id == "fresh"
-    assert counters.policy.queued("engine") == 0
+    assert pool.policy.queued("engine") == 0 and pool.policy.running() == 1 and pool.held() == 1
 
 
-def test_only_requests_that_joined_the_batch_are_charged_their_prompt():
+def test_a_waiting_client_owed_service_preempts_the_most_served_clients_least_advanced_request():
+    sched = bare_scheduler(seat(), max_active=3)
+    for rid, computed in (("f1", 200), ("f2", 40), ("g1", 10)):
+        run(sched, vreq(rid, "flood" if rid[0] == "f" else "other", prompt=32), computed)
+    quiet = vreq("q1", "quiet", prompt=8)
+    sched.waiting.add_request(quiet)
+    policy = sched.seat.policy
+    assert sched.fair_victim(quiet) is None  # lifted to the lowest active counter: owed nothing yet
+    sched.seat.engine_progress("engine", [("f1", 30), ("f2", 30), ("g1", 2)])  # flood is served on
+    victim = sched.fair_victim(quiet)
+    assert victim.request_id == "f2"  # the most served app, its request with the least progress
+    sched.waiting.peek_request()
+    sched.waiting.new_step()
+    sched.running.remove(victim)
+    victim.status = __import__("vllm.v1.request", fromlist=["RequestStatus"]).RequestStatus.PREEMPTED
+    sched.waiting.add_request(victim)  # what vLLM's _preempt_request does with it
+    assert sched.waiting.peek_request() is quiet  # the quiet app goes first, the victim after it
+    assert policy.queued("engine") == 2
+    sched.free[0] = 1000
+    sched._max_active = 8
+    assert sched.fair_victim(quiet) is None  # room in the batch: nobody is preempted
+
+
+def test_fair_preemption_needs_a_gap_larger_than_the_heads_own_prompt():
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    head = vreq("q1", "quiet", prompt=200)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("f1", 50)])  # flood is ahead by 100: less than q1's prompt of 200
+    assert sched.fair_victim(head) is None
+    sched.seat.engine_progress("engine", [("f1", 51)])
+    assert sched.fair_victim(head).request_id == "f1"
+    same = bare_scheduler(seat(), max_active=1)  # the same client's requests never preempt each other
+    run(same, vreq("f1", "flood", prompt=4), 4)
+    same.seat.engine_progress("engine", [("f1", 500)])
+    mine = vreq("f2", "flood", prompt=1)
+    same.waiting.add_request(mine)
+    assert same.fair_victim(mine) is None
+
+
+def test_a_victim_must_free_the_blocks_the_head_lacks():
+    sched = bare_scheduler(seat(), free=1, max_active=16, block=16)
+    run(sched, vreq("small", "flood", prompt=16), 16)  # holds 1 block
+    run(sched, vreq("big", "flood", prompt=64), 64)  # holds 4
+    head = vreq("q1", "quiet", prompt=48)  # lacks 3 blocks (+1 for a decode opening a block)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("small", 200), ("big", 200)])
+    assert sched.fair_victim(head).request_id == "big"  # the least advanced one would not let it in
+
+
+def test_policies_without_counters_do_not_preempt_for_fairness():
+    assert seat("hmfs").keeps_counters and seat("hmfs_runs").keeps_counters
+    assert not seat("fcfs").keeps_counters and not seat("sjf").keeps_counters
+
+
+def test_a_requests_end_is_told_to_the_policy_as_vllm_ended_it():
     from vllm.v1.request import RequestStatus
 
-    sched = object.__new__(FairScheduler)
-    sched.weights = None
-    sched.model = "engine"
-    sched.counters = FairCounters()
-    sched.counters.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
-    sched._agents, sched._prefilled, sched._popped = {}, {}, []
-    q = FairQueue(sched.counters, "engine", sched._agent_of, sched._popped.append, sched._settle_pops)
-    joined, skipped = vreq("joined", "A", prompt=30), vreq("skipped", "B", prompt=50)
-    for r in (joined, skipped):
-        q.add_request(r)
-    for _ in range(2):  # vLLM's loop: peek, pop, and (for the one it schedules) status RUNNING
-        request = q.peek_request()
-        assert q.pop_request() is request
-        if request is joined:
-            joined.status = RequestStatus.RUNNING  # in the batch; the other was only skipped
-    with pytest.raises(IndexError):
-        q.peek_request()  # the next pick settles what was popped
-    assert sched.counters.charged == {"A": 30.0}
+    r = vreq("r", "A")
+    assert outcome_of(r) is fa.Outcome.CANCELLED  # removed while waiting
+    for status, outcome in ((RequestStatus.FINISHED_STOPPED, fa.Outcome.FINISHED),
+                            (RequestStatus.FINISHED_LENGTH_CAPPED, fa.Outcome.FINISHED),
+                            (RequestStatus.FINISHED_ABORTED, fa.Outcome.CANCELLED),
+                            (RequestStatus.FINISHED_ERROR, fa.Outcome.FAILED)):
+        r.status = status
+        assert outcome_of(r) is outcome
 
 
 def test_a_malformed_weights_file_is_refused():
@@ -312,16 +441,19 @@ def test_a_scheduler_knows_whether_its_requests_are_checked():
     assert not FairArgsValidator.configured(config("other.module:Processor"))
 
 
-def test_counters_keep_service_per_model_app_and_agent():
-    counters = FairCounters()
-    counters.register("text", fa.ModelProfile(d_model=4096, n_layers=1))
-    counters.register("small", fa.ModelProfile(d_model=1024, n_layers=1))
-    planner, critic = fa.Agent("planner", fa.App("a")), fa.Agent("critic", fa.App("a"))
-    counters.charge(planner, "text", prompt=10, output=5)
-    counters.charge_outputs("small", [(planner, 4), (critic, 8)])
-    assert counters.service == {("text", "a", "planner"): 20.0, ("small", "a", "planner"): 2.0,
-                                ("small", "a", "critic"): 4.0}
-    assert counters.charged == {"a": 26.0}
+def test_the_pool_keeps_service_per_model_app_and_agent():
+    pool = seat("hmfs", "text", "small")
+    text, small = FairQueue(Binding(pool, "text"), twin_of("text")), FairQueue(Binding(pool, "small"), twin_of("small"))
+    text.add_request(vreq("t", "a", "planner", prompt=10))
+    small.add_request(vreq("s1", "a", "planner", prompt=0))
+    small.add_request(vreq("s2", "a", "critic", prompt=0))
+    for q in (text, small, small):
+        q.pop_request()
+    pool.engine_progress("text", [("t", 5)])
+    pool.engine_progress("small", [("s1", 4), ("s2", 8)])
+    assert pool.service == {("text", "a", "planner"): 20.0, ("small", "a", "planner"): 8.0,
+                            ("small", "a", "critic"): 16.0}
+    assert pool.charged == {"a": 44.0}
 
 
 def test_metrics_report_service_queues_and_weights_with_bounded_labels():

@@ -18,7 +18,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from fairagents.engines.vllm import _STEP_LOCK, _live, _shutdown
 from fairagents.models import LOAD_LOCK, ensure_default_models
-from fairagents.vllm.scheduler import FairCounters, FairScheduler
+from fairagents.vllm.scheduler import Binding, FairScheduler, own_policy
 
 pytestmark = pytest.mark.engine
 
@@ -136,8 +136,8 @@ def test_the_preemption_victim_is_the_app_with_the_highest_counter(fair):
     lift on its counter grows a hundred times slower: ``served``'s is the highest.
     vLLM's default evicts the newest request; the fair scheduler evicts ``served``'s.
     """
-    counters = FairCounters()
-    base = FairScheduler.sharing(counters, "engine") if fair else AsyncScheduler
+    seat = own_policy()
+    base = FairScheduler.sharing(Binding(seat, "engine"), preempt=False) if fair else AsyncScheduler
     cls, victims = recording(base)
     produced = {}
 
@@ -160,9 +160,10 @@ def test_the_preemption_victim_is_the_app_with_the_highest_counter(fair):
     assert produced == {rid: 300 for rid in ("served0", "served1", "newer0", "newer1")}  # preempted ones resumed whole
     assert apps == ({"served"} if fair else {"newer"})
     if fair:  # recomputation after a preemption is not charged again: exactly prompt + 2 × output each
-        cost = counters.cost
+        cost = seat.cost
         per_request = cost.input_cost("engine", len(PROMPT)) + cost.output_cost("engine", 300)
-        assert counters.charged == pytest.approx({"served": 2 * per_request, "newer": 2 * per_request})
+        assert seat.charged == pytest.approx({"served": 2 * per_request, "newer": 2 * per_request})
+        assert seat.tally("engine").recomputed > 0 and seat.policy.queued() == seat.policy.running() == 0
 
 
 def test_a_synchronous_engine_takes_the_plain_schedulers_path(monkeypatch):
@@ -177,8 +178,8 @@ def test_a_synchronous_engine_takes_the_plain_schedulers_path(monkeypatch):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(AsyncScheduler, name, spy)
-    counters = FairCounters()
-    with engine(FairScheduler.sharing(counters, "engine")) as llm:
+    seat = own_policy()
+    with engine(FairScheduler.sharing(Binding(seat, "engine"))) as llm:
         assert not llm.engine_core.engine_core.scheduler.scheduler_config.async_scheduling
         for i in range(3):
             add(llm, f"a{i}", "a", tokens=16)
@@ -189,6 +190,41 @@ def test_a_synchronous_engine_takes_the_plain_schedulers_path(monkeypatch):
                     produced[out.request_id] = produced.get(out.request_id, 0) + len(out.outputs[0].token_ids)
     assert produced == {"a0": 16, "a1": 16, "a2": 16}
     assert calls == []
-    cost = counters.cost
-    assert counters.charged == pytest.approx({"a": 3 * (cost.input_cost("engine", len(PROMPT))
-                                                        + cost.output_cost("engine", 16))})
+    cost = seat.cost
+    assert seat.charged == pytest.approx({"a": 3 * (cost.input_cost("engine", len(PROMPT))
+                                                    + cost.output_cost("engine", 16))})
+
+
+@pytest.mark.parametrize("preempt", [True, False], ids=["fair-preemption", "no-preemption"])
+def test_a_quiet_app_is_admitted_within_a_few_steps_while_a_flood_fills_the_batch(preempt):
+    """Four 300-token flood requests fill the batch and eight more wait; a quiet app sends one short request.
+
+    With fair preemption its first token comes within a bounded number of steps: the
+    flood's counter must pass the quiet app's by the quiet prompt's charge (8 tokens,
+    while the batch charges the flood 4 × 2 per step), then one flood request makes
+    room. Without it, the quiet request waits for a flood request to finish.
+    """
+    seat = own_policy()
+    with engine(FairScheduler.sharing(Binding(seat, "engine"), preempt=preempt), max_num_seqs=4) as llm:
+        for i in range(12):
+            add(llm, f"flood{i}", "flood", tokens=300)
+        for _ in range(5):
+            with _STEP_LOCK:
+                llm.step()
+        add(llm, "quiet", "quiet", tokens=4, prompt=list(range(1, 9)))
+        steps = 0
+        while True:
+            with _STEP_LOCK:
+                outputs = llm.step()
+            steps += 1
+            if any(out.request_id.startswith("quiet") and out.outputs[0].token_ids for out in outputs):
+                break
+        for rid in [r for r in llm.engine_core.engine_core.scheduler.requests]:
+            llm.abort_request([rid], internal=True)
+    tally = seat.tally("engine")
+    if preempt:
+        assert steps <= 4, steps
+        assert tally.fair_preemptions == 1 and tally.recomputed > 0
+    else:
+        assert steps > 200 and tally.fair_preemptions == 0  # a flood request had to finish first
+    assert seat.policy.queued() == seat.policy.running() == 0 and seat.held() == 0

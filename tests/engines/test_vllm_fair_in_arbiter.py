@@ -1,4 +1,4 @@
-"""``VLLMEngine(scheduler="fair")`` under the arbiter: handed everything, ordering by the pool's one set of counters."""
+"""``VLLMEngine()`` (``scheduler="fair"``, the default) under the arbiter: handed each request at once, ordering by the arbiter's policy."""
 
 import asyncio
 
@@ -15,8 +15,8 @@ MSG = [{"role": "user", "content": "plan a route through the city"}]
 async def test_the_arbiter_hands_a_fair_engine_everything_and_the_engine_keeps_apps_fair():
     from fairagents.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=4, scheduler="fair")
-    arbiter = fa.Arbiter(policy="fcfs")  # the arbiter's own order no longer matters: it queues nothing
+    engine = VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=4)
+    arbiter = fa.Arbiter(policy="hmfs")
     arbiter.add_model("chat", engine)
     flood, victim = arbiter.app("flood").agent("bulk"), arbiter.app("victim").agent("chat")
     finished = []
@@ -26,24 +26,49 @@ async def test_the_arbiter_hands_a_fair_engine_everything_and_the_engine_keeps_a
         finished.append(tag)
 
     async with arbiter:
-        assert arbiter.in_flight_limit("chat") > 1000 and arbiter.token_budget_of("chat") is None
+        assert arbiter.in_flight_limit("chat") == 4 and arbiter.token_budget_of("chat") is None  # the batch's size
         flood_calls = [asyncio.create_task(call(flood, "flood")) for _ in range(20)]
         await asyncio.sleep(0.05)  # the flood is in the engine first
         assert arbiter.queued("chat") == 0  # nothing waits in the arbiter: the engine holds it all
         await asyncio.gather(*[call(victim, "victim") for _ in range(4)], *flood_calls)
-    assert engine.fair_counters is arbiter.fair_counters
-    charged = arbiter.fair_counters.charged
-    assert set(charged) == {"flood", "victim"}
-    # FCFS inside the engine would finish the victim last; the engine's counters serve it alongside the flood
+    seat = arbiter.pool_policy
+    assert engine.pool_policy is seat and seat.policy is arbiter.policy  # the engine orders by the arbiter's policy
+    assert set(seat.charged) == {"flood", "victim"}
+    # FCFS inside the engine would finish the victim last; the arbiter's HMFS serves it alongside the flood
     assert max(i for i, tag in enumerate(finished) if tag == "victim") < 14
+    # the engine's charges are the arbiter's ledger's: each prompt once, and the output produced
+    ledger = arbiter.stats().apps
+    assert seat.charged == pytest.approx({app: ledger[app].service for app in ("flood", "victim")})
+    assert arbiter.policy.queued() == arbiter.policy.running() == 0 and seat.held() == 0
 
 
-async def test_two_fair_engines_of_one_pool_share_counters_across_models():
+@pytest.mark.parametrize("policy", sorted(fa.policies.POLICIES))
+async def test_every_policy_orders_the_engines_own_queue(text_engine, policy):
+    """The policy contract inside the engine: more calls than the batch holds, every one served once, nothing left."""
+    arbiter = fa.Arbiter(policy=policy)
+    arbiter.add_model("chat", text_engine)
+    agents = [arbiter.app(name, slo=fa.SLO(ttft=5.0, tpot=1.0, e2e=20.0)).agent("t") for name in ("a", "b")]
+    await arbiter.start()
+    try:
+        assert arbiter.dispatcher.model("chat").in_engine
+        replies = await asyncio.gather(*(
+            who.chat("chat", MSG, max_tokens=4 + i % 3, ignore_eos=True) for i in range(40) for who in agents))
+    finally:
+        await arbiter.close(stop_engines=False)  # the session's engine outlives the test
+    assert len(replies) == 80 and all(r.usage.completion_tokens in (4, 5, 6) for r in replies)
+    seat = arbiter.pool_policy
+    assert text_engine.pool_policy is seat
+    assert arbiter.policy.queued() == 0 and seat.held() == 0
+    assert getattr(arbiter.policy, "running", lambda: 0)() == 0
+    assert seat.charged == pytest.approx({app: s.service for app, s in arbiter.stats().apps.items()})
+
+
+async def test_two_engines_of_one_pool_share_the_arbiters_policy_across_models():
     """``busy`` is served on model ``a`` while both apps wait on model ``b``: ``b`` goes mostly to ``fresh``."""
     from fairagents.engines.vllm import VLLMEngine
 
-    engines = {"a": VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=4, scheduler="fair"),
-               "b": VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=1, scheduler="fair")}
+    engines = {"a": VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=4),
+               "b": VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=1)}
     arbiter = fa.Arbiter()
     for name, engine in engines.items():
         arbiter.add_model(name, engine)
@@ -56,7 +81,7 @@ async def test_two_fair_engines_of_one_pool_share_counters_across_models():
 
     async with arbiter:
         on_a = [asyncio.ensure_future(busy.chat("a", MSG, max_tokens=200, ignore_eos=True)) for _ in range(8)]
-        counters = arbiter.fair_counters
+        counters = arbiter.pool_policy
         async with asyncio.timeout(60):
             while counters.charged.get("busy", 0.0) < 200:  # busy is being served on a (prompts charged, and more)
                 await asyncio.sleep(0.01)
@@ -64,25 +89,29 @@ async def test_two_fair_engines_of_one_pool_share_counters_across_models():
         # alternate after the first, so "mostly fresh" is the shared counters' doing, not who came first.
         await asyncio.gather(*on_a, *[call_b(fresh, "fresh") for _ in range(6)],
                              *[call_b(busy, "busy") for _ in range(6)])
-    assert engines["a"].fair_counters is engines["b"].fair_counters is arbiter.fair_counters
+    assert engines["a"].pool_policy is engines["b"].pool_policy is arbiter.pool_policy
     # Per-model counters would split b evenly between two backlogged apps. One set of
     # counters charges busy's service on a too, so fresh takes b while busy is served on a.
     assert on_b[:6].count("fresh") >= 5
 
 
-async def test_a_started_fair_engine_brings_its_counters_to_the_next_arbiter():
-    from fairagents.vllm.scheduler import FairCounters
+async def test_an_idle_engine_follows_the_policy_of_the_arbiter_it_joins():
     from fairagents.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=2, scheduler="fair")
+    engine = VLLMEngine(kv_cache_bytes=8 * 2**20, max_model_len=512, max_num_seqs=2)
     first = fa.Arbiter()
     first.add_model("chat", engine)
     async with first:
         await first.app("a").agent("t").chat("chat", MSG, max_tokens=4)
-    second = fa.Arbiter()
-    second.add_model("chat", engine)  # the same engine, its counters with it
-    assert second.fair_counters is first.fair_counters is engine.fair_counters
-    third = fa.Arbiter()
-    third.fair_counters = FairCounters()
-    with pytest.raises(fa.InvalidParameterError, match="another arbiter's counters"):
-        third.add_model("chat", engine)
+        busy = asyncio.ensure_future(first.app("a").agent("t").chat("chat", MSG, max_tokens=200, ignore_eos=True))
+        await asyncio.sleep(0.2)
+        with pytest.raises(fa.InvalidParameterError, match="running under another arbiter's policy"):
+            fa.Arbiter(policy="fcfs").add_model("chat", engine)  # it serves the first arbiter's requests
+        await busy
+    await engine.start()  # started again, idle: the next arbiter's policy takes over
+    second = fa.Arbiter(policy="vtc")
+    second.add_model("chat", engine)
+    assert engine.pool_policy is second.pool_policy and engine.pool_policy.policy.name == "vtc"
+    async with second:
+        await second.app("b").agent("t").chat("chat", MSG, max_tokens=4)
+    assert set(second.pool_policy.charged) == {"b"} and set(first.pool_policy.charged) == {"a"}

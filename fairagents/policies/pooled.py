@@ -1,0 +1,262 @@
+"""One policy for a pool, driven from two places: the arbiter's loop and the engines' own schedulers.
+
+An arbiter orders the requests of the models it dispatches itself (an image
+generator, remote replicas, a vLLM engine with ``scheduler="vllm"``); an in-process
+vLLM engine orders its own waiting queue and picks its own preemption victims
+(:class:`~fairagents.vllm.FairScheduler`). Both ask the *same* policy object, so an
+app's service on one model counts on every other, whatever the policy:
+:class:`PoolPolicy` is that object's seat.
+
+**Consistency.** Every call into the policy, from the arbiter's event loop (through
+the dispatcher) or from an engine's thread (through :meth:`PoolPolicy.engine_arrive`,
+:meth:`~PoolPolicy.engine_select`, ...), runs under one re-entrant lock, :attr:`PoolPolicy.lock`.
+Each call is therefore atomic and all of them form one sequence, as if one thread
+made them: the policy itself stays single-threaded code. A decision followed by
+its action (``select`` then ``on_dispatch``) may see another model's charge land in
+between; that only makes the order as fresh as the last charge, never invalid,
+because each side only dispatches requests of its own models.
+
+**Requests an engine tells the policy about** are tracked here by engine and id,
+so each gets exactly one ``on_finish`` (a preempted one: ``CANCELLED``, then a new
+arrival with no prompt to charge, since vLLM recomputes it for free), and an engine
+that stops takes its requests with it (:meth:`PoolPolicy.forget`).
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.policies.pooled import PoolPolicy
+    >>> seat = PoolPolicy(fa.policies.make_policy("hmfs", fa.UnifiedTokenCost()))
+    >>> seat.register("chat", fa.ModelProfile(d_model=4096, n_layers=1))
+    >>> who = fa.Agent("t", fa.App("a"))
+    >>> twin = seat.engine_arrive(fa.Request("r1", who, "chat", prompt_tokens=10, max_tokens=5, arrival=0.0))
+    >>> seat.engine_select("chat").id, seat.engine_dispatch("chat", "r1"), seat.served(who)
+    ('r1', True, (10.0, 10.0))
+    >>> seat.engine_progress("chat", [("r1", 5)]); seat.engine_end("chat", "r1", fa.Outcome.FINISHED)
+    >>> seat.charged, seat.engine_end("chat", "r1", fa.Outcome.FINISHED)   # ended once
+    ({'a': 20.0}, None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fairagents.cost import ModelProfile, UnifiedTokenCost
+from fairagents.identity import Agent
+from fairagents.policies.base import Policy
+from fairagents.request import Outcome, Request
+
+__all__ = ["EngineTally", "PoolPolicy"]
+
+_WAITING, _RUNNING = "waiting", "running"
+
+
+@dataclass
+class EngineTally:
+    """What one engine's scheduler did, for the recompute tax of preemption.
+
+    Examples:
+        >>> from fairagents.policies.pooled import EngineTally
+        >>> EngineTally(prefilled=900, recomputed=100, preemptions=2).recompute_tax
+        0.1
+    """
+
+    prefilled: int = 0
+    """Prompt tokens of the requests it took into its batch, each counted once."""
+    recomputed: int = 0
+    """Tokens it had computed for requests it then preempted, which it computes again."""
+    preemptions: int = 0
+    """Requests it preempted, for any reason."""
+    fair_preemptions: int = 0
+    """Of those, requests preempted so that a client owed service could run."""
+
+    @property
+    def recompute_tax(self) -> float:
+        """Recomputed tokens over all prefilled ones (recomputed included); 0 before any."""
+        total = self.prefilled + self.recomputed
+        return self.recomputed / total if total else 0.0
+
+
+class PoolPolicy:
+    """The policy of a pool, shared by its arbiter and its engines' schedulers (see the module docs).
+
+    Args:
+        policy: the policy (any :class:`~fairagents.policies.Policy`, built in or your own).
+        cost: the pool's unified-token cost model, which prices :attr:`charged` and
+            :attr:`service` (default: the policy's own, if it is one, else a new one).
+    """
+
+    def __init__(self, policy: Policy, cost: UnifiedTokenCost | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        own = getattr(policy, "cost", None)
+        self.policy = policy
+        self.clock = clock
+        """The time the policy is told (``now``): the arbiter's clock, which also dates its requests' arrivals."""
+        self.cost: UnifiedTokenCost = cost if cost is not None else (
+            own if isinstance(own, UnifiedTokenCost) else UnifiedTokenCost())
+        self.lock = threading.RLock()
+        """Held for every call into :attr:`policy`, by the arbiter and by each engine."""
+        self.charged: dict[str, float] = {}
+        """Unified tokens charged per app by the engines' schedulers (not divided by weight)."""
+        self.service: dict[tuple[str, str, str], float] = {}
+        """Unified tokens charged per ``(model, app, agent)`` by the engines' schedulers."""
+        self._served_apps: dict[str, float] = {}  # weighted service, for policies that keep no counters
+        self._served_agents: dict[tuple[str, str], float] = {}
+        self._twins: dict[tuple[str, str], list[Any]] = {}  # (model, id) -> [request, state] in the policy
+        self._expected: dict[tuple[str, str], Request] = {}  # (model, id) -> the arbiter's request, handed over
+        self._counters = getattr(policy, "counters_of", None)
+        self.tallies: dict[str, EngineTally] = {}
+        """What each engine's scheduler prefilled, recomputed and preempted, by model."""
+
+    # -- the pool ------------------------------------------------------------------
+
+    def register(self, model: str, profile: ModelProfile) -> None:
+        """Price ``model``'s tokens by ``profile`` (in the pool's and the policy's cost models)."""
+        with self.lock:
+            for cost in {id(c): c for c in (self.cost, getattr(self.policy, "cost", None))}.values():
+                if isinstance(cost, UnifiedTokenCost) and model not in cost.profiles:
+                    cost.register(model, profile)
+
+    @property
+    def keeps_counters(self) -> bool:
+        """Whether the policy ranks clients by counters of its own (``counters_of``), which preemption then follows."""
+        return self._counters is not None
+
+    def served(self, agent: Agent) -> tuple[float, float]:
+        """How far ``agent``'s app and the agent have been served, as the policy ranks them (lower: owed more).
+
+        The policy's own counters when it keeps them (``counters_of``, as
+        :class:`~fairagents.policies.HMFS` does), else the unified tokens the engines
+        charged, over the weights.
+        """
+        with self.lock:
+            if self._counters is not None:
+                return self._counters(agent)  # type: ignore[no-any-return]
+            app = agent.app.name
+            return self._served_apps.get(app, 0.0), self._served_agents.get((app, agent.name), 0.0)
+
+    def expect(self, request: Request) -> None:
+        """The arbiter hands ``request`` to its model's engine: the engine's scheduler takes this very request.
+
+        So the policy sees the caller's agent (weights, SLO), prompt and run as the
+        arbiter knows them, not as rebuilt from vLLM's arguments.
+        """
+        with self.lock:
+            self._expected[(request.model, request.id)] = request
+
+    def unexpect(self, model: str, request_id: str) -> None:
+        """The handed request never reached the engine (it failed or was cancelled first)."""
+        with self.lock:
+            self._expected.pop((model, request_id), None)
+
+    def expected(self, model: str, request_id: str) -> Request | None:
+        """The arbiter's request of that id, handed to ``model``'s engine and not yet taken."""
+        with self.lock:
+            return self._expected.pop((model, request_id), None)
+
+    # -- an engine's scheduler -----------------------------------------------------------
+
+    def engine_arrive(self, request: Request, *, requeued: bool = False) -> Request:
+        """``request`` waits in its engine's queue; with ``requeued`` (preempted) its prompt is not charged again.
+
+        Returns the request the policy holds (a copy without prompt tokens when requeued).
+        """
+        key = (request.model, request.id)
+        with self.lock:
+            held = self._twins.get(key)
+            if held is not None:
+                if held[1] == _WAITING:
+                    return held[0]  # already waiting: vLLM put it back where it was
+                self.policy.on_finish(held[0], Outcome.CANCELLED, self.clock())  # preempted: it starts over
+                requeued = True
+            twin = dataclasses.replace(request, prompt_tokens=0) if requeued else request
+            self.policy.on_arrival(twin, self.clock())
+            self._twins[key] = [twin, _WAITING]
+            return twin
+
+    def engine_select(self, model: str) -> Request | None:
+        """The policy's choice among ``model``'s waiting requests (a request of another engine is never returned)."""
+        with self.lock:
+            return self.policy.select(model, self.clock())
+
+    def engine_dispatch(self, model: str, request_id: str) -> bool:
+        """The engine took the request into its batch: it leaves the queue and its prompt is charged."""
+        with self.lock:
+            held = self._twins.get((model, request_id))
+            if held is None or held[1] != _WAITING:
+                return False
+            twin = held[0]
+            self.policy.on_dispatch(twin, self.clock())
+            self.tally(model).prefilled += twin.prompt_tokens
+            held[1] = _RUNNING
+            if twin.prompt_tokens:
+                self._account(twin.agent, model, self.cost.input_cost(model, twin.prompt_tokens))
+            return True
+
+    def engine_progress(self, model: str, outputs: Iterable[tuple[str, int]]) -> None:
+        """A step's output tokens, ``(request id, tokens)`` each, charged under one hold of the lock.
+
+        Tokens of a request that is not running (delivered after it was preempted) are not charged.
+        """
+        now = self.clock()
+        with self.lock:
+            twins, on_progress, price = self._twins, self.policy.on_progress, self.cost.output_cost
+            for request_id, tokens in outputs:
+                held = twins.get((model, request_id))
+                if held is not None and held[1] == _RUNNING and tokens > 0:
+                    on_progress(held[0], tokens, now)
+                    self._account(held[0].agent, model, price(model, tokens))
+
+    def engine_end(self, model: str, request_id: str, outcome: Outcome) -> None:
+        """The request left its engine (finished, aborted or failed), waiting or running; once per request."""
+        with self.lock:
+            held = self._twins.pop((model, request_id), None)
+            if held is not None:
+                self.policy.on_finish(held[0], outcome, self.clock())
+
+    def discard(self, request: Request) -> None:
+        """End a waiting request the policy holds but no engine serves (a driver's bug): it is never served."""
+        with self.lock:
+            self._twins.pop((request.model, request.id), None)
+            self.policy.on_finish(request, Outcome.CANCELLED, self.clock())
+
+    def engine_running(self, model: str, request_id: str) -> bool:
+        """Whether the policy counts the request as running on ``model`` (dispatched, not ended)."""
+        held = self._twins.get((model, request_id))
+        return held is not None and held[1] == _RUNNING
+
+    def forget(self, model: str) -> int:
+        """``model``'s engine stopped: every request it held ends, uncharged further; how many there were."""
+        now = self.clock()
+        with self.lock:
+            keys = [key for key in self._twins if key[0] == model]
+            for key in keys:
+                twin, state = self._twins.pop(key)
+                self.policy.on_finish(twin, Outcome.CANCELLED if state == _WAITING else Outcome.FAILED, now)
+            for key in [key for key in self._expected if key[0] == model]:
+                del self._expected[key]
+            return len(keys)
+
+    def tally(self, model: str) -> EngineTally:
+        """``model``'s engine tally (created on first use)."""
+        tally = self.tallies.get(model)
+        if tally is None:
+            tally = self.tallies[model] = EngineTally()
+        return tally
+
+    def held(self, model: str | None = None) -> int:
+        """Requests an engine (``model``'s, or any) has told the policy about and not ended."""
+        return sum(1 for key in list(self._twins) if model is None or key[0] == model)
+
+    def _account(self, agent: Agent, model: str, amount: float) -> None:
+        app = agent.app.name
+        self.charged[app] = self.charged.get(app, 0.0) + amount
+        key = (model, app, agent.name)
+        self.service[key] = self.service.get(key, 0.0) + amount
+        self._served_apps[app] = self._served_apps.get(app, 0.0) + amount / agent.app.weight
+        akey = (app, agent.name)
+        self._served_agents[akey] = self._served_agents.get(akey, 0.0) + amount / agent.weight
+
