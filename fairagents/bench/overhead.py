@@ -234,7 +234,11 @@ async def _pressure_point(
         """``None`` when no request of ``app`` had its first token in the window (a result, on a busy machine)."""
         return percentile(first_tokens[app], q) if first_tokens[app] else None
 
+    tally = arbiter.pool_policy.tally("m")  # what the engine preempted, when it schedules by the policy
     row = {
+        "fair_preemptions": tally.fair_preemptions,
+        "preemptions": tally.preemptions,
+        "recompute_tax": tally.recompute_tax,
         "in_flight": arbiter.in_flight_limit("m"),
         "token_budget": arbiter.token_budget_of("m"),
         "tokens_per_s": produced / elapsed,

@@ -140,6 +140,8 @@ class Arbiter:
                                          max_pending_per_app=preprocess_queue_per_app, name="fairagents-images")
         self.text_preprocessor = Preprocessor(preprocess_workers, preprocess_queue,
                                               max_pending_per_app=preprocess_queue_per_app, name="fairagents-text")
+        if shared is not None:
+            shared.lock = self.pool.policy.lock  # type: ignore[union-attr]
         self.runner = Runner(policy, self.cost, pool=self.pool, tenants=self.tenants, ledger=Ledger(clock=clock),
                              clock=clock, pool_slots=pool_in_flight, app_share=self._share_of,
                              admission=self.admission, shared=shared)

@@ -20,7 +20,7 @@ from fairagents.identity import Agent, App, Modality
 from fairagents.images import has_images
 from fairagents.limits import RequestLimits
 from fairagents.runtime.handles import Who
-from fairagents.runtime.pool import PoolModel
+from fairagents.runtime.pool import PoolModel, schedules_fairly
 from fairagents.runtime.preprocessing import Preprocessor
 from fairagents.runtime.runner import Call, Runner
 from fairagents.runtime.sampling import chat_params, engine_checks, generation_params
@@ -120,6 +120,9 @@ class Inputs:
         m = pool.get(model)
         room = m.engine.max_model_len
         budget = pool.budget(m)
+        if budget is None and schedules_fairly(m.engine):  # what the engine's KV holds, the most one request may
+            capacity = capabilities(m.engine).token_capacity
+            budget = capacity if isinstance(capacity, int) and capacity > 0 else None
         if budget is not None:
             room = min(room, budget - budget % pool.block(m))
         default = self.runner.tenants.max_tokens.get(app or "", self.default)

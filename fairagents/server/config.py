@@ -244,9 +244,10 @@ class ModelConfig(_Section):
     the models of one GPU)."""
     max_num_seqs: int = Field(default=32, ge=1)
     """Most sequences the engine batches at once."""
-    scheduler: Literal["vllm", "fair"] = "vllm"
-    """``"fair"``: HMFS inside vLLM's engine loop (``fairagents.vllm.FairScheduler``), the
-    arbiter handing the engine everything; ``"vllm"``: vLLM's own, behind the arbiter's admission."""
+    scheduler: Literal["vllm", "fair"] = "fair"
+    """``"fair"`` (the default): the server's policy inside vLLM's engine loop
+    (``fairagents.vllm.FairScheduler``), the arbiter handing the engine each request at once;
+    ``"vllm"``: vLLM's own, behind the arbiter's admission (token budget, Statera)."""
     tool_parser: str | None = None
     """The vLLM tool parser that reads the model's tool calls (``"hermes"``, ``"llama3_json"``,
     ``"mistral"`` …); unset, inferred from the model's chat template (see

@@ -30,6 +30,8 @@ different doors are ordered by their shared counters only through the lift.
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import TYPE_CHECKING, Any
 
 from fairagents.errors import InvalidParameterError
@@ -66,6 +68,9 @@ class SharedView:
                 f"shared counters need the 'hmfs' policy (its counters are what is shared), not {policy.name!r}")
         self.door = door
         self.policy = policy
+        self.lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        """Held while a payload reads the policy or a reply sets its counters (the pool's policy lock, which
+        in-engine schedulers take too)."""
         self.dispatcher: Dispatcher | None = None
         self.shared_models: frozenset[str] = frozenset()
         """Models whose capacity every door shares (remote replicas): dispatches into them are gated."""
@@ -155,6 +160,10 @@ class SharedView:
         view of its clients' counters, to be raised to (after the store was unreachable:
         it may have lost them).
         """
+        with self.lock:
+            return self._payload(ttl=ttl, reconcile=reconcile)
+
+    def _payload(self, *, ttl: int, reconcile: bool) -> Payload:
         if self._inflight is None:
             self._seq += 1
             self._inflight = (self._seq, self._apps, self._agents)
@@ -214,6 +223,10 @@ class SharedView:
         make an app that got more than its share wait, after the store is back, until
         the others caught up — for longer than the outage lasted.
         """
+        with self.lock:
+            self._apply(reply)
+
+    def _apply(self, reply: Reply) -> None:
         self._inflight = None
         self._frozen = {}
         self._alone_apps, self._alone_agents = {}, {}

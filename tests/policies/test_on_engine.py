@@ -30,11 +30,11 @@ async def test_every_policy_serves_two_apps_on_the_real_engine(text_engine, poli
 
 
 @pytest.mark.parametrize("policy", ["hmfs", "edf"])
-async def test_statera_admission_serves_on_the_real_engine_and_learns_lengths(text_engine, policy):
+async def test_statera_admission_serves_on_the_real_engine_and_learns_lengths(admitted_engine, policy):
     """On vLLM's own KV capacity: once calibrated, requests reserve their predicted length, not max_tokens."""
     statera = fa.Statera()
     arbiter = fa.Arbiter(policy=policy, in_flight=4, admission=statera)
-    arbiter.add_model("chat", text_engine)
+    arbiter.add_model("chat", admitted_engine)
     who = arbiter.app("a").agent("t")
     await arbiter.start()
     try:

@@ -265,7 +265,7 @@ async def test_a_request_without_max_tokens_may_fill_the_context_over_http(text_
     async with live(arbiter, make_config()) as (url, _), client(url) as c:
         reply = await c.chat.completions.create(model="chat", messages=MSG, extra_body=GREEDY)
         text = await c.completions.create(model="chat", prompt="once upon a time", extra_body=GREEDY)
-    room = min(text_engine.max_model_len, arbiter.token_budget_of("chat"))
+    room = min(text_engine.max_model_len, (arbiter.token_budget_of("chat") or text_engine.token_capacity))
     assert reply.usage.completion_tokens == room - prompt_tokens and reply.choices[0].finish_reason == "length"
     assert text.usage.completion_tokens == room - text.usage.prompt_tokens
 
