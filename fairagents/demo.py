@@ -3,16 +3,22 @@
 The pool is the embedded default (tiny models of random weights: text is gibberish,
 images are noise; serving, batching, token counts and timings are real): ``chat``, an
 LLM on vLLM; ``vision``, a vision-language model on vLLM; ``image``, a diffusion model
-on diffusers. The three share :data:`POOL` in-flight slots, as models on one accelerator
-share it, so apps compete for the pool as a whole and a denoising step, an image token
-and an LLM token are charged in one currency (unified tokens).
+on diffusers. One policy orders all three, with one set of counters: the two vLLM
+engines schedule inside themselves by it (the default path), the arbiter dispatches
+the image model by it, and a denoising step, an image token and an LLM token are
+charged in one currency (unified tokens), so an app's service on one model counts on
+the others.
 
 ``driving`` (weight 2) plans on ``chat`` and looks at camera frames on ``vision``;
 ``studio`` writes on ``chat`` and illustrates on ``image``; ``flood`` keeps ten times the
 requests of any other agent in flight on ``chat``. The demo runs the same load under
 each policy, prints per app and per agent the share of service against the share its
-weight entitles it to, with wait and TTFT percentiles, and plots each app's service
-over time.
+weight entitles it to, with wait and TTFT percentiles and the unified tokens served in
+all, and plots each app's service over time. Weights decide between apps that stay
+backlogged where a queue forms (here the LLM's batch, which the flood keeps full): an app
+whose callers are served as fast as they ask receives what it asks, and ``studio``'s
+images count in its share, so under HMFS its writer waits on the LLM while the others
+are owed service.
 
 Examples:
     >>> from fairagents.demo import AGENTS
@@ -34,13 +40,11 @@ from rich.table import Table
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.images import to_png
+from fairagents.policies.pooled import EngineTally
 from fairagents.stats import ClientSnapshot, Stats
 
-__all__ = ["AGENTS", "APPS", "POOL", "main", "run", "run_async"]
+__all__ = ["AGENTS", "APPS", "main", "run", "run_async"]
 
-#: Requests the three models run at once in all: fewer than the callers of any app's fair share, so every
-#: app stays backlogged and its weight decides.
-POOL = 12
 #: app → weight.
 APPS = {"driving": 2.0, "studio": 1.0, "flood": 1.0}
 #: (app, agent, agent weight, concurrent callers, model, max_tokens, prompt).
@@ -69,13 +73,14 @@ def camera_frame() -> bytes:
 
 
 async def run(
-    engines: Mapping[str, Engine], policy: str, seconds: float, pool: int = POOL
-) -> tuple[Stats, list[tuple[float, str, str, float]]]:
+    engines: Mapping[str, Engine], policy: str, seconds: float
+) -> tuple[Stats, list[tuple[float, str, str, float]], dict[str, EngineTally]]:
     """Run the demo load for ``seconds`` under ``policy`` on started ``engines`` (``chat``, ``vision``, ``image``).
 
-    Returns the stats and the charges as (seconds since start, app, agent, unified tokens).
+    Returns the stats, the charges as (seconds since start, app, agent, unified tokens),
+    and what each in-engine model preempted (:class:`~fairagents.policies.pooled.EngineTally`).
     """
-    arbiter = Arbiter(policy=policy, pool_in_flight=pool)
+    arbiter = Arbiter(policy=policy)
     for name, engine in engines.items():
         arbiter.add_model(name, engine)
     handles = {name: arbiter.app(name, weight=w) for name, w in APPS.items()}
@@ -103,13 +108,15 @@ async def run(
     finally:
         await arbiter.close(stop_engines=False)
     charges = [(c.time - start, c.app, c.agent, c.amount) for c in arbiter.ledger.charges]
-    return arbiter.stats(), charges
+    return arbiter.stats(), charges, dict(arbiter.pool_policy.tallies)
 
 
-def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]], seconds: float) -> Table:
+def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]], seconds: float,
+          tallies: Mapping[str, EngineTally] | None = None) -> Table:
     """Per app and agent (with its model): weight share, share of the service delivered while the load ran, latencies.
 
-    For image generation, TTFT is the time to the first denoising step.
+    For image generation, TTFT is the time to the first denoising step. The caption gives
+    the unified tokens served and the requests done in all, and the engines' preemptions.
     """
     served: dict[str, float] = defaultdict(float)
     for t, app, agent, amount in charges:
@@ -127,6 +134,13 @@ def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]
             if key.startswith(f"{app}/"):
                 label = f"  {key.split('/', 1)[1]}" + (f" [dim]({models[key]})[/]" if key in models else "")
                 t.add_row(label, *_cells(a, served[key] / (served[app] or 1.0)))
+    done = sum(s.done for s in stats.apps.values())
+    caption = f"served {total:,.0f} unified tokens in {seconds:g} s, {done} requests done"
+    for model, tally in sorted((tallies or {}).items()):
+        if tally.preemptions:
+            caption += (f"; {model}: {tally.preemptions} preempted ({tally.fair_preemptions} for fairness), "
+                        f"recompute tax {tally.recompute_tax:.1%}")
+    t.caption = caption
     return t
 
 
@@ -185,22 +199,24 @@ async def run_async(
     text = model or "the embedded tiny LLM"
     console.print(
         f"fairagents demo: {len(APPS)} apps, {len(AGENTS)} agents ('flood' keeps 10x the requests in flight) sharing "
-        f"a real multi-modal pool of {POOL} in-flight slots: {text} and a tiny vision-language model on in-process "
-        f"vLLM engines, a tiny diffusion model on diffusers (random weights: gibberish text, noise images, real "
-        f"serving); {seconds:g} s per policy."
+        f"a real multi-modal pool: {text} and a tiny vision-language model on in-process vLLM engines, which "
+        f"schedule by the arbiter's policy themselves, and a tiny diffusion model on diffusers (random weights: "
+        f"gibberish text, noise images, real serving); {seconds:g} s per policy."
     )
     await asyncio.gather(*(e.start() for e in engines.values()))
     results, runs = {}, {}
     try:
         for policy in policies:
-            stats, charges = await run(engines, policy, seconds)
+            stats, charges, tallies = await run(engines, policy, seconds)
             results[policy], runs[policy] = stats, charges
-            console.print(table(policy, stats, charges, seconds))
+            console.print(table(policy, stats, charges, seconds, tallies))
     finally:
         await asyncio.gather(*(e.stop() for e in engines.values()), return_exceptions=True)
     console.print(f"served: share of the service (unified tokens, on every model) delivered while the load ran; an "
-                  f"agent's share is of its app's. weight: what the weights entitle it to. Each app's service over "
-                  f"time: {plot(runs, Path(out))}")
+                  f"agent's share is of its app's. weight: what the weights entitle it to, between apps that stay "
+                  f"backlogged where a queue forms (the LLM's batch, which the flood keeps full); an app served as "
+                  f"fast as it asks receives what it asks, and studio's images count in studio's share. Each app's "
+                  f"service over time: {plot(runs, Path(out))}")
     return results
 
 

@@ -526,7 +526,7 @@ class Dispatcher:
         return held[0] < slots and (tokens is None or held[1] + ticket.reserved <= tokens)
 
     def _show(self, ticket: Ticket, now: float) -> None:
-        """Hand a waiting request to the policy (or an in-engine model's engine); it now counts against its app's share."""
+        """Hand a waiting request to the policy (an in-engine model's: to its engine); it counts against its app's share."""
         r = ticket.request
         m = self._models[r.model]
         if m.in_engine:

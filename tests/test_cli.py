@@ -32,11 +32,11 @@ async def test_real_demo_serves_all_three_modalities_and_writes_the_plot(tmp_pat
                "image": SharedEngine(image_engine)}
     results = await demo.run_async(console, seconds=3.0, out=out, engines=engines)
     text = console.export_text()
-    assert "policy fcfs" in text and "policy hmfs" in text and "multi-modal pool" in text
+    assert "policy fcfs" in text and "policy hmfs" in text and "multi-modal pool" in text and "unified tokens in" in text
     for agent, model in [("perception", "vision"), ("illustrator", "image"), ("planner", "chat")]:
         assert f"{agent} ({model})" in text
-    hmfs = results["hmfs"]  # under hmfs every agent is served, whatever the flood does
-    assert all(a.done > 0 for a in hmfs.agents.values()) and len(hmfs.agents) == len(demo.AGENTS)
+    hmfs = results["hmfs"]  # under hmfs every app is served, whatever the flood does
+    assert all(a.done > 0 for a in hmfs.apps.values()) and len(hmfs.agents) == len(demo.AGENTS)
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from rich.table import Table
 
 from fairagents.runtime.arbiter import Arbiter
-from fairagents.engines.base import Engine
+from fairagents.engines.base import Engine, capabilities
 from fairagents.metrics import percentile
 from fairagents.request import Outcome
 

@@ -336,7 +336,8 @@ def render(result: dict[str, Any]) -> list[Table]:
         first.add_column(column, justify="right")
     for name, label in (("direct", "direct (plain vLLM)"), ("arbiter", "arbiter (default path: hmfs in the engine)")):
         r = result[name]
-        first.add_row(label, f"{r['tokens_per_s']:,.0f}", f"{r['ttft_p50_s'] * 1e3:.0f} ms", f"{r['ttft_p99_s'] * 1e3:.0f} ms")
+        first.add_row(label, f"{r['tokens_per_s']:,.0f}", f"{r['ttft_p50_s'] * 1e3:.0f} ms",
+                      f"{r['ttft_p99_s'] * 1e3:.0f} ms")
     first.caption = f"ratio arbiter/direct = {result['ratio']:.3f}"
     second = Table(title="In-flight limit sweep (hmfs; the arbiter's admission, scheduler=\"vllm\"; two apps of "
                          "equal weight, 6 and 60 callers)")

@@ -16,8 +16,9 @@ mode, the modes alternating ``rounds`` times:
   (``VLLMEngine(scheduler="vllm")``): the arbiter keeps the queue and hands the
   engine what fits.
 
-Reported per mode (summed over rounds): output tokens/s, and its ratio to ``vllm``; the
-engine's fair preemptions and recompute tax (recomputed tokens over all prefilled ones);
+Reported per mode (summed over rounds): output tokens/s, and its ratio to ``vllm``; for
+the default path, the engine's preemptions (those for fairness in brackets) and recompute
+tax (recomputed tokens over all prefilled ones; vLLM's own scheduler keeps no such count);
 the largest service gap between the two apps while both had a request waiting for its
 first token (in the arbiter's queue or in vLLM's), over ``2U`` with ``U`` from the KV
 capacity, the same for every mode; the victim's TTFT p50 and p99. A last table is the
@@ -112,6 +113,7 @@ async def _measure(flood_callers: int, victim_callers: int, seconds: float, roun
             "victim_over_flood": sum(ratios) / len(ratios) if ratios else None,
             "victim_ttft_p50_s": percentile(p50s, 50) if p50s else None,
             "victim_ttft_p99_s": max(p99s, default=None),
+            "preemptions": sum(r["preemptions"] for r in rs),
             "fair_preemptions": sum(r["fair_preemptions"] for r in rs),
             "recompute_tax": sum(r["recompute_tax"] for r in rs) / len(rs),
         }
@@ -133,14 +135,14 @@ def render(result: dict[str, Any]) -> list[Table]:
                         f"{result['victim_callers']} victim and {result['flood_callers']} flood callers, "
                         f"{result['rounds']} x {result['seconds']:g} s per mode")
     for column in ("mode", "output tok/s", "vs vllm", "gap / 2U", "victim / flood service", "victim TTFT p50",
-                   "victim TTFT p99", "fair preemptions", "recompute tax"):
+                   "victim TTFT p99", "preemptions (fair)", "recompute tax"):
         first.add_column(column, justify="right")
     for mode in MODES:
         r = result[mode]
         ratio = "—" if r["victim_over_flood"] is None else f"{r['victim_over_flood']:.3f}"
         first.add_row(mode, f"{r['tokens_per_s']:,.0f}", f"{r['throughput_vs_vllm']:.3f}", f"{r['gap_over_2u']:.2f}",
                       ratio, _ms(r["victim_ttft_p50_s"]), _ms(r["victim_ttft_p99_s"]),
-                      str(r.get("fair_preemptions", 0)), f"{r.get('recompute_tax', 0.0):.1%}")
+                      f"{r.get('preemptions', 0)} ({r.get('fair_preemptions', 0)})", f"{r.get('recompute_tax', 0.0):.1%}")
     first.caption = f"U = {result['u']:,.1f} unified tokens for every row (from the KV capacity)"
     second = Table(title="In-engine queue: one pop + one add")
     second.add_column("apps", justify="right")

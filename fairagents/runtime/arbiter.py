@@ -128,7 +128,8 @@ class Arbiter:
         self.pool_in_flight = pool_in_flight
         self.admission = make_admission(admission)
         self.limits = limits or DEFAULT_LIMITS
-        self.pool = Pool(in_flight=in_flight, token_budget=token_budget, policy=PoolPolicy(policy, self.cost, clock=clock))
+        self.pool = Pool(in_flight=in_flight, token_budget=token_budget,
+                         policy=PoolPolicy(policy, self.cost, clock=clock))
         self.tenants = Tenants()
         self.counters: SharedCounters | None = None
         """The counters shared with other arbiters, if any (``counters=``)."""

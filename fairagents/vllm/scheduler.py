@@ -68,8 +68,8 @@ from fairagents.request import Request as FairRequest
 from fairagents.vllm.args import FairArgsValidator, check_weight
 from fairagents.vllm.metrics import SchedulerMetrics
 
-__all__ = ["CONFIG_ENV", "POLICY_ENV", "Binding", "FairQueue", "FairScheduler", "Weights", "identity", "outcome_of", "own_policy",
-           "run_of"]
+__all__ = ["CONFIG_ENV", "POLICY_ENV", "Binding", "FairQueue", "FairScheduler", "Weights", "identity", "outcome_of",
+           "own_policy", "run_of"]
 
 log = get_logger(__name__)
 
@@ -185,7 +185,7 @@ class Binding:
         self.seat = seat
         self.model = model
         self.max_running = max_running
-        """Most requests the engine runs at once, below its ``max_num_seqs`` (an arbiter's in-flight limit); ``None``: none."""
+        """Most requests the engine runs at once, below ``max_num_seqs`` (an arbiter's in-flight limit); ``None``: no cap."""
 
 
 class FairQueue(RequestQueue):
@@ -369,7 +369,7 @@ class FairScheduler(AsyncScheduler):
     # -- identity and charging ---------------------------------------------------------
 
     def _twin_of(self, request: VllmRequest) -> FairRequest:
-        """The policy's request for ``request``: the arbiter's own when it handed it over, else built from its arguments."""
+        """The policy's request for ``request``: the arbiter's own if it handed it over, else built from its arguments."""
         rid = request.request_id
         twin = self._twins.get(rid)
         if twin is None:

@@ -11,7 +11,8 @@ from vllm.v1.request import Request as VllmRequest
 import fairagents as fa
 from fairagents.identity import identity_args
 from fairagents.policies.pooled import PoolPolicy
-from fairagents.vllm.scheduler import CONFIG_ENV, Binding, FairQueue, FairScheduler, Weights, identity, outcome_of, run_of
+from fairagents.vllm.scheduler import (CONFIG_ENV, Binding, FairQueue, FairScheduler, Weights, identity, outcome_of,
+                                       run_of)
 
 
 def vreq(rid, app=None, agent=None, at=0.0, prompt=8, max_tokens=16, **extra):
@@ -231,7 +232,8 @@ def test_running_requests_are_ordered_so_the_victim_has_the_highest_counter():
 
 def test_one_policy_is_shared_across_the_models_of_a_pool():
     pool = seat("hmfs", "text", "vision")
-    text, vision = FairQueue(Binding(pool, "text"), twin_of("text")), FairQueue(Binding(pool, "vision"), twin_of("vision"))
+    text = FairQueue(Binding(pool, "text"), twin_of("text"))
+    vision = FairQueue(Binding(pool, "vision"), twin_of("vision"))
     text.add_request(vreq("t-a", "A", at=0.0))
     text.add_request(vreq("t-b", "B", at=1.0))
     assert text.peek_request().request_id == "t-a"
@@ -271,7 +273,8 @@ def test_the_policy_stays_exact_under_concurrent_engine_threads_and_the_arbiter(
             dispatcher.progress(f"c{i}", 1, now=0.0)
             dispatcher.finish(f"c{i}", now=0.0)
 
-    threads = [threading.Thread(target=engine_thread, args=(m,)) for m in "ab"] + [threading.Thread(target=arbiter_thread)]
+    threads = [threading.Thread(target=engine_thread, args=(m,)) for m in "ab"]
+    threads.append(threading.Thread(target=arbiter_thread))
     for t in threads:
         t.start()
     for t in threads:
@@ -443,7 +446,8 @@ def test_a_scheduler_knows_whether_its_requests_are_checked():
 
 def test_the_pool_keeps_service_per_model_app_and_agent():
     pool = seat("hmfs", "text", "small")
-    text, small = FairQueue(Binding(pool, "text"), twin_of("text")), FairQueue(Binding(pool, "small"), twin_of("small"))
+    text = FairQueue(Binding(pool, "text"), twin_of("text"))
+    small = FairQueue(Binding(pool, "small"), twin_of("small"))
     text.add_request(vreq("t", "a", "planner", prompt=10))
     small.add_request(vreq("s1", "a", "planner", prompt=0))
     small.add_request(vreq("s2", "a", "critic", prompt=0))

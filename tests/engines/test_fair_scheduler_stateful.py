@@ -25,7 +25,7 @@ import fairagents as fa
 from fairagents.dispatcher import Dispatcher
 from fairagents.policies.pooled import PoolPolicy
 from fairagents.testing import RecordingPolicy
-from fairagents.vllm.scheduler import Binding, FairQueue, identity
+from fairagents.vllm.scheduler import Binding, FairQueue
 
 PROFILE = fa.ModelProfile(d_model=4096, n_layers=1)
 APPS = ("a", "b", "c")

@@ -363,6 +363,7 @@ async def test_without_max_tokens_a_call_may_run_to_the_end_of_the_context(text_
         bot = arbiter.app("a").agent("bot")
         prompt = text_engine.prepare_chat(MSG).n_tokens
         expected = arbiter.default_max_tokens("chat", prompt)
-        assert expected == min(text_engine.max_model_len, (arbiter.token_budget_of("chat") or text_engine.token_capacity)) - prompt
+        room = min(text_engine.max_model_len, arbiter.token_budget_of("chat") or text_engine.token_capacity)
+        assert expected == room - prompt
         reply = await bot.chat("chat", MSG, ignore_eos=True)
     assert reply.usage.completion_tokens == expected and reply.finish_reason == "length"
