@@ -144,18 +144,15 @@ class PoolPolicy:
         So the policy sees the caller's agent (weights, SLO), prompt and run as the
         arbiter knows them, not as rebuilt from vLLM's arguments.
         """
-        with self.lock:
-            self._expected[(request.model, request.id)] = request
+        self._expected[(request.model, request.id)] = request  # one dict operation: atomic, no lock needed
 
     def unexpect(self, model: str, request_id: str) -> None:
         """The handed request never reached the engine (it failed or was cancelled first)."""
-        with self.lock:
-            self._expected.pop((model, request_id), None)
+        self._expected.pop((model, request_id), None)
 
     def expected(self, model: str, request_id: str) -> Request | None:
         """The arbiter's request of that id, handed to ``model``'s engine and not yet taken."""
-        with self.lock:
-            return self._expected.pop((model, request_id), None)
+        return self._expected.pop((model, request_id), None)
 
     # -- an engine's scheduler -----------------------------------------------------------
 
@@ -236,8 +233,8 @@ class PoolPolicy:
             for key in keys:
                 twin, state = self._twins.pop(key)
                 self.policy.on_finish(twin, Outcome.CANCELLED if state == _WAITING else Outcome.FAILED, now)
-            for key in [key for key in self._expected if key[0] == model]:
-                del self._expected[key]
+            for key in [key for key in list(self._expected) if key[0] == model]:
+                self._expected.pop(key, None)
             return len(keys)
 
     def tally(self, model: str) -> EngineTally:
