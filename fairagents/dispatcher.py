@@ -335,7 +335,13 @@ class Dispatcher:
         self._waiting[key] = self._waiting.get(key, 0) + 1
         if m.in_engine and not ticket.held_back:
             self._hand(ticket, m, now)
-        return self._changes(m, now, [])
+        try:
+            return self._changes(m, now, [])
+        except BaseException:  # the caller sees the error: what was handed for it must not stay held
+            if ticket in self._handed:
+                self._handed.remove(ticket)
+                self._end(ticket, Outcome.CANCELLED, now)
+            raise
 
     def progress(self, request_id: str, new_tokens: int, now: float) -> float:
         """A running request produced ``new_tokens`` more output tokens; returns their charge."""

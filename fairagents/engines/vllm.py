@@ -231,14 +231,14 @@ class VLLMEngine(ThreadedEngine):
             self._binding = Binding(policy, name, max_running)
             return
         if binding.seat is policy and binding.model == name:
-            binding.max_running = max_running
+            binding.rebind(policy, name, max_running)
             return
         if self._sinks:
             raise ProtocolError("the engine is serving requests under another pool's policy")
         binding.seat.forget(binding.model)
         if self.profile is not None:
             policy.register(name, self.profile)
-        binding.seat, binding.model, binding.max_running = policy, name, max_running  # read from the next step on
+        binding.rebind(policy, name, max_running)  # requests vLLM still holds are adopted by the new policy
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -401,6 +401,8 @@ class VLLMEngine(ThreadedEngine):
         return engine
 
     def _unload(self, engine: Any) -> None:
+        if self._binding is not None:  # what the stopped engine held will never end in it
+            self._binding.seat.forget(self._binding.model)
         try:
             _shutdown(engine, alone=_live == {id(self)})
         finally:

@@ -167,10 +167,11 @@ class PoolPolicy:
             if held is not None:
                 if held[1] == _WAITING:
                     return held[0]  # already waiting: vLLM put it back where it was
-                self.policy.on_finish(held[0], Outcome.CANCELLED, self.clock())  # preempted: it starts over
+                del self._twins[key]  # preempted: it ends, and starts over
+                self.policy.on_finish(held[0], Outcome.CANCELLED, self.clock())
                 requeued = True
             twin = dataclasses.replace(request, prompt_tokens=0) if requeued else request
-            self.policy.on_arrival(twin, self.clock())
+            self.policy.on_arrival(twin, self.clock())  # if it raises, the policy holds nothing of it
             self._twins[key] = [twin, _WAITING]
             return twin
 

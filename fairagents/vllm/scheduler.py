@@ -182,10 +182,26 @@ class Binding:
     """
 
     def __init__(self, seat: PoolPolicy, model: str, max_running: int | None = None) -> None:
-        self.seat = seat
-        self.model = model
-        self.max_running = max_running
+        self._state = (seat, model, max_running)
+
+    def rebind(self, seat: PoolPolicy, model: str, max_running: int | None = None) -> None:
+        """Follow another pool's policy, as ``model``: one assignment, so a reader never sees half of it."""
+        self._state = (seat, model, max_running)
+
+    @property
+    def seat(self) -> PoolPolicy:
+        """The pool's policy."""
+        return self._state[0]
+
+    @property
+    def model(self) -> str:
+        """This engine's model name in the pool."""
+        return self._state[1]
+
+    @property
+    def max_running(self) -> int | None:
         """Most requests the engine runs at once, below ``max_num_seqs`` (an arbiter's in-flight limit); ``None``: no cap."""
+        return self._state[2]
 
 
 class FairQueue(RequestQueue):
@@ -243,14 +259,30 @@ class FairQueue(RequestQueue):
         if self._chosen:
             self._peeked = self._chosen[0].request_id
             return self._chosen[0]
-        with self.seat.lock:
-            while (twin := self.seat.engine_select(self.model)) is not None and twin.id not in self._held:
-                self.seat.discard(twin)  # not this queue's (cannot happen): never serve it
-        if twin is None:
-            self._peeked = None
-            raise IndexError("peek from an empty queue")
+        seat = self.seat
+        with seat.lock:
+            while (twin := seat.engine_select(self.model)) is not None and twin.id not in self._held:
+                seat.discard(twin)  # not this queue's (cannot happen): never serve it
+            if twin is None and self._held:  # held, yet unknown to the policy: the engine was re-bound to another
+                self._adopt()
+                twin = seat.engine_select(self.model)
+        if twin is None or twin.id not in self._held:
+            if not self._held:
+                self._peeked = None
+                raise IndexError("peek from an empty queue")
+            twin_id = min(self._held.values(), key=lambda r: r.arrival_time).request_id  # the policy refused them all
+            self._peeked = twin_id
+            return self._held[twin_id]
         self._peeked = twin.id
         return self._held[twin.id]
+
+    def _adopt(self) -> None:
+        """Tell the policy (a new one, after a re-bind) about the requests this queue holds."""
+        for request in self._held.values():
+            try:
+                self.seat.engine_arrive(self._twin_of(request))
+            except Exception as err:  # served in arrival order, uncharged, rather than lost
+                log.error("fairagents.vllm.policy_refused", request_id=request.request_id, error=repr(err))
 
     def pop_request(self) -> VllmRequest:
         """Take the request :meth:`peek_request` showed (vLLM allocates for it between the two)."""
@@ -399,10 +431,10 @@ class FairScheduler(AsyncScheduler):
         return self.kv_cache_manager.block_pool.get_num_free_blocks() < need
 
     def _running_key(self, request: VllmRequest) -> tuple[Any, ...]:
-        # Decodes first, so a chunked prefill cannot take a step's whole token budget from them
-        # (vLLM serves `running` in order); within each, by the policy's counters, so the last — the
-        # one vLLM preempts — is the most served (a prefill, when there is one: the cheapest to redo).
-        return (request.num_computed_tokens < request.num_prompt_tokens, *self.seat.served(self._agent_of(request)),
+        # By the policy's counters, so the last — the one vLLM preempts — is the most served client's (vLLM
+        # also serves `running` in this order, so the least served get the step's token budget first);
+        # among one client's, decodes before a prefill, which is the cheapest to redo.
+        return (*self.seat.served(self._agent_of(request)), request.num_computed_tokens < request.num_prompt_tokens,
                 request.arrival_time)
 
     def _shortfall(self, head: VllmRequest) -> tuple[bool, int]:
@@ -424,9 +456,14 @@ class FairScheduler(AsyncScheduler):
         request with the least progress (the cheapest to recompute).
 
         The threshold is the hysteresis: once ``head`` runs, its client is charged its
-        prompt and is still no further served than the victim's, so the victim's client
-        is not owed a preemption back.
+        prompt (unless it is a preempted request resuming) and is still no further
+        served than the victim's, so the victim's client is not owed a preemption back.
+        A head that vLLM cannot schedule yet (its grammar compiling, output of an earlier
+        run still in flight) preempts nobody.
         """
+        if head in self.waiting._chosen or Scheduler._is_blocked_waiting_status(head.status) or getattr(
+                head, "num_stale_output_tokens", 0):
+            return None  # chosen already and put back by vLLM (a grammar compiling...): a free place would not help it
         full, lacking = self._shortfall(head)
         if not full and not lacking:
             return None
@@ -483,7 +520,10 @@ class FairScheduler(AsyncScheduler):
                     self._preempt_for_waiting()
                 if len(self.running) > 1 and self._may_preempt():
                     self.running.sort(key=self._running_key)
-        return super().schedule(*args, **kwargs)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.waiting.new_step()  # what comes back between steps was not popped in one
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         if self._overlap:

@@ -523,3 +523,50 @@ def test_metrics_keep_their_published_service_by_label_so_names_beyond_the_caps_
     metrics.publish(grown, [])
     assert service(OVERFLOW, OVERFLOW) == 48 * 20 + 2
     assert service("app-0", "agent-0") == 1.0
+
+
+def test_a_head_vllm_cannot_schedule_yet_preempts_nobody():
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    head = vreq("q1", "quiet", prompt=4)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("f1", 100)])
+    assert sched.fair_victim(head).request_id == "f1"
+    sched.waiting.pop_request()
+    sched.waiting.prepend_requests([head])  # vLLM skipped it this step (its grammar compiles): it keeps its turn
+    assert sched.waiting.peek_request() is head and sched.fair_victim(head) is None
+
+
+def test_a_queue_re_bound_to_another_policy_adopts_what_it_holds():
+    old, new = seat(), seat("fcfs")
+    binding = Binding(old, "engine")
+    q = FairQueue(binding, twin_of())
+    q.add_request(vreq("a1", "A"))
+    binding.rebind(new, "engine")  # an idle engine joins another arbiter; vLLM still holds a1 (its abort pending)
+    assert q.peek_request().request_id == "a1" and new.policy.queued("engine") == 1
+    assert q.pop_request().request_id == "a1" and new.held() == 1
+
+
+def test_a_policy_that_refuses_a_preempted_request_leaves_nothing_of_it():
+    class Refusing(fa.policies.FCFS):
+        refuse = False
+
+        def on_arrival(self, req, now):
+            if self.refuse:
+                raise fa.InvalidParameterError("no")
+            super().on_arrival(req, now)
+
+    policy = Refusing()
+    pool = PoolPolicy(policy, fa.UnifiedTokenCost())
+    pool.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
+    q = FairQueue(Binding(pool, "engine"), twin_of())
+    first = vreq("a1", "A")
+    q.add_request(first)
+    q.pop_request()
+    q.new_step()
+    policy.refuse = True
+    q.prepend_request(first)  # preempted, and the policy refuses it: served uncharged rather than lost
+    assert pool.held() == 0 and policy.queued() == policy.running() == 0
+    assert q.pop_request() is first
+    pool.engine_progress("engine", [("a1", 3)])
+    pool.engine_end("engine", "a1", fa.Outcome.FINISHED)  # nothing raises on the engine's thread
