@@ -204,7 +204,23 @@ class Binding:
         return self._state[2]
 
 
-class FairQueue(RequestQueue):
+class _Following:
+    """What follows a :class:`Binding`: the pool's policy and the model's name, read at each use."""
+
+    binding: Binding
+
+    @property
+    def seat(self) -> PoolPolicy:
+        """The pool's policy."""
+        return self.binding.seat
+
+    @property
+    def model(self) -> str:
+        """This engine's model name in the pool."""
+        return self.binding.model
+
+
+class FairQueue(_Following, RequestQueue):
     """vLLM's waiting queue, in the order of the pool's policy (see the module docs).
 
     The requests it holds wait in the policy too. The one popped for the batch is
@@ -226,16 +242,6 @@ class FairQueue(RequestQueue):
         self._popped: set[str] = set()  # popped during this step: put back, they were skipped, not preempted
         self._peeked: str | None = None
         binding.seat.forget(binding.model)  # an engine started again: its last queue's requests are gone with it
-
-    @property
-    def seat(self) -> PoolPolicy:
-        """The pool's policy."""
-        return self.binding.seat
-
-    @property
-    def model(self) -> str:
-        """This engine's model name in the pool."""
-        return self.binding.model
 
     def new_step(self) -> None:
         """A scheduling step begins: what vLLM puts back from now on was popped in it (skipped) or before (preempted)."""
@@ -327,7 +333,7 @@ class FairQueue(RequestQueue):
         return iter([*self._chosen, *sorted(self._held.values(), key=lambda r: r.arrival_time)])
 
 
-class FairScheduler(AsyncScheduler):
+class FairScheduler(_Following, AsyncScheduler):
     """vLLM's async scheduler, ordering, charging and preempting by a fairagents policy (see the module docs).
 
     Constructed by vLLM (``EngineArgs(scheduler_cls=...)``); it reads the model's
@@ -387,16 +393,6 @@ class FairScheduler(AsyncScheduler):
             (True, 'chat', 'vtc')
         """
         return type(cls.__name__, (cls,), {"shared": binding, "preempt": preempt, "__module__": cls.__module__})
-
-    @property
-    def seat(self) -> PoolPolicy:
-        """The pool's policy this scheduler follows."""
-        return self.binding.seat
-
-    @property
-    def model(self) -> str:
-        """This engine's model name in the pool."""
-        return self.binding.model
 
     # -- identity and charging ---------------------------------------------------------
 
