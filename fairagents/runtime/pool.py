@@ -156,8 +156,8 @@ class Pool:
             caps.share_policy(self.policy, name, in_flight if in_flight is not None else self.in_flight)
         except ProtocolError as err:
             raise InvalidParameterError(
-                f"model {name!r}'s engine is running under another arbiter's policy; stop it before adding it "
-                "to this one", model=name) from err
+                f"model {name!r}'s engine is running under another arbiter's policy, serving its requests; add "
+                "it to this one once they have ended", model=name) from err
 
     def get(self, name: str) -> PoolModel:
         """The model of that name; raises :class:`~fairagents.UnknownModelError`."""
