@@ -506,7 +506,6 @@ class FairScheduler(_Following, AsyncScheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """Preempt for a client owed service if the batch is full, order the running requests, schedule."""
-        self.waiting.new_step()
         cap = self.binding.max_running
         self._max_active = self._engine_max_active if cap is None else min(cap, self._engine_max_active)
         self.max_num_active_reqs = self._max_active  # what vLLM admits into its batch, up to its max_num_seqs
@@ -519,7 +518,7 @@ class FairScheduler(_Following, AsyncScheduler):
         try:
             return super().schedule(*args, **kwargs)
         finally:
-            self.waiting.new_step()  # what comes back between steps was not popped in one
+            self.waiting.new_step()  # only a step pops: what comes back between steps was not popped in one
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         if self._overlap:
