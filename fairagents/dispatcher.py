@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from fairagents._logging import get_logger
 from fairagents.cost import ModelProfile, UnifiedTokenCost, service_bound
 from fairagents.errors import (
     ContextLengthError,
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
 
 # The records live in fairagents.records; they are re-exported here for the dispatcher's drivers.
 __all__ = ["Changes", "Dispatcher", "ModelState", "Ticket", "TicketState"]
+
+log = get_logger("fairagents.dispatcher")
 
 
 _NOTHING = Changes()
@@ -682,7 +685,16 @@ class Dispatcher:
             self._end(ticket, Outcome.CANCELLED, now)  # its caller left before its turn: uncharged
             self._withdrawn.append(ticket)
             return False
-        self.policy.on_dispatch(r, now)
+        try:
+            self.policy.on_dispatch(r, now)  # charges first: a refused charge leaves the request waiting in it
+        except Exception as err:  # that request fails, not the event's caller (often another request)
+            error = err if isinstance(err, FairAgentsError) else ProtocolError(
+                f"the policy refused to dispatch the request: {err!r}", **_about(ticket))
+            log.error("fairagents.dispatcher.dispatch_refused", error=str(error), **_about(ticket))
+            self._end(ticket, Outcome.FAILED, now)
+            ticket.error = error
+            self._withdrawn.append(ticket)
+            return False
         self._unwait(r)
         ticket.state = TicketState.RUNNING
         ticket.dispatched = now

@@ -31,7 +31,7 @@ Examples:
     ...     fa.App("driving", weight=0)
     ... except ValueError as err:
     ...     print(type(err).__name__, "-", err)
-    InvalidParameterError - app weight must be a finite number > 0, got 0
+    InvalidParameterError - app weight must be a finite number in [0.001, 1000], got 0
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class InvalidParameterError(BadInputError):
         >>> fa.SLO(ttft=-1)
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: SLO ttft must be a finite number of seconds > 0, got -1
+        fairagents.errors.InvalidParameterError: SLO ttft must be a finite number of seconds in [0.001, 86400], got -1
     """
 
 

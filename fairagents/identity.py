@@ -55,8 +55,9 @@ from fairagents.constants import (
 from fairagents.errors import InvalidParameterError
 
 __all__ = [
-    "SLO", "Agent", "App", "Modality", "acting_as", "agent", "agent_from_headers", "check_run", "current_agent",
-    "current_run", "identity_args", "identity_headers", "run_from_headers", "run_scope",
+    "SLO", "SLO_RANGE", "WEIGHT_RANGE", "Agent", "App", "Modality", "acting_as", "agent", "agent_from_headers",
+    "check_run", "check_weight", "current_agent", "current_run", "identity_args", "identity_headers",
+    "run_from_headers", "run_scope",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,11 +80,49 @@ class Modality(str, enum.Enum):
     """Text in, images out (a diffusion model)."""
 
 
-def _check_positive(value: float | None, what: str, unit: str = "number", *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise InvalidParameterError(f"{what} must be a finite {unit} > 0, got {value!r}")
+#: The range of a weight, an app's or an agent's: two clients' shares differ a million-fold at most.
+#: Bounding it keeps every charge finite (a counter grows by ``charge / weight``).
+WEIGHT_RANGE = (1e-3, 1e3)
+#: The range of an SLO objective (``ttft``, ``tpot``, ``e2e``), in seconds: a millisecond to a day.
+SLO_RANGE = (1e-3, 86_400.0)
+
+
+def _in_range(value: object, low: float, high: float) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value) and low <= value <= high)
+
+
+def _range_text(low: float, high: float) -> str:
+    return f"in [{low:g}, {high:g}]"
+
+
+def check_weight(value: object, what: str, **about: Any) -> float:
+    """``value`` as a weight: a number in :data:`WEIGHT_RANGE` (a boolean is not one); else an error naming ``what``.
+
+    Args:
+        value: the weight given.
+        what: what it is the weight of, for the message (``"app weight"``).
+        **about: attributes of the error (``param``, ``app``, ``agent``).
+
+    Examples:
+        >>> from fairagents.identity import check_weight
+        >>> check_weight(2, "app weight")
+        2.0
+        >>> check_weight(1e-320, "agent weight")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: agent weight must be a finite number in [0.001, 1000], got 1e-320
+    """
+    if not _in_range(value, *WEIGHT_RANGE):
+        raise InvalidParameterError(f"{what} must be a finite number {_range_text(*WEIGHT_RANGE)}, got {value!r}",
+                                    **about)
+    return float(value)  # type: ignore[arg-type]
+
+
+def _check_seconds(value: object, what: str) -> None:
+    if value is not None and not _in_range(value, *SLO_RANGE):
+        raise InvalidParameterError(f"{what} must be a finite number of seconds {_range_text(*SLO_RANGE)}, "
+                                    f"got {value!r}")
 
 
 def _check_name(name: object, what: str) -> None:
@@ -115,7 +154,7 @@ class SLO:
 
     def __post_init__(self) -> None:
         for what in ("ttft", "tpot", "e2e"):
-            _check_positive(getattr(self, what), f"SLO {what}", "number of seconds", optional=True)
+            _check_seconds(getattr(self, what), f"SLO {what}")
 
     def met(self, *, ttft: float, tpot: float | None, e2e: float) -> bool:
         """Whether measured latencies (seconds) meet every objective that is set."""
@@ -156,7 +195,7 @@ class App:
     name: str
     """Unique name of the app."""
     weight: float = _DEFAULT_WEIGHT
-    """Share of the pool relative to other apps (> 0; 1 unless given)."""
+    """Share of the pool relative to other apps (in :data:`WEIGHT_RANGE`; 1 unless given)."""
     slo: SLO | None = None
     """Default SLO of the app's agents."""
     stated: frozenset[str] = field(init=False, repr=False, compare=False)
@@ -164,7 +203,7 @@ class App:
 
     def __post_init__(self) -> None:
         _check_name(self.name, "app")
-        _check_positive(self.weight, "app weight")
+        check_weight(self.weight, "app weight")
         object.__setattr__(self, "stated", _stated(self.weight, self.slo))
         object.__setattr__(self, "weight", float(self.weight))
 
@@ -189,7 +228,7 @@ class Agent:
     app: App
     """The app the agent belongs to."""
     weight: float = _DEFAULT_WEIGHT
-    """Share of its app relative to the app's other agents (> 0; 1 unless given)."""
+    """Share of its app relative to the app's other agents (in :data:`WEIGHT_RANGE`; 1 unless given)."""
     slo: SLO | None = None
     """The agent's SLO; falls back to the app's."""
     declared: frozenset[str] = field(init=False, repr=False, compare=False)
@@ -203,7 +242,7 @@ class Agent:
         _check_name(self.name, "agent")
         if not isinstance(self.app, App):
             raise InvalidParameterError(f"agent app must be an App, got {self.app!r}")
-        _check_positive(self.weight, "agent weight")
+        check_weight(self.weight, "agent weight")
         object.__setattr__(self, "key", (self.app.name, self.name))
         object.__setattr__(self, "declared", _stated(self.weight, self.slo) | {f"app {x}" for x in self.app.stated})
         object.__setattr__(self, "weight", float(self.weight))
@@ -313,7 +352,8 @@ def check_run(run: object) -> str:
         fairagents.errors.InvalidParameterError: a run id is 1 to 128 letters, digits and _.:@/+=-, got 'two words'
     """
     if not isinstance(run, str) or not _RUN.match(run):
-        raise InvalidParameterError(f"a run id is 1 to 128 letters, digits and _.:@/+=-, got {run!r}", param="run")
+        shown = quoted(run) if isinstance(run, str) else repr(run)[:MAX_QUOTED]
+        raise InvalidParameterError(f"a run id is 1 to 128 letters, digits and _.:@/+=-, got {shown}", param="run")
     return run
 
 
@@ -487,9 +527,10 @@ def agent_from_headers(app: str, name: str, headers: Mapping[str, str]) -> Agent
     stated (:attr:`Agent.declared`), so the agent keeps its declaration's.
 
     Raises:
-        InvalidParameterError: ``X-Fairagents-Agent-Weight`` is not a number > 0, or
-            ``X-Fairagents-Agent-Slo`` not ``ttft=<s>, tpot=<s>, e2e=<s>`` (any of them, each
-            once) with numbers > 0; the error's ``param`` names the header.
+        InvalidParameterError: ``X-Fairagents-Agent-Weight`` is not a number in
+            :data:`WEIGHT_RANGE`, or ``X-Fairagents-Agent-Slo`` not ``ttft=<s>, tpot=<s>, e2e=<s>``
+            (any of them, each once) with numbers in :data:`SLO_RANGE`; the error's ``param``
+            names the header, and it quotes at most :data:`MAX_QUOTED` characters of the value.
 
     Examples:
         >>> from fairagents.identity import agent_from_headers
@@ -502,12 +543,13 @@ def agent_from_headers(app: str, name: str, headers: Mapping[str, str]) -> Agent
         >>> agent_from_headers("studio", "writer", {"X-Fairagents-Agent-Weight": "-1"})
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: X-Fairagents-Agent-Weight: the agent weight must be a finite number > 0, got '-1'
+        fairagents.errors.InvalidParameterError: X-Fairagents-Agent-Weight: the agent weight must be a finite number in [0.001, 1000], got '-1'
     """
     about: dict[str, Any] = {"app": app, "agent": name}
     weight_text = (headers.get(HEADER_AGENT_WEIGHT) or "").strip()
     slo_text = (headers.get(HEADER_AGENT_SLO) or "").strip()
-    weight = _header_number(weight_text, HEADER_AGENT_WEIGHT, "the agent weight", about) if weight_text else None
+    weight = (_header_number(weight_text, HEADER_AGENT_WEIGHT, "the agent weight", about, WEIGHT_RANGE)
+              if weight_text else None)
     slo = _parse_slo(slo_text, about) if slo_text else None
     if weight is None:
         return Agent(name, App(app), slo=slo)
@@ -530,19 +572,36 @@ def _parse_slo(text: str, about: dict[str, Any]) -> SLO:
         what, equals, value = (part.strip() for part in item.partition("="))
         if not equals or what not in _SLO_FIELDS or what in values:
             raise InvalidParameterError(
-                f"{HEADER_AGENT_SLO}: {text!r} is not 'ttft=<seconds>, tpot=<seconds>, e2e=<seconds>' "
+                f"{HEADER_AGENT_SLO}: {quoted(text)} is not 'ttft=<seconds>, tpot=<seconds>, e2e=<seconds>' "
                 "(any of them, each once)", param=HEADER_AGENT_SLO, **about,
             )
-        values[what] = _header_number(value, HEADER_AGENT_SLO, f"SLO {what}", about)
+        values[what] = _header_number(value, HEADER_AGENT_SLO, f"SLO {what}", about, SLO_RANGE)
     return SLO(**values)
 
 
-def _header_number(text: str, header: str, what: str, about: dict[str, Any]) -> float:
+def _header_number(text: str, header: str, what: str, about: dict[str, Any], bounds: tuple[float, float]) -> float:
     value = float(text) if _NUMBER.fullmatch(text) else math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidParameterError(f"{header}: {what} must be a finite number > 0, got {text!r}", param=header,
-                                    **about)
+    if not (math.isfinite(value) and bounds[0] <= value <= bounds[1]):
+        raise InvalidParameterError(f"{header}: {what} must be a finite number {_range_text(*bounds)}, "
+                                    f"got {quoted(text)}", param=header, **about)
     return value
+
+
+#: Most characters of a client's value an error message quotes: a 60 kB header is not echoed back.
+MAX_QUOTED = 64
+
+
+def quoted(text: str, limit: int = MAX_QUOTED) -> str:
+    """``text`` as an error message quotes it: its ``repr``, cut to about ``limit`` characters.
+
+    Examples:
+        >>> from fairagents.identity import quoted
+        >>> quoted("heavy"), quoted("9" * 100)
+        ("'heavy'", "'9999999999999999999999999999999999999999999999999999999999999999…' (100 characters)")
+    """
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}"[:-1] + f"…' ({len(text)} characters)"
 
 
 def identity_args(agent: Agent, run: str | None = None) -> dict[str, Any]:

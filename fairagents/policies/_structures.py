@@ -10,10 +10,12 @@ when it reaches the top with a stale key.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from fairagents.errors import ProtocolError
 from fairagents.request import Request
 
 K = TypeVar("K", bound=Hashable)
@@ -77,18 +79,26 @@ class LazyMinHeap(Generic[K]):
         self._member.pop(member, None)
 
     def min(self) -> K | None:
+        """The member of least score (ties: re-keyed least recently), or ``None`` if there is none.
+
+        Each member is re-keyed at most once per call, so the loop ends on any scores
+        (a NaN, which equals nothing, included): every pass pops an entry or re-keys a
+        member whose entry predates the call.
+        """
         heap, members, scores = self._heap, self._member, self._scores
+        fresh = self._seq  # entries with a later seq were re-keyed by this call: their score is current
         while heap:
             score, seq, member = heap[0]
             if members.get(member) != seq:  # discarded, or re-added since
                 heapq.heappop(heap)
                 continue
-            current = scores[member]
-            if current != score:  # its counter grew: re-key it and look again
-                self._seq += 1
-                members[member] = self._seq
-                heapq.heapreplace(heap, (current, self._seq, member))
-                continue
+            if seq <= fresh:
+                current = scores[member]
+                if current != score:  # its counter grew: re-key it and look again
+                    self._seq += 1
+                    members[member] = self._seq
+                    heapq.heapreplace(heap, (current, self._seq, member))
+                    continue
             return member
         return None
 
@@ -96,6 +106,14 @@ class LazyMinHeap(Generic[K]):
         live = [(self._scores[m], seq, m) for m, seq in self._member.items()]
         heapq.heapify(live)
         self._heap = live
+
+
+def _inverse(weight: float) -> float:
+    """``1 / weight``, for a weight that keeps it finite (weights are checked where they are given)."""
+    inverse = 1.0 / weight
+    if not 0.0 < inverse < math.inf:
+        raise ProtocolError(f"a weight is a finite number > 0 whose inverse is finite, got {weight!r}")
+    return inverse
 
 
 class _ForModel(Generic[K]):
@@ -132,7 +150,7 @@ class CounterLevel(Generic[K]):
         self._last_left: K | None = None
 
     def enqueue(self, client: K, weight: float, model: str) -> None:
-        self.inverse_weight[client] = 1.0 / weight
+        self.inverse_weight[client] = _inverse(weight)
         waiting = self._waiting.get(client, 0)
         if waiting == 0:
             self.counter[client] = max(self.counter.get(client, 0.0), self._floor())
@@ -164,7 +182,7 @@ class CounterLevel(Generic[K]):
 
     def touch(self, client: K, weight: float) -> None:
         """Know ``client`` (its weight), starting it at the floor if it is new."""
-        self.inverse_weight[client] = 1.0 / weight
+        self.inverse_weight[client] = _inverse(weight)
         if client not in self.counter:
             self.counter[client] = self._floor()
 
@@ -197,6 +215,8 @@ class CounterLevel(Generic[K]):
         old = self.counter.get(client)
         if old is None or value == old:
             return
+        if not math.isfinite(value):
+            raise ProtocolError(f"a counter is a finite number, got {value!r} for {client!r}")
         self.counter[client] = value
         if value < old:
             if client in self._active:

@@ -9,6 +9,7 @@ simulator on a virtual clock, and inside the live arbiter.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -16,7 +17,33 @@ from fairagents.cost import CostModel
 from fairagents.errors import ProtocolError
 from fairagents.request import Outcome, Request
 
-__all__ = ["BasePolicy", "Policy"]
+__all__ = ["BasePolicy", "Policy", "checked_charge"]
+
+
+def checked_charge(amount: float, req: Request) -> float:
+    """``amount`` if it is a charge a counter may take: a finite number ≥ 0 (unified tokens).
+
+    A cost model that prices a NaN or an infinity would poison every comparison after
+    it, so the charge is refused where it is made, before any counter moves.
+
+    Raises:
+        ProtocolError: ``amount`` is NaN, infinite or negative (a cost model's bug).
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.policies.base import checked_charge
+        >>> req = fa.Request("r1", fa.Agent("a", fa.App("x")), "m", 1, 1, arrival=0.0)
+        >>> checked_charge(2.5, req)
+        2.5
+        >>> checked_charge(float("nan"), req)
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.ProtocolError: request 'r1' was priced at nan unified tokens; a charge is a finite number ≥ 0
+    """
+    if not 0.0 <= amount < math.inf:  # NaN fails every comparison
+        raise ProtocolError(f"request {req.id!r} was priced at {amount!r} unified tokens; a charge is a finite "
+                            "number ≥ 0", model=req.model, app=req.app, agent=req.agent.name, request_id=req.id)
+    return amount
 
 
 @runtime_checkable
@@ -146,21 +173,33 @@ class BasePolicy(abc.ABC):
         self._enqueue(req, now)
 
     def on_dispatch(self, req: Request, now: float) -> None:
-        """Move ``req`` from the queue to running and charge its input."""
-        if self._waiting.pop(req.id, None) is None:
+        """Move ``req`` from the queue to running and charge its input.
+
+        Raises:
+            ProtocolError: ``req`` is not waiting, or its input prices at a charge that is
+                not a finite number ≥ 0 (the request stays waiting; nothing is charged).
+        """
+        if req.id not in self._waiting:
             raise ProtocolError(f"request {req.id!r} is not waiting")
+        amount = checked_charge(self.cost.input_cost(req.model, req.prompt_tokens), req)
+        del self._waiting[req.id]
         self._waiting_per_model[req.model] -= 1
         self._dequeue(req, now, dispatched=True)
         self._running[req.id] = req
-        self._charge(req, self.cost.input_cost(req.model, req.prompt_tokens), now)
+        self._charge(req, amount, now)
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
-        """Charge ``new_output_tokens`` of output to ``req``'s app and agent."""
+        """Charge ``new_output_tokens`` of output to ``req``'s app and agent.
+
+        Raises:
+            ProtocolError: ``req`` is not running, or the output prices at a charge that is
+                not a finite number ≥ 0 (nothing is charged).
+        """
         if req.id not in self._running:
             raise ProtocolError(f"request {req.id!r} is not running")
         if new_output_tokens:  # the cost model rejects a negative or non-integer count
             if self._counts_service:
-                self._charge(req, self._output_cost(req.model, new_output_tokens), now)
+                self._charge(req, checked_charge(self._output_cost(req.model, new_output_tokens), req), now)
             elif type(new_output_tokens) is not int or new_output_tokens < 0:
                 self._output_cost(req.model, new_output_tokens)  # raises for a bad count, as pricing it would
 

@@ -15,10 +15,12 @@ agents of one app) receive weight-normalised service within ``2U`` of each other
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
+from fairagents.errors import ProtocolError
 from fairagents.identity import Agent
 from fairagents.policies._structures import CounterLevel, Fifo
 from fairagents.policies.base import BasePolicy
@@ -90,6 +92,9 @@ class HMFS(BasePolicy):
             >>> policy.counters_of(fa.Agent("t", fa.App("a", weight=2.0)))
             (5.0, 10.0)
         """
+        if not 0.0 <= amount < math.inf:
+            raise ProtocolError(f"a charge is a finite number ≥ 0 (unified tokens), got {amount!r}",
+                                app=agent.app.name, agent=agent.name)
         app, apps = agent.app.name, self._apps
         agents = self._agents.get(app)
         if agents is None:

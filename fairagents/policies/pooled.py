@@ -37,6 +37,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -44,12 +45,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fairagents._logging import get_logger
 from fairagents.cost import ModelProfile, UnifiedTokenCost
 from fairagents.identity import Agent
 from fairagents.policies.base import Policy
 from fairagents.request import Outcome, Request
 
 __all__ = ["EngineTally", "PoolPolicy"]
+
+log = get_logger("fairagents.policy")
 
 _WAITING, _RUNNING = "waiting", "running"
 
@@ -187,7 +191,11 @@ class PoolPolicy:
             if held is None or held[1] != _WAITING:
                 return False
             twin = held[0]
-            self.policy.on_dispatch(twin, self.clock())
+            try:
+                self.policy.on_dispatch(twin, self.clock())
+            except Exception:  # a policy's or cost model's bug: the engine serves it uncharged, not dies of it
+                self._drop(model, request_id, "dispatch")
+                return False
             self.tally(model).prefilled += twin.prompt_tokens
             held[1] = _RUNNING
             if twin.prompt_tokens:
@@ -205,7 +213,11 @@ class PoolPolicy:
             for request_id, tokens in outputs:
                 held = twins.get((model, request_id))
                 if held is not None and held[1] == _RUNNING and tokens > 0:
-                    on_progress(held[0], tokens, now)
+                    try:
+                        on_progress(held[0], tokens, now)
+                    except Exception:  # refused (a charge that is not finite): it goes on uncharged, alone
+                        self._drop(model, request_id, "progress")
+                        continue
                     self._account(held[0].agent, model, price(model, tokens))
 
     def engine_end(self, model: str, request_id: str, outcome: Outcome) -> None:
@@ -237,6 +249,18 @@ class PoolPolicy:
             for key in [key for key in list(self._expected) if key[0] == model]:
                 self._expected.pop(key, None)
             return len(keys)
+
+    def _drop(self, model: str, request_id: str, step: str) -> None:
+        """The policy refused a call about a request: log it, and end it there, so no counter takes its charges.
+
+        Its engine serves it on, uncharged: one request's bad number never stops the
+        engine that serves everyone's.
+        """
+        twin, _ = self._twins.pop((model, request_id))
+        log.exception("fairagents.policy.refused", model=model, request_id=request_id, step=step,
+                      app=twin.agent.app.name, agent=twin.agent.name)
+        with contextlib.suppress(Exception):  # what the policy holds of it may be half-made: let it go
+            self.policy.on_finish(twin, Outcome.FAILED, self.clock())
 
     def tally(self, model: str) -> EngineTally:
         """``model``'s engine tally (created on first use)."""

@@ -23,12 +23,11 @@ Examples:
     >>> check_args({"fairagents_app_weight": -3})
     Traceback (most recent call last):
     ...
-    fairagents.errors.InvalidParameterError: vllm_xargs: fairagents_app_weight must be a finite number > 0, got -3
+    fairagents.errors.InvalidParameterError: vllm_xargs: fairagents_app_weight must be a finite number in [0.001, 1000], got -3
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +38,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT, XARG_RUN
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import check_run
+from fairagents.identity import check_weight as _check_weight
 
 __all__ = ["MAX_NAME", "FairArgsValidator", "check_args", "check_weight"]
 
@@ -50,16 +50,14 @@ _PREFIX = "fairagents_"
 
 
 def check_weight(value: Any, what: str) -> float:
-    """``value`` as a weight: a finite number > 0 (a boolean is not one).
+    """``value`` as a weight: a finite number in :data:`~fairagents.identity.WEIGHT_RANGE` (a boolean is not one).
 
     Examples:
         >>> from fairagents.vllm.args import check_weight
         >>> check_weight(2, "app 'a'")
         2.0
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise InvalidParameterError(f"{what} must be a finite number > 0, got {value!r}")
-    return float(value)
+    return _check_weight(value, what)
 
 
 def check_args(extra_args: Mapping[str, Any] | None) -> None:
@@ -114,7 +112,7 @@ class FairArgsValidator(V1LogitsProcessor, V2LogitsProcessor):
         >>> FairArgsValidator.validate_params(SamplingParams(extra_args={"fairagents_app_weight": "heavy"}))
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: vllm_xargs: fairagents_app_weight must be a finite number > 0, got 'heavy'
+        fairagents.errors.InvalidParameterError: vllm_xargs: fairagents_app_weight must be a finite number in [0.001, 1000], got 'heavy'
     """
 
     def __init__(self, vllm_config: Any, *args: Any) -> None:

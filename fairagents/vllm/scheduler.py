@@ -91,7 +91,7 @@ class Weights:
         >>> Weights({"apps": {"a": {"weight": 0}}})
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: weight of app 'a' must be a finite number > 0, got 0
+        fairagents.errors.InvalidParameterError: weight of app 'a' must be a finite number in [0.001, 1000], got 0
     """
 
     def __init__(self, data: Mapping[str, Any]) -> None:

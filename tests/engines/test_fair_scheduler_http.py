@@ -214,13 +214,13 @@ def test_metric_labels_are_bounded(fair_server):
 # -- refusals ----------------------------------------------------------------------------
 
 REFUSED = [
-    ('{"fairagents_app": "r", "fairagents_app_weight": -3}', "fairagents_app_weight must be a finite number > 0, got -3"),
+    ('{"fairagents_app": "r", "fairagents_app_weight": -3}', "fairagents_app_weight must be a finite number in [0.001, 1000], got -3"),
     ('{"fairagents_app": "r", "fairagents_app_weight": "heavy"}',
-     "fairagents_app_weight must be a finite number > 0, got 'heavy'"),
+     "fairagents_app_weight must be a finite number in [0.001, 1000], got 'heavy'"),
     ('{"fairagents_app": "r", "fairagents_agent_weight": NaN}', None),  # as sent: not JSON, but parsed
     ('{"fairagents_app": "r", "fairagents_agent_weight": Infinity}', None),
     ('{"fairagents_app": "r", "fairagents_agent_weight": 1e999}', None),
-    ('{"fairagents_app": "r", "fairagents_agent_weight": 0}', "fairagents_agent_weight must be a finite number > 0, got 0"),
+    ('{"fairagents_app": "r", "fairagents_agent_weight": 0}', "fairagents_agent_weight must be a finite number in [0.001, 1000], got 0"),
     ('{"fairagents_app": 5}', "fairagents_app must be a non-empty string"),
     ('{"fairagents_app": "r", "fairagents_agent": ["a", "b"]}', "fairagents_agent must be a non-empty string"),
     ('{"fairagents_app": "r", "fairagents_wieght": 2}', "unknown key 'fairagents_wieght'"),
