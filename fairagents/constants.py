@@ -40,3 +40,10 @@ HEADER_RUN = "X-Fairagents-Run"
 DEFAULT_AGENT = "default"
 #: Reference embedding width ``d_base`` of unified tokens (HMFS eq. 1).
 DEFAULT_D_BASE = 4096
+#: Most raw tokens one count may hold: a request's prompt or ``max_tokens``, one report of output.
+#: Bounded so that every charge, and every counter it adds to, stays a finite float.
+MAX_TOKEN_COUNT = 2**40
+#: Largest width (``d_model``, ``d_base``) and depth (``n_layers``) a model profile may state.
+MAX_MODEL_WIDTH, MAX_MODEL_DEPTH = 2**20, 2**12
+#: Largest price of a raw token (``w_input``, ``w_output``).
+MAX_TOKEN_PRICE = 1e3

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from fairagents.constants import DEFAULT_D_BASE
+from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDTH, MAX_TOKEN_COUNT, MAX_TOKEN_PRICE
 from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.identity import Modality
 
@@ -37,15 +37,20 @@ __all__ = ["CostModel", "ModelProfile", "RawTokenCost", "UnifiedTokenCost", "ser
 
 
 def _check_count(n: int, what: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise InvalidParameterError(f"{what} must be an integer ≥ 0, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= MAX_TOKEN_COUNT:
+        raise InvalidParameterError(f"{what} must be an integer in [0, 2**40], got {n!r}")
 
 
 def _check_weight(value: float, what: str, *, allow_zero: bool = False) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
+    if not ok or value < 0 or (value == 0 and not allow_zero) or value > MAX_TOKEN_PRICE:
         bound = "≥ 0" if allow_zero else "> 0"
-        raise InvalidParameterError(f"{what} must be a finite number {bound}, got {value!r}")
+        raise InvalidParameterError(f"{what} must be a finite number {bound} and ≤ {MAX_TOKEN_PRICE:g}, got {value!r}")
+
+
+def _check_size(value: object, what: str, largest: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= largest:
+        raise InvalidParameterError(f"{what} must be an integer in [1, {largest}], got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +74,8 @@ class ModelProfile:
     """What the model takes and gives."""
 
     def __post_init__(self) -> None:
-        for what in ("d_model", "n_layers"):
-            value = getattr(self, what)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidParameterError(f"ModelProfile {what} must be an integer > 0, got {value!r}")
+        _check_size(self.d_model, "ModelProfile d_model", MAX_MODEL_WIDTH)
+        _check_size(self.n_layers, "ModelProfile n_layers", MAX_MODEL_DEPTH)
         object.__setattr__(self, "modality", Modality(self.modality))
 
     def scale(self, d_base: int = DEFAULT_D_BASE) -> float:
@@ -149,8 +152,7 @@ class UnifiedTokenCost:
         w_input: float = 1.0,
         w_output: float = 2.0,
     ) -> None:
-        if isinstance(d_base, bool) or not isinstance(d_base, int) or d_base <= 0:
-            raise InvalidParameterError(f"d_base must be an integer > 0, got {d_base!r}")
+        _check_size(d_base, "d_base", MAX_MODEL_WIDTH)
         _check_weight(w_input, "w_input", allow_zero=True)
         _check_weight(w_output, "w_output", allow_zero=True)
         self.d_base = d_base
@@ -177,7 +179,7 @@ class UnifiedTokenCost:
 
     def unified_tokens(self, model: str, n: int) -> float:
         """``T(n, model)``: ``n`` raw tokens of ``model`` in unified tokens."""
-        if type(n) is not int or n < 0:  # the exact-type test keeps the hot path cheap
+        if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:  # the exact-type test keeps the hot path cheap
             _check_count(n, "token count")
         scale = self._scale.get(model)
         return n * (scale if scale is not None else self.scale(model))
@@ -189,7 +191,7 @@ class UnifiedTokenCost:
     def output_cost(self, model: str, n: int) -> float:
         """``w_output · T(n, model)``."""
         # unified_tokens inlined: this runs for every streamed chunk of every request.
-        if type(n) is not int or n < 0:
+        if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:
             _check_count(n, "token count")
         scale = self._scale.get(model)
         return self.w_output * n * (scale if scale is not None else self.scale(model))
@@ -214,13 +216,13 @@ class RawTokenCost:
 
     def input_cost(self, model: str, n: int) -> float:
         """``w_input · n``."""
-        if type(n) is not int or n < 0:
+        if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:
             _check_count(n, "token count")
         return self.w_input * n
 
     def output_cost(self, model: str, n: int) -> float:
         """``w_output · n``."""
-        if type(n) is not int or n < 0:
+        if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:
             _check_count(n, "token count")
         return self.w_output * n
 

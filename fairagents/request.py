@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairagents.constants import MAX_TOKEN_COUNT
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent
 
@@ -54,7 +55,7 @@ class Request:
         >>> fa.Request(id="r2", agent=who, model="chat", prompt_tokens=-1, max_tokens=8, arrival=0.0)
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: prompt_tokens must be an integer ≥ 0, got -1
+        fairagents.errors.InvalidParameterError: prompt_tokens must be an integer in [0, 2**40], got -1
     """
 
     id: str
@@ -75,10 +76,13 @@ class Request:
     """The run (one invocation of an agent workflow) the call belongs to; ``None``: a run of its own."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 0:
-            raise InvalidParameterError(f"prompt_tokens must be an integer ≥ 0, got {self.prompt_tokens!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+        prompt, most = self.prompt_tokens, self.max_tokens
+        if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt <= MAX_TOKEN_COUNT:
+            raise InvalidParameterError(f"prompt_tokens must be an integer in [0, 2**40], got {prompt!r}",
+                                        param="prompt_tokens")
+        if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_TOKEN_COUNT:
+            raise InvalidParameterError(f"max_tokens must be an integer in [1, 2**40], got {most!r}",
+                                        param="max_tokens")
         if not isinstance(self.arrival, int | float) or not math.isfinite(self.arrival):
             raise InvalidParameterError(f"arrival must be a finite time in seconds, got {self.arrival!r}")
         if not isinstance(self.agent, Agent):

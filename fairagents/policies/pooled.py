@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from fairagents._logging import get_logger
 from fairagents.cost import ModelProfile, UnifiedTokenCost
 from fairagents.identity import Agent
 from fairagents.policies.base import Policy
+from fairagents.policies.watched_lock import LockWatchdog, WatchedLock
 from fairagents.request import Outcome, Request
 
 __all__ = ["EngineTally", "PoolPolicy"]
@@ -101,8 +101,10 @@ class PoolPolicy:
         """The time the policy is told (``now``): the arbiter's clock, which also dates its requests' arrivals."""
         self.cost: UnifiedTokenCost = cost if cost is not None else (
             own if isinstance(own, UnifiedTokenCost) else UnifiedTokenCost())
-        self.lock = threading.RLock()
-        """Held for every call into :attr:`policy`, by the arbiter and by each engine."""
+        self.lock = WatchedLock()
+        """Held for every call into :attr:`policy`, by the arbiter and by each engine (re-entrant)."""
+        self.watchdog = LockWatchdog(self.lock)
+        """Logs a hold of :attr:`lock` past its deadline, with the holder's stack; its arbiter runs it."""
         self.charged: dict[str, float] = {}
         """Unified tokens charged per app by the engines' schedulers (not divided by weight)."""
         self.service: dict[tuple[str, str, str], float] = {}

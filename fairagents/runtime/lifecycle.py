@@ -115,6 +115,8 @@ class Lifecycle:
             except BaseException:  # nothing is left running
                 await self.pool.stop()
                 raise
+        if self.pool.policy is not None:
+            self.pool.policy.watchdog.start()
         self.started, self._closing = True, False
         runner.accepting = True
         log.info("fairagents.arbiter.started", models=list(self.pool.models), policy=runner.dispatcher.policy.name)
@@ -187,6 +189,8 @@ class Lifecycle:
             preprocessor.close()
         if stop_engines:
             await self.pool.stop()
+        if self.pool.policy is not None:
+            self.pool.policy.watchdog.stop()
         self.started = False
         log.info("fairagents.arbiter.closed")
 

@@ -14,7 +14,10 @@ before the engines stop; every connection is closed by :data:`CLOSE_WITHIN` (0.4
 uvicorn cancelling the requests still open then; the remaining 0.6 s is for uvicorn's
 exit and the interpreter's (a few tenths of a second). The bound assumes engines that
 end an aborted request and stop promptly, as the in-process ones do; a vLLM engine's
-shutdown adds its own time.
+shutdown adds its own time. Should anything hold the shutdown longer (a thread stuck
+with a lock the event loop needs), the process logs every thread's stack
+(``fairagents.server.forced_exit``) and exits with status 1 at ``drain_timeout`` +
+:data:`FORCED_EXIT` seconds, whatever is stuck.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -49,6 +54,12 @@ SHUTDOWN_GRACE = 1.0
 """Seconds past ``server.drain_timeout`` by which SIGTERM has ended :func:`serve` and its process.
 
 It holds :data:`CLOSE_WITHIN`, then uvicorn's exit and the interpreter's.
+"""
+
+FORCED_EXIT = 5.0
+"""Seconds past ``server.drain_timeout`` at which SIGTERM ends the process even if a thread is stuck.
+
+Past :data:`SHUTDOWN_GRACE`, with room for engines that take a few seconds to stop.
 """
 
 ABORT_WAIT = 0.2
@@ -256,8 +267,12 @@ async def serve(
             server.should_exit = server.force_exit = True
 
     signals = (signal.SIGTERM, signal.SIGINT)
+    backstop = _Backstop(config.server.drain_timeout + FORCED_EXIT)
     for sig in signals:
         loop.add_signal_handler(sig, on_signal)
+        # The loop reads the signal from its wakeup file; this handler runs in the main thread even when the
+        # loop is stuck (a lock acquisition is interrupted for it), and arms the exit that needs no loop.
+        signal.signal(sig, backstop.arm)
     try:
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
@@ -266,6 +281,7 @@ async def serve(
             ready(_url(sock))
         await task
     finally:
+        backstop.disarm()
         for sig in signals:
             loop.remove_signal_handler(sig)
         if drained is not None:
@@ -275,6 +291,44 @@ async def serve(
         await arbiter.close(timeout=0 if drained is not None else None, stop_engines=stop_engines,
                             abort_timeout=ABORT_WAIT)
     log.info("fairagents.server.stopped")
+
+
+class _Backstop:
+    """Ends the process ``within`` seconds of the first signal, if nothing else has by then.
+
+    The drain runs on the event loop; a thread stuck holding a lock the loop waits for
+    (a bug) would keep the process alive past any drain. A daemon thread, armed from the
+    signal handler, logs every thread's stack and exits at the deadline. :func:`serve`
+    disarms it once it returns.
+    """
+
+    def __init__(self, within: float) -> None:
+        self.within = within
+        self._armed = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fairagents-shutdown-backstop", daemon=True)
+        self._thread.start()
+
+    def arm(self, signum: int, frame: object) -> None:
+        """The signal handler: start the countdown (a second signal changes nothing here)."""
+        self._armed.set()
+
+    def disarm(self) -> None:
+        """:func:`serve` returned: the process is leaving on its own."""
+        self._done.set()
+        self._armed.set()  # wakes the thread, which sees it is done
+
+    def _run(self) -> None:
+        self._armed.wait()
+        if self._done.wait(self.within):
+            return
+        stacks = {t.name: "".join(traceback.format_stack(frame)) for t in threading.enumerate()
+                  if (frame := sys._current_frames().get(t.ident)) is not None}  # type: ignore[arg-type]
+        log.error("fairagents.server.forced_exit", seconds=self.within, stacks=stacks,
+                  hint="the drain did not end: a thread is stuck (its stack is above)")
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
 
 
 def main(

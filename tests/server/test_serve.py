@@ -13,15 +13,15 @@ import pytest
 
 import fairagents as fa
 from fairagents.server import main
-from fairagents.server.serve import SHUTDOWN_GRACE
+from fairagents.server.serve import FORCED_EXIT, SHUTDOWN_GRACE
 
 from ._support import MSG
 
 
-async def _server(drain_timeout, tokens, in_flight=2):
+async def _server(drain_timeout, tokens, in_flight=2, *, stuck=False, stderr=None):
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).with_name("_serve_fake.py")), str(drain_timeout), str(tokens), str(in_flight),
-        stdout=asyncio.subprocess.PIPE,
+        *(["stuck"] if stuck else []), stdout=asyncio.subprocess.PIPE, stderr=stderr,
     )
     try:
         url = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().strip()
@@ -245,3 +245,39 @@ def test_only_a_loopback_address_counts_as_local():
 
     assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")
     assert not _loopback("0.0.0.0") and not _loopback("10.0.0.5") and not _loopback("::")
+
+
+async def test_a_thread_stuck_with_the_pool_lock_is_logged_and_sigterm_still_ends_the_process():
+    drain = 0.5
+    process, url = await _server(drain_timeout=drain, tokens=4, stuck=True, stderr=asyncio.subprocess.PIPE)
+    errors = bytearray()
+
+    async def read_errors():
+        while line := await process.stderr.readline():
+            errors.extend(line)
+
+    reader = asyncio.create_task(read_errors())
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(30, connect=5)) as http:
+            # The request reaches the dispatcher, whose lock the stuck thread holds: the event loop waits on it.
+            pending = asyncio.create_task(http.post("/v1/chat/completions", json={"model": "chat", "messages": MSG}))
+            deadline = time.monotonic() + 20
+            while b"fairagents.policy.lock_held" not in errors:
+                assert time.monotonic() < deadline, errors.decode()[-2000:]
+                await asyncio.sleep(0.05)
+            assert b"stuck-engine" in errors and b"hold_forever" in errors  # who holds it, and where
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(process.wait(), drain + FORCED_EXIT + 10)
+            took = time.monotonic() - started
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        await reader
+        assert process.returncode == 1
+        assert b"fairagents.server.forced_exit" in errors
+        assert took < drain + FORCED_EXIT + 1.0, f"SIGTERM to exit: {took:.2f} s"
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        reader.cancel()
