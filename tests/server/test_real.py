@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -269,3 +270,52 @@ async def test_a_request_without_max_tokens_may_fill_the_context_over_http(text_
     assert reply.usage.completion_tokens == room - prompt_tokens and reply.choices[0].finish_reason == "length"
     assert text.usage.completion_tokens == room - text.usage.prompt_tokens
 
+
+
+async def test_a_tenant_at_the_ends_of_the_weight_range_cannot_stop_the_engine_or_the_server(text_engine):
+    """The subnormal-weight attack on the default path (the engine's own fair scheduler, with preemption).
+
+    ``evil`` (app weight 0.001, the least allowed) and ``good`` (1000, the most) each keep 24
+    streams in flight on a batch of 32, so the scheduler preempts; evil also sends weight
+    1e-320, which is refused. Every request ends, ``/health/live`` answers throughout, and
+    every counter stays finite.
+    """
+    apps = {"evil": {"api_key": "sk-evil", "weight": 0.001}, "good": {"api_key": "sk-good", "weight": 1000.0}}
+    config = make_config(apps=apps)
+    arbiter = build_arbiter(config, engines={"chat": text_engine})
+    body = {"model": "chat", "messages": MSG, "max_tokens": 24, "stream": True, **GREEDY}
+    async with live(arbiter, config) as (url, _), httpx.AsyncClient(base_url=url, timeout=120) as http:
+        async def caller(key, weight, n):
+            codes = []
+            for _ in range(n):
+                headers = {"Authorization": f"Bearer {key}", "X-Fairagents-Agent": "bot",
+                           "X-Fairagents-Agent-Weight": weight}
+                async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+                    await response.aread()
+                    codes.append(response.status_code)
+            return codes
+
+        stop = asyncio.Event()
+
+        async def health():
+            answers = []
+            while not stop.is_set():
+                started = time.monotonic()
+                answers.append(((await http.get("/health/live", timeout=10)).status_code, time.monotonic() - started))
+                await asyncio.sleep(0.05)
+            return answers
+
+        watching = asyncio.create_task(health())
+        results = await asyncio.gather(*[caller("sk-evil", "1e-320", 1) for _ in range(24)],
+                                       *[caller("sk-evil", "0.001", 2) for _ in range(24)],
+                                       *[caller("sk-good", "1000", 2) for _ in range(24)])
+        stop.set()
+        answers = await watching
+    assert {c for codes in results[:24] for c in codes} == {400}
+    assert {c for codes in results[24:] for c in codes} == {200}
+    assert answers and {status for status, _ in answers} == {200}
+    policy = arbiter.pool_policy.policy
+    counters = [*policy.app_counters().values(), *(c for app in policy.app_counters()
+                                                   for c in policy.agent_counters(app).values())]
+    assert counters and all(math.isfinite(c) for c in counters)
+    assert arbiter.pool_policy.held() == 0
