@@ -55,9 +55,9 @@ from fairagents.constants import (
 from fairagents.errors import InvalidParameterError
 
 __all__ = [
-    "SLO", "SLO_RANGE", "WEIGHT_RANGE", "Agent", "App", "Modality", "acting_as", "agent", "agent_from_headers",
-    "check_run", "check_weight", "current_agent", "current_run", "identity_args", "identity_headers",
-    "run_from_headers", "run_scope",
+    "MAX_QUOTED", "SLO", "SLO_RANGE", "WEIGHT_RANGE", "Agent", "App", "Modality", "acting_as", "agent",
+    "agent_from_headers", "check_run", "check_weight", "current_agent", "current_run", "identity_args",
+    "identity_headers", "quoted", "run_from_headers", "run_scope",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])

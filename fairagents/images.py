@@ -185,7 +185,7 @@ def parse_size(size: str) -> tuple[int, int]:
     """
     match = _SIZE.fullmatch(size) if isinstance(size, str) else None
     if match is None:
-        raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}")
+        raise InvalidParameterError(f"size must be 'WIDTHxHEIGHT', got {size!r}", param="size")
     return int(match[1]), int(match[2])
 
 

@@ -37,6 +37,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, ValidationInfo,
                       model_validator)
 
+from fairagents._json import NumberError, loads
+from fairagents.constants import MAX_TOKEN_COUNT
 from fairagents.engines.base import GenerationParams
 from fairagents.errors import InvalidImageError, InvalidParameterError
 from fairagents.images import parse_size
@@ -91,7 +93,9 @@ def join_text(parts: Sequence[Any]) -> str | None:
 def parse(model: type[M], raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> M:
     """Validate a JSON request body; anything wrong is an :class:`~fairagents.InvalidParameterError`.
 
-    ``limits`` bound its stop strings, logit bias, tools and output constraint.
+    A number JSON or Python cannot take (``NaN``, ``1e999``, an integer of more digits
+    than Python converts) is one too, naming its field. ``limits`` bound its stop
+    strings, logit bias, tools and output constraint.
 
     Examples:
         >>> from fairagents.openai_request import CompletionRequest, parse
@@ -99,10 +103,16 @@ def parse(model: type[M], raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) ->
         Traceback (most recent call last):
         ...
         fairagents.errors.InvalidParameterError: the request body is not valid JSON: Expecting value: line 1 column 1 (char 0)
+        >>> parse(CompletionRequest, b'{"model": "chat", "prompt": "a", "temperature": NaN}')
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: temperature: NaN is not valid JSON (JSON has no NaN or Infinity)
     """
     try:
-        data = json.loads(raw)
-        json.dumps(data, ensure_ascii=False).encode()  # a lone surrogate ("\\ud800") fails here, not in a tokenizer
+        data = loads(raw)  # a lone surrogate ("\\ud800") fails here, not in a tokenizer
+    except NumberError as err:
+        where = _path(err.loc)
+        raise InvalidParameterError(f"{where}: {err}" if where else str(err), param=where or None) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidParameterError(f"the request body is not valid JSON: {err}") from None
     except UnicodeEncodeError:
@@ -198,7 +208,7 @@ class StreamOptions(BaseModel):
 
 class _Sampling(_Body):
     model: str = Field(min_length=1)
-    max_tokens: _Int | None = Field(default=None, ge=1)
+    max_tokens: _Int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
     temperature: _Float | None = Field(default=None, ge=0, le=2)
     top_p: _Float | None = Field(default=None, gt=0, le=1)
     n: _Int | None = Field(default=None, ge=1, le=MAX_CHOICES)
@@ -254,7 +264,8 @@ class _Sampling(_Body):
             "ignore_eos": self.ignore_eos,
             "presence_penalty": self.presence_penalty or 0.0,
             "frequency_penalty": self.frequency_penalty or 0.0,
-            "logit_bias": {int(token): float(bias) for token, bias in (self.logit_bias or {}).items()} or None,
+            # the ids as the validator read them: "007" is 7, however many zeros lead
+            "logit_bias": dict(GenerationParams(1, logit_bias=self.logit_bias or ()).logit_bias) or None,
             **self._logprobs(),
         }
 
@@ -278,10 +289,17 @@ class FunctionCall(BaseModel):
     def _json_arguments(self) -> FunctionCall:
         if self.arguments.strip():
             try:
-                json.loads(self.arguments)
-            except json.JSONDecodeError:
+                loads(self.arguments)
+            except NumberError as err:
+                where = f" at {_path(err.loc)}" if _path(err.loc) else ""
+                raise InvalidParameterError(f"the arguments of {self.name!r} must be JSON text: {err}{where}",
+                                            param="arguments") from None
+            except ValueError:  # not JSON, or not Unicode
                 raise InvalidParameterError(f"the arguments of {self.name!r} must be JSON text, "
                                             f"got {self.arguments[:80]!r}", param="arguments") from None
+            except RecursionError:
+                raise InvalidParameterError(f"the arguments of {self.name!r} are nested too deeply",
+                                            param="arguments") from None
         return self
 
 
@@ -360,7 +378,7 @@ class ChatCompletionRequest(_Sampling):
     """The body of ``POST /v1/chat/completions``, or the keyword arguments of ``chat.completions.create``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: _Int | None = Field(default=None, ge=1)
+    max_completion_tokens: _Int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
     tools: list[dict[str, Any]] | None = None
     """Function tools the model may call, as
     ``{"type": "function", "function": {"name", "description", "parameters"}}``."""

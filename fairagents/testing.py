@@ -36,7 +36,7 @@ from fairagents.engines.base import Delta, EngineBase, GenerationParams, Prompt
 from fairagents.engines.sim import SimEngine
 from fairagents.errors import EngineError, InvalidParameterError
 from fairagents.identity import Agent, App
-from fairagents.policies.base import Policy
+from fairagents.policies.base import DefersInput, Policy
 from fairagents.request import Outcome, Request
 from fairagents.simulation import SimRequest, SimResult, Workload, simulate
 
@@ -127,6 +127,19 @@ class RecordingPolicy:
     def on_dispatch(self, req: Request, now: float) -> None:
         self.inner.on_dispatch(req, now)
         self.decisions.append(Decision(now, req.model, req.id, req.app, req.agent.name))
+
+    def on_take(self, req: Request, now: float) -> None:
+        """Taken into a batch, its input charged later (:class:`~fairagents.policies.DefersInput`), if the wrapped
+        policy defers input; else dispatched and charged at once."""
+        if isinstance(self.inner, DefersInput):
+            self.inner.on_take(req, now)
+        else:
+            self.inner.on_dispatch(req, now)
+        self.decisions.append(Decision(now, req.model, req.id, req.app, req.agent.name))
+
+    def on_input(self, req: Request, tokens: int, now: float) -> None:
+        if isinstance(self.inner, DefersInput):
+            self.inner.on_input(req, tokens, now)
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
         self.inner.on_progress(req, new_output_tokens, now)

@@ -590,7 +590,7 @@ def _check_tools(tools: Sequence[Mapping[str, Any]] | None) -> tuple[dict[str, A
         if description is not None:
             function["description"] = description
         if parameters is not None:
-            function["parameters"] = json.loads(json.dumps(parameters))  # a JSON value, copied
+            function["parameters"] = _json_copy(parameters, f"tools[{i}].function.parameters")
         if fn.get("strict") is not None:
             function["strict"] = bool(fn["strict"])
         out.append({"type": "function", "function": function})
@@ -638,8 +638,17 @@ def _check_response_format(fmt: Mapping[str, Any] | None) -> dict[str, Any] | No
     if not isinstance(schema, Mapping):
         raise InvalidParameterError("response_format.json_schema.schema must be a JSON schema (an object)",
                                     param="response_format.json_schema.schema")
-    return {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": json.loads(json.dumps(schema)),
+    return {"type": "json_schema", "json_schema": {"name": spec["name"],
+                                                   "schema": _json_copy(schema, "response_format.json_schema.schema"),
                                                    "strict": bool(spec.get("strict", False))}}
+
+
+def _json_copy(value: Any, param: str) -> Any:
+    """``value`` copied as a JSON value: what JSON cannot carry (a set, NaN, a 5,000-digit integer) is refused."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise InvalidParameterError(f"{param} must be a JSON value: {err}", param=param) from None
 
 
 def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -650,7 +659,7 @@ def _required_calls(text: str) -> list[tuple[str, str]] | None:
     """The ``[{"name", "parameters"}]`` array of a required call as (name, JSON arguments), or ``None``."""
     try:
         items = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # cut short, or a number or nesting past what Python reads
         return None
     if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
         return None

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "fairagents"
 
 #: Lowest first; a module may import its own floor and those below.
 FLOORS: list[list[str]] = [
-    ["errors", "constants", "_logging"],
+    ["errors", "constants", "_logging", "_json"],
     ["identity", "limits", "labels", "images", "cost", "request", "reply", "tools", "records"],
     ["policies", "metrics", "runs", "stats"],
     ["dispatcher", "admission"],

@@ -4,7 +4,10 @@ One real vLLM engine behind ``fairagents serve``'s app, in this process. Two cli
 processes, each with its own apps' API key, use the stock ``openai`` client:
 
 - the **victim** app sends one short chat request at a time (``victim_tokens`` output
-  tokens) for ``seconds``, and reports each request's latency (send to last byte);
+  tokens) for ``seconds``, and reports each request's latency (send to last byte); in
+  two more runs (idle, and the flood that ignores ``Retry-After``), each request is a
+  tool call, ``tool_choice="required"``, the kind of request agents send most, whose
+  grammar vLLM compiles before it may run;
 - the **flood** app runs ``flood_clients`` concurrent clients, each sending long
   requests (``flood_tokens`` output tokens) back to back. Its queue is bounded
   (``flood_queue``), so past it the server answers 429 with ``Retry-After``. In one
@@ -47,6 +50,12 @@ __all__ = ["FLOODS", "render", "run"]
 #: Flood kinds: name → how the flood treats a 429 (``None``: no flood).
 FLOODS: list[tuple[str, str | None]] = [("idle", None), ("honours Retry-After", "honour"), ("ignores Retry-After", "ignore")]
 MESSAGES = [{"role": "user", "content": "Summarise the state of the road network in three sentences."}]
+#: The victim's tool, for its tool-call runs (``tool_choice="required"``).
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the road network.",
+                                           "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                          "required": ["query"]}}}]
+#: What the victim sends: plain chats, or tool calls.
+CALLS = ("chat", "tool calls")
 VICTIM, FLOOD = "victim", "flood"
 
 
@@ -54,8 +63,8 @@ def _key(app: str) -> str:
     return f"sk-bench-{app}"
 
 
-async def _victim(url: str, seconds: float, max_tokens: int) -> dict[str, Any]:
-    """The well-behaved app, in its own process: one request at a time for ``seconds``."""
+async def _victim(url: str, seconds: float, max_tokens: int, calls: str = "chat") -> dict[str, Any]:
+    """The well-behaved app, in its own process: one request at a time for ``seconds`` (chats or tool calls)."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=_key(VICTIM), max_retries=0, timeout=600)
@@ -66,9 +75,11 @@ async def _victim(url: str, seconds: float, max_tokens: int) -> dict[str, Any]:
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         start = time.perf_counter()
+        kind: dict[str, Any] = ({"tools": TOOLS, "tool_choice": "required"} if calls == "tool calls"
+                                else {"extra_body": {"ignore_eos": True}})
         try:
             await client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=max_tokens,  # type: ignore[arg-type]
-                                                 extra_body={"ignore_eos": True})
+                                                 **kind)
         except openai.APIError:
             failed += 1
             continue
@@ -133,7 +144,7 @@ async def _tell(process: asyncio.subprocess.Process) -> None:
 
 async def _one(engine: Engine, share: float | None, mode: str | None, *, seconds: float, victim_tokens: int,
                flood_clients: int, flood_tokens: int, flood_queue: int, in_flight: int | None,
-               policy: str = "hmfs") -> dict[str, Any]:
+               policy: str = "hmfs", calls: str = "chat") -> dict[str, Any]:
     from fairagents.server import Config, create_app, running
 
     arbiter = Arbiter(policy=policy, max_in_flight_share=share, in_flight=in_flight)
@@ -148,7 +159,7 @@ async def _one(engine: Engine, share: float | None, mode: str | None, *, seconds
                 flood = await _spawn("flood", url, str(flood_clients), str(flood_tokens), mode)
                 await _tell(flood)
                 await asyncio.sleep(2.0)  # the flood fills the model first
-            victim = await _spawn("victim", url, str(seconds), str(victim_tokens))
+            victim = await _spawn("victim", url, str(seconds), str(victim_tokens), calls)
             await _tell(victim)
             out, _ = await victim.communicate()
             measured = json.loads(out)
@@ -164,7 +175,7 @@ async def _one(engine: Engine, share: float | None, mode: str | None, *, seconds
     tpots = [r.tpot for r in records if r.app == FLOOD and r.tpot is not None]
     tally = arbiter.pool_policy.tally("chat")
     row: dict[str, Any] = {
-        "policy": policy, "share": share, "flood": mode, "victim_requests": len(latencies),
+        "policy": policy, "share": share, "flood": mode, "calls": calls, "victim_requests": len(latencies),
         "victim_failed": measured["failed"], "victim_p50_s": percentile(latencies, 50),
         "victim_p99_s": percentile(latencies, 99), "victim_ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
         "flood_tpot_s": percentile(tpots, 50) if tpots else None, "fair_preemptions": tally.fair_preemptions,
@@ -184,8 +195,13 @@ async def _run(engine: Engine, options: dict[str, Any], share: float) -> dict[st
         for cap in (None, share):
             rows.append(await _one(engine, cap, mode, **options))
     rows.append(await _one(engine, None, "ignore", **options, policy="fcfs"))
-    idle = rows[0]
-    for row in rows[1:]:
+    rows.append(await _one(engine, None, None, **options, calls="tool calls"))
+    rows.append(await _one(engine, None, "ignore", **options, calls="tool calls"))
+    idles = {row["calls"]: row for row in rows if row["flood"] is None}
+    for row in rows:
+        if row["flood"] is None:
+            continue
+        idle = idles[row["calls"]]
         row["p50_over_idle"] = row["victim_p50_s"] / idle["victim_p50_s"]
         row["p99_over_idle"] = row["victim_p99_s"] / idle["victim_p99_s"]
         if row["victim_ttft_p99_s"] is not None and idle["victim_ttft_p99_s"] is not None and row["flood_tpot_s"]:
@@ -224,7 +240,7 @@ def render(result: dict[str, Any]) -> list[Table]:
     table = Table(title=f"Victim latency while another app floods: {load['flood_clients']} flood clients x "
                         f"{load['flood_tokens']} tokens vs one victim request at a time x {load['victim_tokens']} tokens "
                         f"({load['seconds']:.0f} s per run, in-flight limit {result['in_flight']})")
-    for column in ("flood", "policy", "per-app cap", "victim p50", "victim p99", "p50 / idle", "p99 / idle",
+    for column in ("flood", "victim sends", "policy", "per-app cap", "victim p50", "victim p99", "p50 / idle", "p99 / idle",
                    "victim TTFT p99", "(TTFT p99 − idle) / flood TPOT", "flood done/s", "flood tok/s", "flood 429/s",
                    "fair preemptions", "recompute tax"):
         table.add_column(column, justify="right")
@@ -234,7 +250,7 @@ def render(result: dict[str, Any]) -> list[Table]:
         cap = "-" if not flooded else ("off" if row["share"] is None else f"{row['share']:.0%} of slots")
         steps = row.get("ttft_steps")
         table.add_row(
-            names[row["flood"]], row.get("policy", "hmfs"), cap, f"{row['victim_p50_s'] * 1e3:.0f} ms",
+            names[row["flood"]], row.get("calls", "chat"), row.get("policy", "hmfs"), cap, f"{row['victim_p50_s'] * 1e3:.0f} ms",
             f"{row['victim_p99_s'] * 1e3:.0f} ms",
             f"{row['p50_over_idle']:.1f}x" if flooded else "-",
             f"{row['p99_over_idle']:.1f}x" if flooded else "-",
@@ -248,10 +264,10 @@ def render(result: dict[str, Any]) -> list[Table]:
     return [table]
 
 
-if __name__ == "__main__":  # a client process: victim URL SECONDS TOKENS | flood URL CLIENTS TOKENS MODE
+if __name__ == "__main__":  # a client process: victim URL SECONDS TOKENS CALLS | flood URL CLIENTS TOKENS MODE
     role, url, *rest = sys.argv[1:]
     if role == "victim":
-        result = asyncio.run(_victim(url, float(rest[0]), int(rest[1])))
+        result = asyncio.run(_victim(url, float(rest[0]), int(rest[1]), rest[2]))
     else:
         result = asyncio.run(_flood(url, int(rest[0]), int(rest[1]), rest[2]))
     print(json.dumps(result), flush=True)

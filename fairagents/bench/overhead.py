@@ -102,9 +102,9 @@ async def _arbitrated(engine: Engine, callers: int, per_caller: int, max_tokens:
     return tokens, elapsed, ttfts
 
 
-async def _flood_and_victim(engine: Engine, **limits: Any) -> tuple[Arbiter, Any, Any]:
-    """A started ``hmfs`` arbiter over ``engine`` with two apps of equal weight; their agents."""
-    arbiter = Arbiter(policy="hmfs", **limits)
+async def _flood_and_victim(engine: Engine, policy: str = "hmfs", **limits: Any) -> tuple[Arbiter, Any, Any]:
+    """A started arbiter (``hmfs`` unless told) over ``engine`` with two apps of equal weight; their agents."""
+    arbiter = Arbiter(policy=policy, **limits)
     arbiter.add_model("m", engine)
     flood, victim = arbiter.app("flood").agent("bot"), arbiter.app("victim").agent("bot")
     await arbiter.start()

@@ -1,4 +1,4 @@
-"""Fairness inside vLLM against fairness in front of it: one real engine under KV pressure, three ways.
+"""Fairness inside vLLM against fairness in front of it: one real engine under KV pressure, five ways.
 
 The embedded model with a KV cache that holds a few requests (``bench overhead``'s KV
 pressure set-up: :func:`~fairagents.bench.overhead.pressure_kv_bytes`), two apps of
@@ -12,6 +12,8 @@ mode, the modes alternating ``rounds`` times:
 - ``default``: the default path, the arbiter's ``hmfs`` inside the engine
   (``VLLMEngine()``, :class:`~fairagents.vllm.FairScheduler`), handed each request at
   once, with fair preemption;
+- ``default vtc``, ``default wfq``: the same with the arbiter's policy ``vtc`` or
+  ``wfq``, which preempt for fairness by their own comparison of two clients;
 - ``arbiter``: vLLM's own scheduler behind the arbiter's token-budget admission
   (``VLLMEngine(scheduler="vllm")``): the arbiter keeps the queue and hands the
   engine what fits.
@@ -39,7 +41,7 @@ from fairagents.metrics import percentile
 
 __all__ = ["DECISION_APPS", "MODES", "decision_cost", "render", "run"]
 
-MODES = ("vllm", "default", "arbiter")
+MODES = ("vllm", "default", "default vtc", "default wfq", "arbiter")
 #: Numbers of apps at which the in-engine queue's decision cost is measured.
 DECISION_APPS = (10, 100, 1_000, 10_000)
 _HAND_EVERYTHING = {"in_flight": 65_536, "token_budget": None}
@@ -78,7 +80,9 @@ async def _measure(flood_callers: int, victim_callers: int, seconds: float, roun
     engines = {"vllm": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024, scheduler="vllm"),
                "default": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024)}
     engines["arbiter"] = engines["vllm"]
-    limits = {"vllm": _HAND_EVERYTHING, "default": {}, "arbiter": {"token_budget": "engine"}}
+    engines["default vtc"] = engines["default wfq"] = engines["default"]
+    limits = {"vllm": _HAND_EVERYTHING, "default": {}, "default vtc": {"policy": "vtc"},
+              "default wfq": {"policy": "wfq"}, "arbiter": {"token_budget": "engine"}}
     rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     u = 0.0
     for engine in {id(e): e for e in engines.values()}.values():
@@ -123,7 +127,7 @@ async def _measure(flood_callers: int, victim_callers: int, seconds: float, roun
 
 
 def run(seconds: float = 15.0, rounds: int = 2, flood_callers: int = 30, victim_callers: int = 3) -> dict[str, Any]:
-    """The three modes on one real engine, then the in-engine queue's decision cost."""
+    """The modes on one real engine, then the in-engine queue's decision cost."""
     result = asyncio.run(_measure(flood_callers, victim_callers, seconds, rounds))
     result["decision_us"] = {str(n): decision_cost(n) for n in DECISION_APPS}
     return result

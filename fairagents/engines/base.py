@@ -111,17 +111,17 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}",
+            raise InvalidParameterError(f"max_tokens must be an integer ≥ 1, got {_clip(self.max_tokens)}",
                                         param="max_tokens")
         if not isinstance(self.temperature, int | float) or not 0 <= self.temperature <= 2:
-            raise InvalidParameterError(f"temperature must be a number in [0, 2], got {self.temperature!r}",
+            raise InvalidParameterError(f"temperature must be a number in [0, 2], got {_clip(self.temperature)}",
                                         param="temperature")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
-            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {_clip(self.top_p)}", param="top_p")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             # Samplers seed a 64-bit generator: a larger seed overflows inside the engine's step.
-            raise InvalidParameterError(f"seed must be a 64-bit signed integer, got {self.seed!r}", param="seed")
+            raise InvalidParameterError(f"seed must be a 64-bit signed integer, got {_clip(self.seed)}", param="seed")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParameterError(f"stop must be a sequence of non-empty strings, got {_clip(self.stop)}",
                                         param="stop")
@@ -129,11 +129,11 @@ class GenerationParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or self.logprobs < 0):
             raise InvalidParameterError(f"logprobs must be an integer ≥ 0 (alternatives per token) or None, "
-                                        f"got {self.logprobs!r}", param="logprobs")
+                                        f"got {_clip(self.logprobs)}", param="logprobs")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
-                raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {value!r}", param=name)
+                raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {_clip(value)}", param=name)
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     def sampling_fields(self) -> dict[str, Any]:
@@ -182,6 +182,10 @@ class Delta:
     the request asked for them (:attr:`GenerationParams.logprobs`)."""
 
 
+# Most digits of a token id in ``logit_bias``: engines keep ids in 64 bits (below 2**63, 19 digits).
+_MAX_TOKEN_DIGITS = 19
+
+
 def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     """``bias`` as sorted ``(token_id, bias)`` pairs, checked: ids ≥ 0, biases finite in [-100, 100]."""
     pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
@@ -194,6 +198,10 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
                                         param="logit_bias")
         token, value = item
         if isinstance(token, str) and token.isascii() and token.isdigit():
+            token = token.lstrip("0") or "0"
+            if len(token) > _MAX_TOKEN_DIGITS:  # past any vocabulary; past 4,300 digits int() cannot read it
+                raise InvalidParameterError(f"logit_bias: token id {_clip(token)} is past any vocabulary",
+                                            param="logit_bias")
             token = int(token)
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise InvalidParameterError(f"logit_bias: {_clip(token)} is not a token id (an integer ≥ 0)",
@@ -207,7 +215,15 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
 
 
 def _clip(value: Any, limit: int = 80) -> str:
-    """``value``'s repr, cut to ``limit`` characters: an error never echoes a huge value back."""
+    """``value``'s repr, cut to ``limit`` characters: an error never echoes a huge value back.
+
+    Examples:
+        >>> from fairagents.engines.base import _clip
+        >>> _clip(2**64), _clip(-(10**5000))
+        ('18446744073709551616', 'an integer of about 5001 digits')
+    """
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # a long repr, which past 4,300 digits raises
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 

@@ -41,7 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fairagents._logging import get_logger  # noqa: E402
 from fairagents.cost import ModelProfile  # noqa: E402
-from fairagents.engines.base import Delta, GenerationParams, Prompt  # noqa: E402
+from fairagents.engines.base import Delta, GenerationParams, Prompt, _clip  # noqa: E402
 from fairagents.engines.threaded import ThreadedEngine  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError, ModalityError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
@@ -150,17 +150,18 @@ class DiffusionEngine(ThreadedEngine):
         if self._tokenizer is None:
             raise EngineError("the engine is not started")
         if not (isinstance(size, Sequence) and len(size) == 2 and all(type(v) is int for v in size)):
-            raise InvalidParameterError(f"size must be (width, height) in pixels, got {size!r}")
+            raise InvalidParameterError(f"size must be (width, height) in pixels, got {size!r}", param="size")
         width, height = size
         step = self._step
         if not all(step <= v <= self.max_size and v % step == 0 for v in size):
             raise InvalidParameterError(
                 f"this model makes images of {step} to {self.max_size} pixels a side in multiples of {step}, "
-                f"not {width}×{height}"
+                f"not {_clip(width)}×{_clip(height)}", param="size"
             )
         for what, value, most in (("steps", steps, self.max_steps), ("n", n, self.max_images)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-                raise InvalidParameterError(f"{what} must be an integer in [1, {most}], got {value!r}")
+                raise InvalidParameterError(f"{what} must be an integer in [1, {most}], got {_clip(value)}",
+                                            param=what)
         unit = self.vae_scale * self.patch_size
         return (width // unit) * (height // unit) * steps * n
 

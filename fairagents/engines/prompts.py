@@ -25,7 +25,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fairagents.engines.base import Engine, Prompt, capabilities
+from fairagents._json import NumberError, loads
+from fairagents.engines.base import Engine, Prompt, _clip, capabilities
 from fairagents.errors import ContextLengthError, InvalidParameterError
 
 __all__ = ["Messages", "chat_input", "check_messages", "check_text_fits", "render_chat", "template_messages", "text_input"]
@@ -66,8 +67,8 @@ def text_input(prompt: str | Prompt) -> Callable[[Engine], Prompt]:
             vocab = capabilities(engine).vocab_size
             if isinstance(vocab, int) and (min(prompt.token_ids) < 0 or max(prompt.token_ids) >= vocab):
                 bad = next(t for t in prompt.token_ids if not 0 <= t < vocab)
-                raise InvalidParameterError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})",
-                                            param="prompt")
+                raise InvalidParameterError(f"token id {_clip(bad)} is outside the model's vocabulary "
+                                            f"(0 to {vocab - 1})", param="prompt")
             return prompt
         if not isinstance(prompt, str) or not prompt:
             raise InvalidParameterError(f"the prompt must be a non-empty string or a Prompt, got {prompt!r}")
@@ -170,9 +171,13 @@ def _arguments(arguments: Any, where: str = "arguments") -> Any:
     if not isinstance(arguments, str):
         return arguments
     try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
+        return loads(arguments)
+    except NumberError as err:
+        raise InvalidParameterError(f"{where} must be JSON: {err}", param=where) from None
+    except ValueError:  # not JSON, or not Unicode
         raise InvalidParameterError(f"{where} must be JSON, got {arguments[:80]!r}", param=where) from None
+    except RecursionError:
+        raise InvalidParameterError(f"{where} is nested too deeply", param=where) from None
 
 
 def check_text_fits(engine: Engine, characters: int) -> None:

@@ -31,7 +31,7 @@ from fairagents.constants import DEFAULT_D_BASE
 from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
 from fairagents.policies.adaptive import Adaptive
-from fairagents.policies.base import BasePolicy, Policy
+from fairagents.policies.base import BasePolicy, DefersInput, Policy
 from fairagents.policies.duet import Duet
 from fairagents.policies.edf import EDF
 from fairagents.policies.exfairs import ExFairS
@@ -46,8 +46,8 @@ from fairagents.policies.vtc import VTC
 from fairagents.policies.wfq import WFQ
 
 __all__ = [
-    "Adaptive", "BasePolicy", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "HMFSRuns", "POLICIES", "Policy", "RoundRobin",
-    "SJF", "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy",
+    "Adaptive", "BasePolicy", "DefersInput", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "HMFSRuns", "POLICIES", "Policy",
+    "RoundRobin", "SJF", "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy",
 ]
 
 #: Built-in policies by name.

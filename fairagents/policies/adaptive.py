@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 from fairagents.cost import CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError, ProtocolError
 from fairagents.metrics import jain_index, percentile
-from fairagents.policies.base import BasePolicy, Policy
+from fairagents.policies.base import BasePolicy, DefersInput, Policy
 from fairagents.policies.decision import parse_decision
 from fairagents.policies.registry import BASE_POLICIES, by_name
 from fairagents.request import Outcome, Request
@@ -280,6 +280,13 @@ class Adaptive(BasePolicy):
             produced[rid] = produced.get(rid, 0) + new_output_tokens
         self._owner[rid].on_progress(req, new_output_tokens, now)
 
+    def on_input(self, req: Request, tokens: int, now: float) -> None:
+        """Charge admitted input to the window and to the policy that took the request."""
+        super().on_input(req, tokens, now)
+        owner = self._owner[req.id]
+        if isinstance(owner, DefersInput):
+            owner.on_input(req, tokens, now)
+
     def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
         owner = self._owner.pop(req.id, None)
         self._ending = outcome
@@ -298,8 +305,12 @@ class Adaptive(BasePolicy):
 
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
         if dispatched:
-            self.active.on_dispatch(req, now)
-            self._owner[req.id] = self.active
+            active = self.active
+            if self._taking and isinstance(active, DefersInput):
+                active.on_take(req, now)
+            else:
+                active.on_dispatch(req, now)
+            self._owner[req.id] = active
         else:
             self.active.on_finish(req, self._ending, now)
 

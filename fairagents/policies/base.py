@@ -15,9 +15,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from fairagents.cost import CostModel
 from fairagents.errors import ProtocolError
+from fairagents.identity import Agent
 from fairagents.request import Outcome, Request
 
-__all__ = ["BasePolicy", "Policy", "checked_charge"]
+__all__ = ["BasePolicy", "DefersInput", "Policy", "checked_charge"]
 
 
 def checked_charge(amount: float, req: Request) -> float:
@@ -111,6 +112,38 @@ class Policy(Protocol):
         ...
 
 
+@runtime_checkable
+class DefersInput(Protocol):
+    """A policy that can take a request into a batch before charging its input (every :class:`BasePolicy`).
+
+    An engine's scheduler may choose a request and then not schedule it (a grammar
+    still compiling); it charges the input only once the engine confirms it admitted the
+    request. A policy without these methods is charged at once, by ``on_dispatch``.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> policy, who = fa.policies.HMFS(), fa.Agent("t", fa.App("a"))
+        >>> isinstance(policy, fa.policies.DefersInput)
+        True
+        >>> policy.cost.register("m", fa.ModelProfile(d_model=4096, n_layers=1))
+        >>> r = fa.Request("r1", who, "m", prompt_tokens=10, max_tokens=4, arrival=0.0)
+        >>> policy.on_arrival(r, now=0.0); policy.on_take(r, now=0.0)
+        >>> policy.counters_of(who)          # taken: nothing charged yet
+        (0.0, 0.0)
+        >>> policy.on_input(r, 10, now=0.1)  # the engine ran it
+        >>> policy.counters_of(who)
+        (10.0, 10.0)
+    """
+
+    def on_take(self, req: Request, now: float) -> None:
+        """``req`` left the queue for its engine; its input is not charged yet."""
+        ...
+
+    def on_input(self, req: Request, tokens: int, now: float) -> None:
+        """The engine admitted ``tokens`` of ``req``'s input: charge them."""
+        ...
+
+
 class BasePolicy(abc.ABC):
     """Shared bookkeeping: which requests wait and run, charging through a cost model.
 
@@ -148,6 +181,9 @@ class BasePolicy(abc.ABC):
     name: ClassVar[str]
     #: Whether :func:`~fairagents.policies.make_policy` hands it the pool's unified cost model.
     charges_unified_tokens: ClassVar[bool] = False
+    #: Whether it orders clients by the service they received, so that :meth:`lead` compares two (a
+    #: waiting client owed service may then preempt a more-served one inside an engine).
+    orders_by_service: ClassVar[bool] = False
     #: Whether the order it serves depends on the agents' SLOs (deadlines, SLO attainment). An SLO
     #: then weighs against other apps' requests, so a server takes agents' SLOs from its configuration only.
     reads_slos: ClassVar[bool] = False
@@ -160,6 +196,7 @@ class BasePolicy(abc.ABC):
         self._waiting: dict[str, Request] = {}
         self._running: dict[str, Request] = {}
         self._waiting_per_model: dict[str, int] = {}
+        self._taking = False  # in on_take's _dequeue: a policy that wraps others takes from them too
 
     # -- driver-facing -----------------------------------------------------
 
@@ -179,14 +216,37 @@ class BasePolicy(abc.ABC):
             ProtocolError: ``req`` is not waiting, or its input prices at a charge that is
                 not a finite number ≥ 0 (the request stays waiting; nothing is charged).
         """
+        self._leave_queue(req, now, charge_input=True)
+
+    def on_take(self, req: Request, now: float) -> None:
+        """Move ``req`` from the queue to running, its input charged later by :meth:`on_input` (see :class:`DefersInput`)."""
+        self._leave_queue(req, now, charge_input=False)
+
+    def on_input(self, req: Request, tokens: int, now: float) -> None:
+        """Charge ``tokens`` of input to a running request taken by :meth:`on_take`, as its engine confirms them.
+
+        Raises:
+            ProtocolError: ``req`` is not running, or the charge is not a finite number ≥ 0.
+        """
+        if req.id not in self._running:
+            raise ProtocolError(f"request {req.id!r} is not running")
+        if tokens:
+            self._charge(req, checked_charge(self.cost.input_cost(req.model, tokens), req), now)
+
+    def _leave_queue(self, req: Request, now: float, *, charge_input: bool) -> None:
         if req.id not in self._waiting:
             raise ProtocolError(f"request {req.id!r} is not waiting")
         amount = checked_charge(self.cost.input_cost(req.model, req.prompt_tokens), req)
         del self._waiting[req.id]
         self._waiting_per_model[req.model] -= 1
-        self._dequeue(req, now, dispatched=True)
+        self._taking = not charge_input
+        try:
+            self._dequeue(req, now, dispatched=True)
+        finally:
+            self._taking = False
         self._running[req.id] = req
-        self._charge(req, amount, now)
+        if charge_input:
+            self._charge(req, amount, now)
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
         """Charge ``new_output_tokens`` of output to ``req``'s app and agent.
@@ -210,6 +270,17 @@ class BasePolicy(abc.ABC):
             self._dequeue(req, now, dispatched=False)
         elif self._running.pop(req.id, None) is None:
             raise ProtocolError(f"request {req.id!r} is neither waiting nor running")
+
+    def lead(self, head: Agent, other: Agent) -> float | None:
+        """How far ``other``'s client is served beyond ``head``'s, in unified tokens at ``head``'s weight.
+
+        At the level where the two differ (their apps, or two agents of one app, as the
+        policy defines a client); ``None`` when they are one client, or the policy does
+        not order by service (:attr:`orders_by_service`). A waiting request of ``head``
+        may preempt a running one of ``other`` when the lead exceeds what preempting
+        costs (the head's prompt and the work thrown away).
+        """
+        return None
 
     def queued(self, model: str | None = None) -> int:
         """Number of waiting requests, for one model or all."""

@@ -319,6 +319,11 @@ class ExFairS(BasePolicy):
         self._tick(now)
         super().on_dispatch(req, now)
 
+    def on_take(self, req: Request, now: float) -> None:
+        """Move ``req`` from the queue to running, its input charged later (after closing a period that ended)."""
+        self._tick(now)
+        super().on_take(req, now)
+
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
         """Charge the new output; the first call with tokens marks the first token."""
         end = self._period_end

@@ -53,6 +53,7 @@ class HMFS(BasePolicy):
     """
 
     name: ClassVar[str] = "hmfs"
+    orders_by_service: ClassVar[bool] = True
     charges_unified_tokens: ClassVar[bool] = True
 
     def __init__(self, cost: CostModel | None = None) -> None:
@@ -76,6 +77,24 @@ class HMFS(BasePolicy):
         app = agent.app.name
         level = self._agents.get(app)
         return self._apps.counter.get(app, 0.0), 0.0 if level is None else level.counter.get(agent.name, 0.0)
+
+    def lead(self, head: Agent, other: Agent) -> float | None:
+        """How far ``other`` is served beyond ``head``: by app counters if their apps differ, else by agent counters.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.HMFS()
+            >>> a, b = fa.Agent("t", fa.App("a", weight=2.0)), fa.Agent("t", fa.App("b"))
+            >>> policy.charge_to(a, 10.0); policy.charge_to(b, 30.0)
+            >>> policy.lead(a, b), policy.lead(b, a), policy.lead(a, a)   # (30 − 5) × 2, (5 − 30) × 1
+            (50.0, -25.0, None)
+        """
+        (app, agent), (other_app, other_agent) = self.counters_of(head), self.counters_of(other)
+        if head.app.name != other.app.name:
+            return (other_app - app) * head.app.weight
+        if head.name != other.name:
+            return (other_agent - agent) * head.weight
+        return None
 
     def charge_to(self, agent: Agent, amount: float) -> None:
         """Charge ``amount`` (unified tokens) to ``agent`` and its app, outside the request lifecycle.

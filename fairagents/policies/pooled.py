@@ -19,7 +19,9 @@ because each side only dispatches requests of its own models.
 **Requests an engine tells the policy about** are tracked here by engine and id,
 so each gets exactly one ``on_finish`` (a preempted one: ``CANCELLED``, then a new
 arrival with no prompt to charge, since vLLM recomputes it for free), and an engine
-that stops takes its requests with it (:meth:`PoolPolicy.forget`).
+that stops takes its requests with it (:meth:`PoolPolicy.forget`). A request the
+engine takes from the queue (:meth:`PoolPolicy.engine_take`) is charged its prompt
+only once a step runs it (:meth:`PoolPolicy.engine_admit`).
 
 Examples:
     >>> import fairagents as fa
@@ -47,7 +49,7 @@ from typing import Any
 from fairagents._logging import get_logger
 from fairagents.cost import ModelProfile, UnifiedTokenCost
 from fairagents.identity import Agent
-from fairagents.policies.base import Policy
+from fairagents.policies.base import BasePolicy, DefersInput, Policy
 from fairagents.policies.watched_lock import LockWatchdog, WatchedLock
 from fairagents.request import Outcome, Request
 
@@ -55,7 +57,8 @@ __all__ = ["EngineTally", "PoolPolicy"]
 
 log = get_logger("fairagents.policy")
 
-_WAITING, _RUNNING = "waiting", "running"
+# waiting in the policy; taken by the engine, its prompt not charged yet; in the batch, charged
+_WAITING, _TAKEN, _RUNNING = "waiting", "taken", "running"
 
 
 @dataclass
@@ -127,9 +130,36 @@ class PoolPolicy:
                     cost.register(model, profile)
 
     @property
-    def keeps_counters(self) -> bool:
-        """Whether the policy ranks clients by counters of its own (``counters_of``), which preemption then follows."""
+    def orders_by_service(self) -> bool:
+        """Whether the policy ranks clients by the service they received (:meth:`lead`), which preemption then follows.
+
+        A :class:`~fairagents.policies.BasePolicy` says so
+        (:attr:`~fairagents.policies.BasePolicy.orders_by_service`: ``hmfs``, ``hmfs_runs``,
+        ``vtc``, ``wfq``); a policy of one's own without the base class, by ``counters_of``.
+        """
+        if isinstance(self.policy, BasePolicy):
+            return self.policy.orders_by_service
         return self._counters is not None
+
+    def lead(self, head: Agent, other: Agent) -> float | None:
+        """How far ``other``'s client is served beyond ``head``'s, as the policy ranks them (see ``BasePolicy.lead``).
+
+        In the policy's own cost (:meth:`input_price` prices what preempting costs in it).
+        """
+        with self.lock:
+            if isinstance(self.policy, BasePolicy):
+                return self.policy.lead(head, other)
+            if self._counters is None:
+                return None
+            (app, agent), (other_app, other_agent) = self._counters(head), self._counters(other)
+            if head.app.name != other.app.name:
+                return float((other_app - app) * head.app.weight)
+            return float((other_agent - agent) * head.weight) if head.name != other.name else None
+
+    def input_price(self, model: str, tokens: int) -> float:
+        """``tokens`` of ``model``'s input in the policy's own cost model (the pool's when it has none)."""
+        cost = self.policy.cost if isinstance(self.policy, BasePolicy) else self.cost
+        return cost.input_cost(model, tokens)
 
     def served(self, agent: Agent) -> tuple[float, float]:
         """How far ``agent``'s app and the agent have been served, as the policy ranks them (lower: owed more).
@@ -173,9 +203,9 @@ class PoolPolicy:
             if held is not None:
                 if held[1] == _WAITING:
                     return held[0]  # already waiting: vLLM put it back where it was
-                del self._twins[key]  # preempted: it ends, and starts over
+                del self._twins[key]  # put back: it ends, and starts over
                 self.policy.on_finish(held[0], Outcome.CANCELLED, self.clock())
-                requeued = True
+                requeued = held[1] == _RUNNING  # preempted; one taken and never run still owes its prompt
             twin = dataclasses.replace(request, prompt_tokens=0) if requeued else request
             self.policy.on_arrival(twin, self.clock())  # if it raises, the policy holds nothing of it
             self._twins[key] = [twin, _WAITING]
@@ -187,22 +217,55 @@ class PoolPolicy:
             return self.policy.select(model, self.clock())
 
     def engine_dispatch(self, model: str, request_id: str) -> bool:
-        """The engine took the request into its batch: it leaves the queue and its prompt is charged."""
+        """The engine took the request into its batch and ran it: :meth:`engine_take`, then :meth:`engine_admit`."""
+        with self.lock:
+            return self.engine_take(model, request_id) and self.engine_admit(model, request_id)
+
+    def engine_take(self, model: str, request_id: str) -> bool:
+        """The engine chose the request for its batch: it leaves the queue, its prompt not charged yet.
+
+        The engine may still put it back unscheduled (a grammar compiling); its prompt is
+        charged by :meth:`engine_admit` once a step schedules it. A policy that cannot
+        defer input (not a :class:`~fairagents.policies.DefersInput`) is charged here.
+        """
         with self.lock:
             held = self._twins.get((model, request_id))
             if held is None or held[1] != _WAITING:
                 return False
-            twin = held[0]
+            twin, defers = held[0], isinstance(self.policy, DefersInput)
             try:
-                self.policy.on_dispatch(twin, self.clock())
+                if defers:
+                    self.policy.on_take(twin, self.clock())
+                else:
+                    self.policy.on_dispatch(twin, self.clock())
             except Exception:  # a policy's or cost model's bug: the engine serves it uncharged, not dies of it
                 self._drop(model, request_id, "dispatch")
                 return False
-            self.tally(model).prefilled += twin.prompt_tokens
-            held[1] = _RUNNING
-            if twin.prompt_tokens:
-                self._account(twin.agent, model, self.cost.input_cost(model, twin.prompt_tokens))
+            held[1] = _TAKEN if defers else _RUNNING
+            if not defers:
+                self._admitted(model, twin)
             return True
+
+    def engine_admit(self, model: str, request_id: str) -> bool:
+        """A step scheduled the taken request: its prompt is charged now (once; a resumed one has none)."""
+        with self.lock:
+            held = self._twins.get((model, request_id))
+            if held is None or held[1] != _TAKEN:
+                return held is not None and held[1] == _RUNNING
+            twin = held[0]
+            try:
+                self.policy.on_input(twin, twin.prompt_tokens, self.clock())  # type: ignore[union-attr]
+            except Exception:  # as in engine_take: served on, uncharged
+                self._drop(model, request_id, "admit")
+                return False
+            held[1] = _RUNNING
+            self._admitted(model, twin)
+            return True
+
+    def _admitted(self, model: str, twin: Request) -> None:
+        self.tally(model).prefilled += twin.prompt_tokens
+        if twin.prompt_tokens:
+            self._account(twin.agent, model, self.cost.input_cost(model, twin.prompt_tokens))
 
     def engine_progress(self, model: str, outputs: Iterable[tuple[str, int]]) -> None:
         """A step's output tokens, ``(request id, tokens)`` each, charged under one hold of the lock.
@@ -236,9 +299,9 @@ class PoolPolicy:
             self.policy.on_finish(request, Outcome.CANCELLED, self.clock())
 
     def engine_running(self, model: str, request_id: str) -> bool:
-        """Whether the policy counts the request as running on ``model`` (dispatched, not ended)."""
+        """Whether the engine took the request from the policy's queue (taken or running on ``model``, not ended)."""
         held = self._twins.get((model, request_id))
-        return held is not None and held[1] == _RUNNING
+        return held is not None and held[1] != _WAITING
 
     def forget(self, model: str) -> int:
         """``model``'s engine stopped: every request it held ends, uncharged further; how many there were."""

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 
 from fairagents.cost import CostModel, RawTokenCost
 from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent
 from fairagents.policies._structures import CounterLevel, Fifo
 from fairagents.policies.base import BasePolicy
 from fairagents.request import Request
@@ -45,6 +46,7 @@ class VTC(BasePolicy):
     """
 
     name: ClassVar[str] = "vtc"
+    orders_by_service: ClassVar[bool] = True
 
     def __init__(self, cost: CostModel | None = None, *, client: Literal["app", "agent"] = "app") -> None:
         if client not in ("app", "agent"):
@@ -57,6 +59,17 @@ class VTC(BasePolicy):
     def counters(self) -> dict[object, float]:
         """Current virtual counter of each client seen so far (service / weight)."""
         return dict(self._level.counter)
+
+    def lead(self, head: Agent, other: Agent) -> float | None:
+        """How far ``other``'s client is served beyond ``head``'s (by their counters, at ``head``'s weight)."""
+        mine, theirs = self._client_of(head), self._client_of(other)
+        counter = self._level.counter
+        if mine[0] == theirs[0] or mine[0] not in counter or theirs[0] not in counter:
+            return None
+        return (counter[theirs[0]] - counter[mine[0]]) * mine[1]
+
+    def _client_of(self, agent: Agent) -> tuple[object, float]:
+        return (agent.app.name, agent.app.weight) if self.client == "app" else (agent.key, agent.weight)
 
     def select(self, model: str, now: float) -> Request | None:
         client = self._level.lowest(model)

@@ -24,6 +24,7 @@ from typing import ClassVar, Literal
 
 from fairagents.cost import CostModel
 from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent
 from fairagents.policies._predicted import Estimate, PredictivePolicy
 from fairagents.policies.predict import LengthPredictor
 from fairagents.request import Request
@@ -60,6 +61,7 @@ class WFQ(PredictivePolicy):
     """
 
     name: ClassVar[str] = "wfq"
+    orders_by_service: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -94,6 +96,21 @@ class WFQ(PredictivePolicy):
             (0.0, 4.0)
         """
         return self._start[req.id], self._queues.key(req)
+
+    def lead(self, head: Agent, other: Agent) -> float | None:
+        """How far ``other``'s client is ahead of ``head``'s in virtual finish time (the work given it), at ``head``'s weight.
+
+        A client's standing is the finish tag of its latest request, or the virtual time
+        if that is later (a client that fell behind ``V`` is owed nothing for it).
+        """
+        mine, theirs = self._client_of(head), self._client_of(other)
+        if mine[0] == theirs[0]:
+            return None
+        vtime = self._vtime
+        return (max(self._last.get(theirs[0], 0.0), vtime) - max(self._last.get(mine[0], 0.0), vtime)) * mine[1]
+
+    def _client_of(self, agent: Agent) -> tuple[object, float]:
+        return (agent.app.name, agent.app.weight) if self.client == "app" else (agent.key, agent.weight)
 
     def _client(self, req: Request) -> tuple[object, float]:
         if self.client == "app":

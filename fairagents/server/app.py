@@ -192,7 +192,7 @@ class Gateway:
         if self.draining:
             raise ShutdownError("the server is shutting down and admits no new requests")
         if not self.config.server.auth:
-            return check_name(request.headers.get(HEADER_APP) or DEFAULT_APP, "app")
+            return check_name(request.headers.get(HEADER_APP) or DEFAULT_APP, "app", param=HEADER_APP)
         scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise HTTPException(401, "missing API key: send 'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
@@ -219,7 +219,7 @@ class Gateway:
         """
         app = await self.authenticate(request)
         request.state.run = run_from_headers(request.headers)
-        agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent")
+        agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent", param=HEADER_AGENT)
         stated = agent_from_headers(app, agent, request.headers)
         key = (app, agent)
         handle = self._agents.get(key)

@@ -49,11 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from fairagents.admission import Statera
 from fairagents.runtime.arbiter import Arbiter, Restart
-from fairagents.constants import DEFAULT_D_BASE
+from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDTH, MAX_TOKEN_PRICE
 from fairagents.cost import ModelProfile
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError
-from fairagents.identity import SLO
+from fairagents.identity import MAX_QUOTED, SLO, SLO_RANGE, WEIGHT_RANGE, quoted
+from fairagents.labels import OTHER
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.policies import POLICIES, make_policy
 
@@ -79,8 +80,13 @@ DEFAULT_MAX_TOKENS = 1024
 DefaultMaxTokens = Annotated[int, Field(ge=1)] | Literal["context"]
 
 
-def check_name(name: str, what: str) -> str:
+def check_name(name: str, what: str, *, param: str | None = None) -> str:
     """``name`` if it is a valid app, agent or model name, else an :class:`~fairagents.InvalidParameterError`.
+
+    No app or agent is named :data:`~fairagents.labels.OTHER` (``_other``): ``/metrics``
+    and ``/v1/fairness`` count the apps and agents past their caps together under that
+    name, which one of them would share. ``param`` is where the name came from (a header),
+    for the error.
 
     Examples:
         >>> from fairagents.server.config import check_name
@@ -90,11 +96,19 @@ def check_name(name: str, what: str) -> str:
         Traceback (most recent call last):
         ...
         fairagents.errors.InvalidParameterError: agent name must be 1-64 printable ASCII characters without '/' or a space at either end, got 'team/planner'
+        >>> check_name("_other", "agent")
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: agent name '_other' is reserved: /metrics and /v1/fairness count the agents past their caps together under it
     """
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):  # match() lets a trailing "\n" pass "$"
         raise InvalidParameterError(
-            f"{what} name must be 1-64 printable ASCII characters without '/' or a space at either end, got {name!r}"
+            f"{what} name must be 1-64 printable ASCII characters without '/' or a space at either end, got "
+            f"{quoted(name) if isinstance(name, str) else repr(name)[:MAX_QUOTED]}", param=param,
         )
+    if name == OTHER and what in ("app", "agent"):
+        raise InvalidParameterError(f"{what} name {OTHER!r} is reserved: /metrics and /v1/fairness count the {what}s "
+                                    "past their caps together under it", param=param)
     return name
 
 
@@ -111,11 +125,11 @@ class SLOConfig(_Section):
         SLO(ttft=1.0, tpot=None, e2e=None)
     """
 
-    ttft: float | None = Field(default=None, gt=0)
+    ttft: float | None = Field(default=None, ge=SLO_RANGE[0], le=SLO_RANGE[1])
     """Time to first token (seconds)."""
-    tpot: float | None = Field(default=None, gt=0)
+    tpot: float | None = Field(default=None, ge=SLO_RANGE[0], le=SLO_RANGE[1])
     """Mean time per output token after the first (seconds)."""
-    e2e: float | None = Field(default=None, gt=0)
+    e2e: float | None = Field(default=None, ge=SLO_RANGE[0], le=SLO_RANGE[1])
     """Arrival to last token (seconds)."""
 
     def build(self) -> SLO:
@@ -134,7 +148,7 @@ class AgentConfig(_Section):
         2.0
     """
 
-    weight: float = Field(default=1.0, gt=0)
+    weight: float = Field(default=1.0, ge=WEIGHT_RANGE[0], le=WEIGHT_RANGE[1])
     """Share of its app relative to the app's other agents."""
     slo: SLOConfig | None = None
 
@@ -157,7 +171,7 @@ class AppConfig(_Section):
     """The bearer key that identifies the app (server mode with keys on)."""
     api_key_env: str | None = None
     """Name of an environment variable that holds the key, instead of ``api_key``."""
-    weight: float = Field(default=1.0, gt=0)
+    weight: float = Field(default=1.0, ge=WEIGHT_RANGE[0], le=WEIGHT_RANGE[1])
     """Share of the pool relative to other apps."""
     max_queued: int | None = Field(default=256, ge=1)
     """Most requests the app may have waiting for one model; past it, 429 (``None``: unbounded)."""
@@ -222,10 +236,10 @@ class ModelConfig(_Section):
     """``openai``: the replicas' API key, if they need one."""
     token_capacity: int | None = Field(default=None, ge=1)
     """``openai``: KV tokens of all replicas together; unset, read from their ``/metrics``."""
-    d_model: int | None = Field(default=None, ge=1)
+    d_model: int | None = Field(default=None, ge=1, le=MAX_MODEL_WIDTH)
     """``openai`` without ``path``: the model's hidden size, to price its tokens (prompts are
     then tokenized by the replicas)."""
-    n_layers: int | None = Field(default=None, ge=1)
+    n_layers: int | None = Field(default=None, ge=1, le=MAX_MODEL_DEPTH)
     """``openai`` without ``path``: the model's number of layers."""
     path: str | None = None
     """A Hugging Face model folder or name; ``None`` serves the embedded tiny model."""
@@ -597,9 +611,9 @@ class Config(_Section):
     in-flight limit and token budget (H-MAS Alg. 2); ``"off"``: worst-case reservations."""
     restart: RestartConfig | Literal["off"] = Field(default_factory=lambda: RestartConfig())
     """How a model whose engine died comes back; ``"off"``: it stays down until restarted by hand."""
-    d_base: int = Field(default=DEFAULT_D_BASE, ge=1)
-    w_input: float = Field(default=1.0, ge=0)
-    w_output: float = Field(default=2.0, ge=0)
+    d_base: int = Field(default=DEFAULT_D_BASE, ge=1, le=MAX_MODEL_WIDTH)
+    w_input: float = Field(default=1.0, ge=0, le=MAX_TOKEN_PRICE)
+    w_output: float = Field(default=2.0, ge=0, le=MAX_TOKEN_PRICE)
     server: ServerSettings = Field(default_factory=lambda: ServerSettings())
     models: dict[str, ModelConfig] = Field(default_factory=lambda: {"chat": ModelConfig()}, min_length=1)
     """The pool by name; by default the embedded tiny model as ``chat``."""

@@ -42,6 +42,7 @@ from pydantic import BaseModel
 
 import fairagents.server.wire as wire
 from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP, HEADER_RUN, RUN_PATTERN
+from fairagents.labels import OTHER
 from fairagents.server.config import NAME_PATTERN
 
 __all__ = ["install_openapi"]
@@ -442,8 +443,9 @@ def _tweak(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _header(name: str, description: str) -> dict[str, Any]:
+    """A header naming an app or agent: any name but the one ``/metrics`` counts the overflow under."""
     return {"name": name, "in": "header", "required": False, "description": description,
-            "schema": {"type": "string", "pattern": NAME_PATTERN.pattern}}
+            "schema": {"type": "string", "pattern": NAME_PATTERN.pattern, "not": {"const": OTHER}}}
 
 
 def _setting(name: str, description: str) -> dict[str, Any]:

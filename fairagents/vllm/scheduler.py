@@ -20,11 +20,18 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
   request taken into the batch is dispatched (its prompt charged), output is charged
   as each step returns it, and a preempted request is never charged its prompt again.
 - **Preemption**: when the batch is full, a waiting client the policy has served less
-  than a running one, by more than its own prompt's charge, preempts that client's
-  request (:meth:`FairScheduler.fair_victim`), at most one per step; and on a step
-  that could run out of KV blocks the running requests are ordered so vLLM's own
-  victim (the last) is the most served. Both follow the policy's counters, so only
-  policies that keep them (``counters_of``, as HMFS) preempt for fairness.
+  than a running one, by more than its own prompt's charge plus what preempting would
+  throw away, preempts that client's request (:meth:`FairScheduler.fair_victim`), at
+  most one per step and at most :attr:`~FairScheduler.max_fair_preemptions` times per
+  request; a tool call or structured output whose grammar has compiled counts as
+  ready. On a step that could run out of KV blocks, vLLM's own victim is the most
+  served client's request (vLLM's priority path, ``running`` left in its order). Both
+  follow how the policy ranks clients by service
+  (:attr:`~fairagents.policies.BasePolicy.orders_by_service`: ``hmfs``, ``hmfs_runs``,
+  ``vtc``, ``wfq``); under the others vLLM preempts in its own order.
+- **Charging at admission**: a request's prompt is charged when a step runs it, not
+  when vLLM pops it (it may put it back unscheduled: a grammar compiling), so a request
+  aborted or failed before it ran costs its client nothing.
 - **Metrics** join vLLM's ``/metrics`` (:mod:`fairagents.vllm.metrics`).
 
 The guide "Fair vLLM without the SDK" explains each, and what it costs.
@@ -50,11 +57,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request as VllmRequest
-from vllm.v1.request import RequestStatus
+import vllm
 
 from fairagents._logging import get_logger
 from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT, XARG_RUN
@@ -66,6 +69,36 @@ from fairagents.policies.pooled import PoolPolicy
 from fairagents.request import Outcome
 from fairagents.request import Request as FairRequest
 from fairagents.vllm.args import FairArgsValidator, check_weight
+
+#: The vLLM releases (major.minor) whose scheduler internals this module overrides and reads, as
+#: the guide "Fair vLLM without the SDK" lists them; another release may differ in any of them.
+SUPPORTED_VLLM = ("0.32",)
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise an ``ImportError`` naming the supported range if ``version`` of vLLM is not in it.
+
+    Examples:
+        >>> from fairagents.vllm.scheduler import check_vllm_version
+        >>> check_vllm_version("0.32.1")
+        >>> check_vllm_version("0.11.0")
+        Traceback (most recent call last):
+        ...
+        ImportError: fairagents.vllm.FairScheduler needs vLLM 0.32.x (it overrides vLLM's scheduler internals); found 0.11.0: install vllm>=0.32,<0.33, or serve with scheduler="vllm"
+    """
+    if ".".join(version.split(".")[:2]) not in SUPPORTED_VLLM:
+        supported = ", ".join(f"{v}.x" for v in SUPPORTED_VLLM)
+        raise ImportError(f"fairagents.vllm.FairScheduler needs vLLM {supported} (it overrides vLLM's scheduler "
+                          f'internals); found {version}: install vllm>=0.32,<0.33, or serve with scheduler="vllm"')
+
+
+check_vllm_version(vllm.__version__)
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.request import Request as VllmRequest  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 from fairagents.vllm.metrics import SchedulerMetrics
 
 __all__ = ["CONFIG_ENV", "POLICY_ENV", "Binding", "FairQueue", "FairScheduler", "Weights", "identity", "outcome_of",
@@ -223,10 +256,11 @@ class _Following:
 class FairQueue(_Following, RequestQueue):
     """vLLM's waiting queue, in the order of the pool's policy (see the module docs).
 
-    The requests it holds wait in the policy too. The one popped for the batch is
-    dispatched by the policy (its prompt charged); one vLLM then puts back unscheduled
-    (a grammar still compiling, no LoRA slot) keeps its turn, ahead of the policy's
-    next choice; one preempted starts over as a new arrival, its prompt not charged again.
+    The requests it holds wait in the policy too. The one popped for the batch leaves
+    the policy's queue, uncharged; its prompt is charged once the step runs it
+    (:meth:`admit_scheduled`). One vLLM puts back unscheduled (a grammar still
+    compiling, no LoRA slot) keeps its turn, ahead of the policy's next choice, still
+    uncharged; one preempted starts over as a new arrival, its prompt not charged again.
 
     Args:
         binding: the pool's policy (shared with the arbiter and the pool's other
@@ -299,8 +333,20 @@ class FairQueue(_Following, RequestQueue):
         if self._chosen and self._chosen[0].request_id == rid:
             return self._chosen.popleft()
         request = self._held.pop(rid)  # type: ignore[arg-type]
-        self.seat.engine_dispatch(self.model, rid)  # type: ignore[arg-type]
+        self.seat.engine_take(self.model, rid)  # type: ignore[arg-type]
         return request
+
+    def admit_scheduled(self, scheduled: Callable[[str], bool]) -> None:
+        """The step is scheduled: charge the prompts of the requests popped in it that it ran.
+
+        vLLM pops a request both to run it and to skip it (then puts it back, here
+        uncharged, keeping its turn); only one that ``scheduled`` says the step took
+        into its batch is charged, once.
+        """
+        put_back = {r.request_id for r in self._chosen}
+        for rid in self._popped:
+            if rid not in put_back and scheduled(rid):
+                self.seat.engine_admit(self.model, rid)
 
     def prepend_request(self, request: VllmRequest) -> None:
         self.add_request(request)  # the order is the policy's, not the position
@@ -352,6 +398,8 @@ class FairScheduler(_Following, AsyncScheduler):
     """The pool's policy and model name bound by :meth:`sharing` (``None``: this scheduler makes its own)."""
     preempt: ClassVar[bool] = True
     """Whether a waiting client owed service may preempt a more-served client's request (:meth:`fair_victim`)."""
+    max_fair_preemptions: ClassVar[int] = 2
+    """Most times one request is preempted for fairness (vLLM's own preemptions for KV space not counted)."""
     metrics: SchedulerMetrics | None = None
     """This engine's series in vLLM's ``/metrics`` (``None`` from :meth:`sharing`: the pool's server reports)."""
 
@@ -368,7 +416,10 @@ class FairScheduler(_Following, AsyncScheduler):
                             reason="requests with invalid fairagents_* arguments are served, not refused")
         self._twins: dict[str, FairRequest] = {}  # request id -> the policy's request, while the engine holds it
         self._outputs: dict[str, int] = {}  # request id -> this step's output tokens, charged at its end
-        self.policy = SchedulingPolicy.FCFS  # preemption takes the last of `running`, which we order
+        self._fair_preempted: dict[str, int] = {}  # request id -> times preempted for fairness
+        # vLLM's priority path: when it must preempt for KV space it takes the running request of highest
+        # `priority`, which _rank_victims sets from the policy's counters, and leaves `running` in its order.
+        self.policy = SchedulingPolicy.PRIORITY
         # Without async scheduling the engine steps synchronously and vLLM itself picks its plain
         # Scheduler: AsyncScheduler's output placeholders and its extra prefix caching per decode
         # step then only cost time (5 % of the tiny model's throughput, measured), so skip them.
@@ -409,12 +460,22 @@ class FairScheduler(_Following, AsyncScheduler):
             elif twin is None:
                 params = request.sampling_params
                 extra = params.extra_args if params is not None else None
-                twin = FairRequest(rid, identity(extra, self.weights), self.model, request.num_prompt_tokens,
+                prompt = 0 if self._sibling_charged(rid) else request.num_prompt_tokens
+                twin = FairRequest(rid, identity(extra, self.weights), self.model, prompt,
                                    max(request.max_tokens, 1), self.seat.clock(), run=run_of(extra))
             self._twins[rid] = twin
             if self.metrics is not None:
                 self.metrics.observe(twin.agent)
         return twin
+
+    def _sibling_charged(self, request_id: str) -> bool:
+        """Whether ``request_id`` is a later choice of a request with ``n > 1``, whose first choice pays the prompt.
+
+        vLLM splits such a request into children ``"<i>_<parent id>"`` that share one
+        prompt (the later ones read it from the prefix cache); child 0 is charged it.
+        """
+        index, sep, parent = request_id.partition("_")
+        return bool(sep) and index.isdigit() and index != "0" and f"0_{parent}" in self._twins
 
     def _agent_of(self, request: VllmRequest) -> Agent:
         return self._twin_of(request).agent
@@ -427,59 +488,95 @@ class FairScheduler(_Following, AsyncScheduler):
         return self.kv_cache_manager.block_pool.get_num_free_blocks() < need
 
     def _running_key(self, request: VllmRequest) -> tuple[Any, ...]:
-        # By the policy's counters, so the last — the one vLLM preempts — is the most served client's (vLLM
-        # also serves `running` in this order, so the least served get the step's token budget first);
-        # among one client's, decodes before a prefill, which is the cheapest to redo.
+        # By the policy's counters, so the last is the most served client's; among one client's, decodes
+        # before a prefill, which is the cheapest to redo.
         return (*self.seat.served(self._agent_of(request)), request.num_computed_tokens < request.num_prompt_tokens,
                 request.arrival_time)
 
+    def _rank_victims(self) -> None:
+        """Set each running request's ``priority`` to its rank by :meth:`_running_key`: vLLM preempts the highest.
+
+        ``running`` keeps vLLM's order, which is the order it hands out the step's token
+        budget in: decodes already running go first, a long prefill does not jump them.
+        """
+        for rank, request in enumerate(sorted(self.running, key=self._running_key)):
+            request.priority = rank
+
     def _shortfall(self, head: VllmRequest) -> tuple[bool, int]:
-        """Whether the batch is out of sequences for ``head``, and the KV blocks it lacks for ``head``'s next chunk."""
+        """Whether the batch is out of sequences for ``head``, and the KV blocks it lacks for ``head``'s next chunk.
+
+        The chunk's blocks, plus one for each running decode that opens a block: an upper
+        estimate of what vLLM's allocation will ask (a prefix-cache hit of ``head`` would
+        need fewer), so a victim is never too small.
+        """
         block = self.block_size
         chunk = min(head.num_tokens - head.num_computed_tokens, self.max_num_scheduled_tokens)
         growing = sum(1 for r in self.running if r.num_computed_tokens % block == 0)  # decodes opening a block
         lacking = -(-chunk // block) + growing - self.kv_cache_manager.block_pool.get_num_free_blocks()
         return len(self.running) >= self._max_active, max(lacking, 0)
 
+    def _frees(self, request: VllmRequest) -> int:
+        """KV blocks preempting ``request`` would give back now: those it alone holds (none while a free is deferred)."""
+        if not self._request_blocks_can_be_freed(request):
+            return 0
+        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks
+        return sum(1 for group in blocks for b in group if b.ref_cnt == 1 and not b.is_null)
+
+    @staticmethod
+    def schedulable(head: VllmRequest) -> bool:
+        """Whether vLLM would take ``head`` into its batch if there were room.
+
+        A request with an output constraint waits for its grammar; vLLM promotes it
+        only when it peeks at it, and with the batch full it never peeks. So a compiled
+        grammar counts as ready here (a failed one does not: vLLM ends that request).
+        Output of an earlier run still in flight (async scheduling) makes it wait too.
+        """
+        if head.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            constraint = head.structured_output_request
+            grammar = constraint.grammar if constraint is not None else None  # None while it compiles
+            return grammar is not None and not isinstance(grammar, Exception)
+        if Scheduler._is_blocked_waiting_status(head.status):
+            return False
+        return not (head.num_stale_output_tokens and not head.drop_stale_output)
+
     def fair_victim(self, head: VllmRequest) -> VllmRequest | None:
         """The running request to preempt so that ``head`` (the policy's next choice) can run, if any.
 
         Only when the batch cannot take ``head`` (no sequence slot, or too few free KV
-        blocks). A candidate belongs to another client — another app, or another agent
-        of ``head``'s app — that the policy has served more than ``head``'s by more than
-        ``head``'s own prompt charge (at that level, over the weight), and freeing it
-        lets ``head`` in. Among candidates: the most served app, then agent, then the
-        request with the least progress (the cheapest to recompute).
+        blocks) and vLLM could run ``head`` given room (:meth:`schedulable`: a tool call
+        whose grammar has compiled can). A candidate belongs to another client — another
+        app, or another agent of ``head``'s app — that the policy has served more than
+        ``head``'s by more than ``head``'s prompt charge plus the candidate's own
+        recompute (its computed tokens priced as prompt), at that level over the weight;
+        it has been preempted for fairness fewer than :attr:`max_fair_preemptions` times;
+        and freeing it lets ``head`` in. Among candidates: the client furthest ahead
+        (the policy's :meth:`~fairagents.policies.BasePolicy.lead`: ``hmfs``, ``vtc``,
+        ``wfq`` each say how they compare two clients), then the request with the least
+        progress (the cheapest to recompute).
 
         The threshold is the hysteresis: once ``head`` runs, its client is charged its
-        prompt (unless it is a preempted request resuming) and is still no further
-        served than the victim's, so the victim's client is not owed a preemption back.
-        A head that vLLM cannot schedule yet (its grammar compiling, output of an earlier
-        run still in flight) preempts nobody.
+        prompt and is still less served than the victim's by more than the work thrown
+        away, so the victim's client is not owed a preemption back, and no request is
+        thrown away more often than the bound.
         """
-        if head in self.waiting._chosen or Scheduler._is_blocked_waiting_status(head.status) or getattr(
-                head, "num_stale_output_tokens", 0):
-            return None  # chosen already and put back by vLLM (a grammar compiling...): a free place would not help it
+        if not self.schedulable(head):
+            return None
         full, lacking = self._shortfall(head)
         if not full and not lacking:
             return None
         twin = self._twin_of(head)
-        who = twin.agent
-        app, agent = self.seat.served(who)
-        charge = self.seat.cost.input_cost(self.model, head.num_prompt_tokens)
-        best: tuple[tuple[float, float, int], VllmRequest] | None = None
+        who, seat = twin.agent, self.seat
+        charge = seat.input_price(self.model, twin.prompt_tokens)
+        best: tuple[tuple[float, int], VllmRequest] | None = None
         for request in self.running:
-            other = self._agent_of(request)
-            served = self.seat.served(other)
-            if other.app.name != who.app.name:
-                owed = served[0] - app > charge / who.app.weight
-            elif other.name != who.name:
-                owed = served[1] - agent > charge / who.weight
-            else:
+            if self._fair_preempted.get(request.request_id, 0) >= self.max_fair_preemptions:
                 continue
-            if not owed or -(-request.num_computed_tokens // self.block_size) < lacking:
+            lead = seat.lead(who, self._agent_of(request))
+            if lead is None or lead <= charge + seat.input_price(self.model, request.num_computed_tokens):
                 continue
-            key = (served[0], served[1], -request.num_computed_tokens)
+            if lacking and self._frees(request) < lacking:
+                continue
+            key = (lead, -request.num_computed_tokens)
             if best is None or key > best[0]:
                 best = (key, request)
         return None if best is None else best[1]
@@ -493,8 +590,10 @@ class FairScheduler(_Following, AsyncScheduler):
         victim = self.fair_victim(head)
         if victim is not None:
             self.running.remove(victim)
+            rid = victim.request_id
+            self._fair_preempted[rid] = self._fair_preempted.get(rid, 0) + 1
             self.seat.tally(self.model).fair_preemptions += 1
-            self._preempt_request(victim, time.monotonic())
+            self._preempt_request(victim, time.monotonic(), drop_stale_output=self.requires_kv_delivery)
 
     def _preempt_request(self, request: VllmRequest, timestamp: float, *args: Any, **kwargs: Any) -> None:
         tally = self.seat.tally(self.model)
@@ -505,20 +604,26 @@ class FairScheduler(_Following, AsyncScheduler):
     # -- the engine loop -----------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        """Preempt for a client owed service if the batch is full, order the running requests, schedule."""
+        """Preempt for a client owed service if the batch is full, rank vLLM's victims, schedule, charge what ran."""
         cap = self.binding.max_running
         self._max_active = self._engine_max_active if cap is None else min(cap, self._engine_max_active)
         self.max_num_active_reqs = self._max_active  # what vLLM admits into its batch, up to its max_num_seqs
-        if self.running and self.seat.keeps_counters:
+        if self.running and self.seat.orders_by_service:
             with self.seat.lock:
                 if self.preempt and self.waiting:
                     self._preempt_for_waiting()
                 if len(self.running) > 1 and self._may_preempt():
-                    self.running.sort(key=self._running_key)
+                    self._rank_victims()
         try:
-            return super().schedule(*args, **kwargs)
+            output = super().schedule(*args, **kwargs)
+            self.waiting.admit_scheduled(self._scheduled)
+            return output
         finally:
             self.waiting.new_step()  # only a step pops: what comes back between steps was not popped in one
+
+    def _scheduled(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        return request is not None and request.status == RequestStatus.RUNNING
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         if self._overlap:
@@ -571,6 +676,7 @@ class FairScheduler(_Following, AsyncScheduler):
             self.seat.engine_progress(self.model, [(rid, produced)])
         self.seat.engine_end(self.model, rid, outcome_of(request))
         self._twins.pop(rid, None)
+        self._fair_preempted.pop(rid, None)
         return super()._free_request(request, *args, **kwargs)
 
 

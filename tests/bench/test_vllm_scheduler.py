@@ -17,7 +17,7 @@ def test_render_shows_every_mode():
     result = {"token_capacity": 2048, "victim_callers": 3, "flood_callers": 30, "rounds": 2, "seconds": 15.0,
               "u": 100.0, "decision_us": {"10": 3.0}, **{mode: row for mode in vllm_scheduler.MODES}}
     first, second = vllm_scheduler.render(result)
-    assert len(first.rows) == 3 and len(second.rows) == 1
+    assert len(first.rows) == len(vllm_scheduler.MODES) and len(second.rows) == 1
 
 
 def test_render_says_when_a_window_measured_no_first_token():
@@ -26,5 +26,6 @@ def test_render_says_when_a_window_measured_no_first_token():
     result = {"token_capacity": 2048, "victim_callers": 3, "flood_callers": 30, "rounds": 1, "seconds": 1.0,
               "u": 100.0, "decision_us": {}, **{mode: row for mode in vllm_scheduler.MODES}}
     first, _ = vllm_scheduler.render(result)
-    assert [cell for cell in first.columns[6].cells] == ["—"] * 3  # victim TTFT p99
-    assert [cell for cell in first.columns[-1].cells] == ["0.0%"] * 3  # no recompute without a preemption
+    n = len(vllm_scheduler.MODES)
+    assert [cell for cell in first.columns[6].cells] == ["—"] * n  # victim TTFT p99
+    assert [cell for cell in first.columns[-1].cells] == ["0.0%"] * n  # no recompute without a preemption

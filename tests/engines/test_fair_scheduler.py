@@ -107,8 +107,25 @@ def bare_scheduler(pool, *, free=1000, max_active=4, block=16):
     sched.running = []
     sched.block_size, sched.max_num_scheduled_tokens, sched._max_active = block, 256, max_active
     sched.free = [free]
-    sched.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: sched.free[0]))
+    sched.shared_blocks = {}  # request id -> how many of its blocks the prefix cache shares with others
+
+    def blocks_of(rid):
+        request = next(r for r in sched.running if r.request_id == rid)
+        n, shared = -(-request.num_computed_tokens // block), sched.shared_blocks.get(rid, 0)
+        return SimpleNamespace(blocks=([SimpleNamespace(ref_cnt=2 if i < shared else 1, is_null=False)
+                                        for i in range(n)],))
+
+    sched.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: sched.free[0]),
+                                             get_blocks=blocks_of)
+    sched._fair_preempted, sched.defer_block_free, sched.requires_kv_delivery = {}, False, False
     return sched
+
+
+def admit(q):
+    """vLLM pops the queue's choice and the step runs it: its prompt is charged then."""
+    request = q.pop_request()
+    q.admit_scheduled(lambda rid: rid == request.request_id)
+    return request
 
 
 def run(sched, request, computed):
@@ -116,7 +133,7 @@ def run(sched, request, computed):
     from vllm.v1.request import RequestStatus
 
     sched.waiting.add_request(request)
-    assert sched.waiting.pop_request() is request
+    assert admit(sched.waiting) is request
     request.status = RequestStatus.RUNNING
     request.num_computed_tokens = computed
     sched.running.append(request)
@@ -136,7 +153,7 @@ def test_the_queue_orders_by_app_counter_then_agent_counter_then_arrival():
     assert len(q) == 0 and not q
 
 
-def test_a_request_is_charged_its_prompt_once_whether_skipped_or_preempted():
+def test_a_request_is_charged_its_prompt_once_when_a_step_runs_it_never_when_skipped_or_preempted():
     from vllm.v1.request import RequestStatus
 
     q, policy = queue()
@@ -144,21 +161,46 @@ def test_a_request_is_charged_its_prompt_once_whether_skipped_or_preempted():
     first = vreq("a1", "A", prompt=30)
     q.add_request(first)
     q.add_request(vreq("b1", "B", prompt=10, at=1.0))
-    assert q.pop_request() is first and pool.charged == {"A": 30.0}  # dispatched: its prompt charged
+    assert q.pop_request() is first and pool.charged == {}  # taken, not yet run: nothing charged
     q.prepend_requests([first])  # vLLM skipped it (its grammar compiles): it keeps its turn, uncharged
-    assert q.peek_request() is first and len(q) == 2
-    assert q.pop_request() is first and pool.charged == {"A": 30.0}
+    q.admit_scheduled(lambda rid: False)
+    q.new_step()
+    assert q.peek_request() is first and len(q) == 2 and pool.charged == {}
+    assert q.pop_request() is first
+    q.admit_scheduled(lambda rid: rid == "a1")  # this step ran it: its prompt is charged, once
+    q.admit_scheduled(lambda rid: rid == "a1")
+    assert pool.charged == {"A": 30.0}
     q.new_step()
     first.status = RequestStatus.PREEMPTED  # preempted in a later step: it starts over, its prompt recomputed free
     q.prepend_request(first)
     assert policy.queued("engine") == 2 and policy.running() == 0
     assert {q.pop_request().request_id, q.pop_request().request_id} == {"a1", "b1"}
+    q.admit_scheduled(lambda rid: True)
     pool.engine_progress("engine", [("a1", 5), ("gone", 3)])
     assert pool.charged == {"A": 40.0, "B": 10.0}
     for rid in ("a1", "b1", "a1"):  # ended once: the second end of a1 is nothing
         pool.engine_end("engine", rid, fa.Outcome.FINISHED)
     assert policy.running() == policy.queued() == 0 and pool.held() == 0
     assert pool.tally("engine").prefilled == 40
+
+
+def test_a_skipped_request_that_is_aborted_or_whose_grammar_fails_costs_its_client_nothing():
+    q, policy = queue()
+    pool = q.seat
+    requests = [vreq("a1", "A", prompt=30), vreq("b1", "B", prompt=30, at=1.0)]
+    for request in requests:
+        q.add_request(request)
+    assert [q.pop_request(), q.pop_request()] == requests
+    q.prepend_requests(requests[::-1])  # both skipped this step: their grammars compile
+    q.admit_scheduled(lambda rid: False)
+    q.new_step()
+    aborted = q.peek_request()
+    q.remove_request(aborted)  # the client gave up while its grammar compiled
+    failed = q.peek_request()
+    failed.status = __import__("vllm.v1.request", fromlist=["RequestStatus"]).RequestStatus.FINISHED_ERROR
+    q.remove_request(failed)  # vLLM ends a request whose grammar failed to compile
+    assert pool.charged == {} and pool.held() == 0 and policy.running() == policy.queued() == 0
+    assert policy.app_counters() in ({}, {"A": 0.0, "B": 0.0})
 
 
 def test_removing_requests_the_queue_does_not_hold_is_harmless():
@@ -202,7 +244,7 @@ def test_every_policy_orders_the_engine_queue_and_leaves_nothing_behind(policy):
         q.add_request(r)
     served = []
     while q:
-        request = q.pop_request()
+        request = admit(q)
         served.append(request.request_id)
         pool.engine_progress("engine", [(request.request_id, 3)])
         if len(served) == 2:
@@ -216,18 +258,20 @@ def test_every_policy_orders_the_engine_queue_and_leaves_nothing_behind(policy):
     assert pool.policy.queued() == 0 and pool.held() == 0
     assert sum(pool.charged.values()) == sum(4 + i for i in range(9)) + 9 * 3 * 2
     if policy == "custom":
-        assert served[:2] == ["r4", "r3"] and not pool.keeps_counters  # its own order; no fair preemption
+        assert served[:2] == ["r4", "r3"] and not pool.orders_by_service  # its own order; no fair preemption
     if policy == "fcfs":
         assert served == [f"r{i}" for i in range(9)]
 
 
-def test_running_requests_are_ordered_so_the_victim_has_the_highest_counter():
+def test_vllms_own_victim_is_the_most_served_clients_and_the_batch_keeps_its_order():
     sched = bare_scheduler(seat())
-    running = [vreq("low", "A", at=0.0), vreq("high", "B", at=1.0), vreq("mid", "C", at=2.0)]
-    for r, charge in zip(running, (5, 50, 20), strict=True):
+    sched.running = [vreq("low", "A", at=0.0), vreq("high", "B", at=1.0), vreq("mid", "C", at=2.0)]
+    for r, charge in zip(sched.running, (5, 50, 20), strict=True):
         sched.seat.policy.charge_to(sched._agent_of(r), charge)
-    running.sort(key=sched._running_key)
-    assert [r.request_id for r in running] == ["low", "mid", "high"]  # vLLM preempts running[-1]
+    sched._rank_victims()
+    assert [r.request_id for r in sched.running] == ["low", "high", "mid"]  # the step's budget goes in vLLM's order
+    victim = max(sched.running, key=lambda r: (r.priority, r.arrival_time))  # vLLM's priority path
+    assert victim.request_id == "high"
 
 
 def test_one_policy_is_shared_across_the_models_of_a_pool():
@@ -238,7 +282,7 @@ def test_one_policy_is_shared_across_the_models_of_a_pool():
     text.add_request(vreq("t-b", "B", at=1.0))
     assert text.peek_request().request_id == "t-a"
     vision.add_request(vreq("v-a", "A", prompt=100))
-    assert vision.pop_request().request_id == "v-a"  # the vision queue only holds its own
+    assert admit(vision).request_id == "v-a"  # the vision queue only holds its own
     assert text.peek_request().request_id == "t-b"  # A was served on the other model meanwhile
     bound = FairScheduler.sharing(Binding(pool, "text"), preempt=False)
     assert bound.shared.seat is pool and bound.shared.model == "text" and not bound.preempt
@@ -263,7 +307,7 @@ def test_the_policy_stays_exact_under_concurrent_engine_threads_and_the_arbiter(
         q = queues[model]
         for i in range(1500):
             q.add_request(vreq(f"{model}{i}", "x", at=float(i), prompt=0))
-            request = q.pop_request()
+            request = admit(q)
             pool.engine_progress(model, [(request.request_id, 1)])
             pool.engine_end(model, request.request_id, fa.Outcome.FINISHED)
 
@@ -326,7 +370,9 @@ def test_fair_preemption_needs_a_gap_larger_than_the_heads_own_prompt():
     sched.waiting.add_request(head)
     sched.seat.engine_progress("engine", [("f1", 50)])  # flood is ahead by 100: less than q1's prompt of 200
     assert sched.fair_victim(head) is None
-    sched.seat.engine_progress("engine", [("f1", 51)])
+    sched.seat.engine_progress("engine", [("f1", 51)])  # ahead by 202: more than the prompt, not the prompt
+    assert sched.fair_victim(head) is None  # plus the 4 tokens f1 would recompute for nothing
+    sched.seat.engine_progress("engine", [("f1", 2)])  # ahead by 206 > 200 + 4
     assert sched.fair_victim(head).request_id == "f1"
     same = bare_scheduler(seat(), max_active=1)  # the same client's requests never preempt each other
     run(same, vreq("f1", "flood", prompt=4), 4)
@@ -346,9 +392,26 @@ def test_a_victim_must_free_the_blocks_the_head_lacks():
     assert sched.fair_victim(head).request_id == "big"  # the least advanced one would not let it in
 
 
-def test_policies_without_counters_do_not_preempt_for_fairness():
-    assert seat("hmfs").keeps_counters and seat("hmfs_runs").keeps_counters
-    assert not seat("fcfs").keeps_counters and not seat("sjf").keeps_counters
+def test_only_policies_that_order_by_service_preempt_for_fairness():
+    for name in ("hmfs", "hmfs_runs", "vtc", "wfq"):
+        assert seat(name).orders_by_service, name
+    for name in ("fcfs", "sjf", "edf", "rr", "duet", "exfairs", "two_lane", "adaptive"):
+        assert not seat(name).orders_by_service, name
+
+
+@pytest.mark.parametrize("policy", ["hmfs", "vtc", "wfq"])
+def test_every_policy_that_orders_by_service_preempts_the_client_furthest_ahead(policy):
+    """Each says how it compares two clients (``lead``); the scheduler preempts by it, with the same threshold."""
+    sched = bare_scheduler(seat(policy), max_active=2)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    run(sched, vreq("g1", "other", prompt=4, at=1.0), 4)
+    for i in range(6):  # the flood keeps work queued, as a flood does
+        sched.waiting.add_request(vreq(f"f{i + 2}", "flood", prompt=4, at=2.0 + i))
+    quiet = vreq("q1", "quiet", prompt=4, at=9.0)
+    sched.waiting.add_request(quiet)  # lifted level with the flood, for the counters' policies
+    sched.seat.engine_progress("engine", [("f1", 200), ("g1", 20)])  # the flood is served on while it waits
+    assert sched.seat.lead(sched._agent_of(quiet), sched._agent_of(sched.running[0])) > 0
+    assert sched.fair_victim(quiet).request_id == "f1"  # the flood is furthest ahead
 
 
 def test_a_requests_end_is_told_to_the_policy_as_vllm_ended_it():
@@ -452,7 +515,7 @@ def test_the_pool_keeps_service_per_model_app_and_agent():
     small.add_request(vreq("s1", "a", "planner", prompt=0))
     small.add_request(vreq("s2", "a", "critic", prompt=0))
     for q in (text, small, small):
-        q.pop_request()
+        admit(q)
     pool.engine_progress("text", [("t", 5)])
     pool.engine_progress("small", [("s1", 4), ("s2", 8)])
     assert pool.service == {("text", "a", "planner"): 20.0, ("small", "a", "planner"): 8.0,
@@ -526,15 +589,80 @@ def test_metrics_keep_their_published_service_by_label_so_names_beyond_the_caps_
 
 
 def test_a_head_vllm_cannot_schedule_yet_preempts_nobody():
+    from vllm.v1.request import RequestStatus
+
     sched = bare_scheduler(seat(), max_active=1)
     run(sched, vreq("f1", "flood", prompt=4), 4)
     head = vreq("q1", "quiet", prompt=4)
     sched.waiting.add_request(head)
     sched.seat.engine_progress("engine", [("f1", 100)])
     assert sched.fair_victim(head).request_id == "f1"
-    sched.waiting.pop_request()
-    sched.waiting.prepend_requests([head])  # vLLM skipped it this step (its grammar compiles): it keeps its turn
-    assert sched.waiting.peek_request() is head and sched.fair_victim(head) is None
+    head.num_stale_output_tokens, head.drop_stale_output = 2, False  # an earlier run's output still in flight
+    assert sched.fair_victim(head) is None
+    head.num_stale_output_tokens = 0
+    head.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert sched.fair_victim(head) is None
+
+
+class _Constraint:
+    """What vLLM keeps of a request's output constraint: its grammar, ``None`` while it compiles."""
+
+    def __init__(self):
+        self.grammar = None
+
+
+def test_a_tool_call_whose_grammar_has_compiled_preempts_like_a_plain_chat():
+    """vLLM promotes a constrained request only when it peeks at it, and with the batch full it never peeks."""
+    from vllm.v1.request import RequestStatus
+
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    call = vreq("q1", "quiet", prompt=4)
+    call.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    call.structured_output_request = _Constraint()
+    sched.waiting.add_request(call)
+    sched.seat.engine_progress("engine", [("f1", 100)])
+    assert sched.fair_victim(call) is None  # its grammar compiles: a place in the batch would not help it yet
+    call.structured_output_request.grammar = object()  # compiled
+    assert sched.fair_victim(call).request_id == "f1"
+    call.structured_output_request.grammar = ValueError("bad schema")  # failed: vLLM ends it
+    assert sched.fair_victim(call) is None
+    # one vLLM popped and put back while its grammar compiled (it keeps its turn) preempts once it is ready
+    call.structured_output_request.grammar = None
+    assert sched.waiting.pop_request() is call
+    sched.waiting.prepend_requests([call])
+    sched.waiting.new_step()
+    assert sched.fair_victim(call) is None
+    call.structured_output_request.grammar = object()
+    assert sched.fair_victim(call).request_id == "f1"
+
+
+def test_no_request_is_preempted_for_fairness_more_than_the_bound():
+    from vllm.v1.request import RequestStatus
+
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    head = vreq("q1", "quiet", prompt=4)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("f1", 100)])
+    for _ in range(FairScheduler.max_fair_preemptions):
+        assert sched.fair_victim(head).request_id == "f1"
+        sched._fair_preempted["f1"] = sched._fair_preempted.get("f1", 0) + 1
+    assert sched.fair_victim(head) is None
+    assert RequestStatus.RUNNING == sched.running[0].status
+
+
+def test_blocks_the_prefix_cache_shares_free_nothing():
+    sched = bare_scheduler(seat(), free=0, max_active=16, block=16)
+    run(sched, vreq("shared", "flood", prompt=64), 64)  # 4 blocks, 3 of them shared with another request
+    run(sched, vreq("own", "flood", prompt=48, at=1.0), 48)  # 3 blocks of its own
+    sched.shared_blocks["shared"] = 3
+    head = vreq("q1", "quiet", prompt=32)  # lacks 2 blocks (+2 for decodes opening a block)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("shared", 200), ("own", 200)])
+    assert sched.fair_victim(head) is None  # "own" frees 3, "shared" 1: neither the 4 it lacks
+    sched.shared_blocks["shared"] = 0
+    assert sched.fair_victim(head).request_id == "shared"
 
 
 def test_a_queue_re_bound_to_another_policy_adopts_what_it_holds():
@@ -570,3 +698,13 @@ def test_a_policy_that_refuses_a_preempted_request_leaves_nothing_of_it():
     assert q.pop_request() is first
     pool.engine_progress("engine", [("a1", 3)])
     pool.engine_end("engine", "a1", fa.Outcome.FINISHED)  # nothing raises on the engine's thread
+
+
+def test_the_choices_of_a_request_with_n_above_one_pay_its_prompt_once():
+    """vLLM splits ``n = 3`` into children ``0_<id>``, ``1_<id>``, ``2_<id>`` sharing one prompt."""
+    sched = bare_scheduler(seat(), max_active=8)
+    for i in range(3):
+        run(sched, vreq(f"{i}_cmpl-7", "a", prompt=30), 30)
+    run(sched, vreq("1_other", "a", prompt=10), 10)  # no sibling 0: a request of its own, charged
+    sched.seat.engine_progress("engine", [(f"{i}_cmpl-7", 2) for i in range(3)])
+    assert sched.seat.charged == {"a": 30.0 + 10.0 + 3 * 2 * 2.0}

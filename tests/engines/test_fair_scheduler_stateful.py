@@ -2,7 +2,8 @@
 
 Hypothesis drives what an arbiter and a vLLM engine do with a request handed over at
 once: it arrives (the dispatcher hands it over, the engine queues it), the engine
-takes the policy's choice into its batch, skips it (a grammar compiling), preempts it,
+takes the policy's choice into its batch, skips it (a grammar compiling; it is charged
+only once a step runs it, so a skipped request that is cancelled costs nothing), preempts it,
 steps out tokens, finishes it, the caller cancels it (waiting or running), the engine
 dies (its requests fail; a restarted queue forgets them) and the arbiter closes.
 After every step: the policy holds exactly what the engine holds, every request ends
@@ -103,14 +104,17 @@ class HandedOver(RuleBasedStateMachine):
     @rule(skip=st.booleans())
     def schedule(self, skip):
         r = self.queue.pop_request()
-        if r.request_id not in self.prompt_charged and r.status == RequestStatus.WAITING:
-            self.prompt_charged.add(r.request_id)
-            self.expected_charge += r.num_prompt_tokens
-        if skip:  # vLLM puts it back unscheduled this step: it keeps its turn
+        if skip:  # vLLM puts it back unscheduled this step: it keeps its turn, and costs nothing yet
             self.queue.prepend_requests([r])
+            self.queue.admit_scheduled(lambda rid: False)
+            self.queue.new_step()
             return
+        if r.request_id not in self.prompt_charged and r.status == RequestStatus.WAITING:
+            self.prompt_charged.add(r.request_id)  # charged as the step runs it, never again
+            self.expected_charge += r.num_prompt_tokens
         r.status = RequestStatus.RUNNING
         self.running.append(r)
+        self.queue.admit_scheduled(lambda rid: rid == r.request_id)
 
     @precondition(lambda self: bool(self.running))
     @rule(data=st.data())

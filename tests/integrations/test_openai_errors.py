@@ -66,6 +66,26 @@ async def test_bad_input_raises_what_the_server_path_raises(request_kw, openai_k
     assert engine.started_order == [] and not arbiter.ledger.records
 
 
+async def test_a_number_python_cannot_read_in_a_calls_arguments_is_the_same_400_both_ways():
+    """A call's arguments are JSON text, read on either path: a 4,301-digit integer in them is a 400 naming them."""
+    arbiter, engine = pool()
+    call = {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"a": %s}' % ("1" * 4301)}}
+    history = [*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    async with live(arbiter, make_config()) as (url, _), client(url) as remote_client:
+        declare_default(arbiter)
+        local_client = AsyncFairOpenAI(arbiter, agent=DEFAULT)
+        with pytest.raises(openai.BadRequestError) as remote:
+            await remote_client.chat.completions.create(model="chat", messages=history)
+        with pytest.raises(openai.BadRequestError) as local:
+            await local_client.chat.completions.create(model="chat", messages=history)
+    same_answer(local.value, remote.value)
+    assert isinstance(local.value, fa.InvalidParameterError)
+    assert local.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert "4301 digits" in local.value.body["message"]
+    assert engine.started_order == [] and not arbiter.ledger.records
+
+
 async def test_a_full_queue_is_a_rate_limit_error_with_the_server_paths_retry_headers():
     arbiter, _ = pool(tokens_per_reply=50, token_time=0.01)
     config = make_config(apps={"driving": {"api_key": KEYS["driving"], "max_queued": 1}})

@@ -59,13 +59,13 @@ def test_a_preempted_request_is_never_charged_its_prompt_again():
 
 def test_without_counters_of_its_own_the_policy_is_ranked_by_the_service_charged_over_weights():
     pool = seat("fcfs")
-    assert not pool.keeps_counters
+    assert not pool.orders_by_service
     for rid, who in (("x", A), ("y", B)):
         pool.engine_arrive(req(rid, who, prompt=20))
         pool.engine_dispatch("m", rid)
     assert pool.served(A) == (20.0, 20.0) and pool.served(B) == (10.0, 20.0)
     counted = seat("hmfs")
-    assert counted.keeps_counters and counted.served(A) == (0.0, 0.0)
+    assert counted.orders_by_service and counted.served(A) == (0.0, 0.0)
 
 
 def test_a_request_the_policy_holds_but_no_engine_serves_is_discarded():

@@ -69,8 +69,10 @@ class FakePainter(FakeEngine):
         super().__init__(profile=fa.ModelProfile(d_model=64, n_layers=1, modality=fa.Modality.IMAGE))
 
     def latent_tokens(self, size, steps, n):
-        if not all(isinstance(v, int) and 8 <= v <= 64 and v % 8 == 0 for v in size) or not 1 <= n <= 2:
-            raise fa.InvalidParameterError(f"cannot make {n} images of {size}")
+        if not all(isinstance(v, int) and 8 <= v <= 64 and v % 8 == 0 for v in size):
+            raise fa.InvalidParameterError(f"size: cannot make images of {size}", param="size")
+        if not 1 <= n <= 2:
+            raise fa.InvalidParameterError("n must be an integer in [1, 2]", param="n")
         return size[0] // 8 * size[1] // 8 * steps * n
 
     def prepare_image(self, prompt, *, size, steps, n, guidance=None):

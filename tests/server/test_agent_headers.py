@@ -10,6 +10,7 @@ import pytest
 
 import fairagents as fa
 from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
+from fairagents.labels import OTHER
 from fairagents.policies import VTC
 from fairagents.testing import FakeEngine
 
@@ -100,6 +101,28 @@ async def test_with_keys_off_an_app_names_itself_and_its_agents_settings():
         fairness = (await http.get("/v1/fairness")).json()
     assert ok.status_code == 200
     assert fairness["apps"]["research"]["agents"]["writer"]["weight"] == 3.0
+
+
+async def test_the_overflow_label_is_no_agents_or_apps_name():
+    """``_other`` counts the agents (and apps) past the label caps in /metrics: a request cannot take the name."""
+    arbiter, engine = fake()
+    async with live(arbiter, make_config()) as (url, gateway), httpx.AsyncClient(base_url=url) as http:
+        refused = await http.post("/v1/chat/completions", json=BODY, headers=headers(OTHER))
+    assert error(refused) == (400, "invalid_parameter", HEADER_AGENT)
+    assert "'_other' is reserved" in refused.json()["error"]["message"]
+    assert ("driving", OTHER) not in gateway._agents and engine.started_order == []
+
+    arbiter, engine = fake()
+    config = fa.server.Config.model_validate({"server": {"auth": False}})
+    async with live(arbiter, config) as (url, _), httpx.AsyncClient(base_url=url) as http:
+        agent = await http.post("/v1/chat/completions", json=BODY,
+                                headers={HEADER_APP: "research", HEADER_AGENT: OTHER})
+        app = await http.post("/v1/chat/completions", json=BODY, headers={HEADER_APP: OTHER})
+        named = await http.post("/v1/chat/completions", json=BODY,
+                                headers={HEADER_APP: "research", HEADER_AGENT: "_others"})
+    assert error(agent) == (400, "invalid_parameter", HEADER_AGENT)
+    assert error(app) == (400, "invalid_parameter", HEADER_APP) and OTHER not in arbiter.tenants.apps
+    assert named.status_code == 200 and engine.started_order  # only the name itself is reserved
 
 
 async def test_an_agents_weight_is_a_share_of_its_app_not_of_the_pool():

@@ -5,6 +5,7 @@ read-only views: fast, since the engine is a double. The real engine is in test_
 """
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -16,7 +17,7 @@ from fairagents.constants import HEADER_AGENT, HEADER_APP
 from fairagents.server import Config, build_arbiter
 from fairagents.testing import FakeEngine
 
-from ._support import KEYS, MSG, client, live, make_config, wait_until
+from ._support import KEYS, MSG, FakePainter, client, live, make_config, wait_until
 
 
 def fake(policy="hmfs", in_flight=4, pool_in_flight=None, **engine_kw):
@@ -461,6 +462,99 @@ async def test_deep_nesting_and_lone_surrogates_are_openai_shaped_400s():
                     assert response.status_code == 400, response.text
                     assert message in response.json()["error"]["message"]
             nothing_ran(arbiter, engine)
+
+
+# One digit past the longest integer Python converts from text (sys.get_int_max_str_digits()).
+BIG = "1" * 4301
+CALL = ('{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": '
+        '{"name": "w", "arguments": %s}}]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}')
+UNREADABLE = [  # (path, the body's JSON text as sent, the field the 400 names)
+    ("/v1/chat/completions", f'{{"model": "chat", "messages": [{{"role": "user", "content": "hi"}}], "seed": {BIG}}}',
+     "seed"),
+    ("/v1/chat/completions", f'{{"model": "chat", "messages": [{{"role": "user", "content": "hi"}}], '
+                             f'"max_tokens": -{BIG}}}', "max_tokens"),
+    ("/v1/chat/completions", f'{{"model": "chat", "messages": [{{"role": "user", "content": [{{"type": "text", '
+                             f'"text": "hi", "n": {BIG}}}]}}]}}', "messages[0].content[0].n"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}], '
+                             '"logit_bias": {"3": 1e999}}', "logit_bias"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+     "temperature"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "top_p": -Infinity}',
+     "top_p"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}], '
+                             '"metadata": {"score": 1' + "0" * 400 + '.5}}', "metadata.score"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}, '
+                             + CALL % json.dumps('{"a": %s}' % BIG) + "]}",
+     "messages[1].tool_calls[0].function.arguments"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}, '
+                             + CALL % json.dumps('{"a": NaN}') + "]}", "messages[1].tool_calls[0].function.arguments"),
+    ("/v1/chat/completions", '{"model": "chat", "messages": [{"role": "user", "content": "hi"}, '
+                             + CALL % json.dumps("[" * 100_000 + "]" * 100_000) + "]}",  # nested past what json reads
+     "messages[1].tool_calls[0].function.arguments"),
+    ("/v1/completions", f'{{"model": "chat", "prompt": [1, {BIG}]}}', "prompt[1]"),
+    ("/v1/completions", f'{{"model": "chat", "prompt": "a", "logprobs": {BIG}}}', "logprobs"),
+    ("/v1/images/generations", f'{{"prompt": "a red car", "n": {BIG}}}', "n"),
+]
+
+
+def with_painter():
+    arbiter, engine = fake()
+    arbiter.add_model("painter", FakePainter())
+    return arbiter, engine
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["inline", "in the pool"])
+@pytest.mark.parametrize(("path", "text", "param"), UNREADABLE,
+                         ids=[f"{i}-{param}" for i, (*_, param) in enumerate(UNREADABLE)])
+async def test_numbers_json_or_python_cannot_hold_are_400s_naming_the_field(path, text, param, large):
+    """Past Python's digits, past the doubles, NaN and Infinity: a 400 naming the field, also from the text pool."""
+    if large:  # past INLINE_PARSE_BYTES: parsed in the text preprocessing pool
+        text = text[:-1] + ', "user": "' + "u" * (65 * 2**10) + '"}'
+    arbiter, engine = with_painter()
+    async with live(arbiter, make_config()) as (url, _):
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEYS['driving']}"}) as http:
+            response = await http.post(path, content=text.encode(), headers={"Content-Type": "application/json"})
+            assert response.status_code == 400, response.text[:300]
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+            assert error["param"] == param, error
+            assert param.removesuffix(".arguments") in error["message"], error  # a call's: "the arguments of 'w'"
+            assert len(error["message"]) < 300  # the number is not echoed back
+            nothing_ran(arbiter, engine)
+
+
+def edge_cases():
+    """(path, body, field) for every numeric field at the edges of JSON: huge ints, ±1e308, the least double."""
+    chat = {"model": "chat", "messages": MSG}
+    bodies = []
+    for field in ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs"):
+        for value in (10**40, -(10**40), 10**4299, 2**63, -(2**63)):
+            bodies.append(("/v1/chat/completions", {**chat, field: value, "logprobs": True}, field))
+    for field in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        for value in (1e308, -1e308, 5e-324, -0.0, 10**40):
+            bodies.append(("/v1/chat/completions", {**chat, field: value}, field))
+    for bias in ({"3": 10**40}, {"3": 1e308}, {"3": 5e-324}, {str(10**40): 1}, {"1" * 4301: 1}, {"0" * 5000 + "3": 1},
+                 {"-3": 1}):
+        bodies.append(("/v1/chat/completions", {**chat, "logit_bias": bias}, "logit_bias"))
+    for field in ("logprobs", "seed", "max_tokens"):
+        for value in (10**40, -(10**40), 10**4299):
+            bodies.append(("/v1/completions", {"model": "chat", "prompt": "a", field: value}, field))
+    for extra in ({"n": 10**40}, {"n": -(10**40)}, {"size": f"{10**40}x{10**40}"}, {"size": "1e308x8"}):
+        bodies.append(("/v1/images/generations", {"prompt": "a red car", **extra}, next(iter(extra))))
+    return bodies
+
+
+async def test_numbers_at_the_edges_of_json_are_accepted_or_400s_naming_the_field():
+    arbiter, _ = with_painter()
+    async with live(arbiter, make_config()) as (url, _):
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEYS['driving']}"}) as http:
+            for path, body, field in edge_cases():
+                response = await http.post(path, json=body)
+                assert response.status_code in (200, 400), (body, response.text[:300])
+                if response.status_code == 400:
+                    error = response.json()["error"]
+                    assert error["type"] == "invalid_request_error" and len(error["message"]) < 300
+                    assert field in error["message"] or field == error["param"], (str(body)[:200], error)
 
 
 async def test_token_ids_outside_the_vocabulary_are_refused_before_anything_runs():

@@ -12,6 +12,7 @@ driven on purpose and checked against the same document.
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import threading
 import time
 
@@ -149,6 +150,8 @@ def test_every_v1_route_declares_its_errors_and_the_bearer_key():
         assert post["security"] == [{"bearer": []}]
         assert [p["name"] for p in post["parameters"]] == ["X-Fairagents-Agent", "X-Fairagents-Agent-Weight",
                                                            "X-Fairagents-Agent-Slo", "X-Fairagents-Run"]
+        agent = jsonschema.Draft202012Validator(post["parameters"][0]["schema"])
+        assert agent.is_valid("planner") and not agent.is_valid("_other")  # the overflow label of /metrics
     models = paths["/v1/models"]["get"]  # with keys on, nothing of a listing request can be a 400 or a 429
     assert set(models["responses"]) == {"200", "401", "503"} and models["security"] == [{"bearer": []}]
     one = paths["/v1/models/{model}"]["get"]
@@ -276,6 +279,74 @@ def test_the_server_answers_as_its_schema_says(api_schema, server, method, path)
         case.call_and_validate(base_url=server, headers=AUTH, checks=CHECKS, timeout=30)
 
     conforms()
+
+
+# Numbers at the edges of JSON, as literal text: integers of 1 to 5,000 digits (Python converts at most 4,300),
+# the least and greatest doubles, literals past them, and the constants Python's json reads but JSON has not.
+EDGE_FLOATS = ["0.0", "-0.0", "5e-324", "1e-320", "1.7976931348623157e308", "-1.7976931348623157e308", "1e999",
+               "-1e999", "NaN", "Infinity", "-Infinity"]
+EDGE_NUMBERS = st.one_of(
+    st.builds(lambda sign, digit, digits: sign + digit * digits, st.sampled_from(["", "-"]), st.sampled_from("19"),
+              st.sampled_from([1, 19, 20, 300, 4300, 4301, 5000])),
+    st.sampled_from(EDGE_FLOATS))
+EDGE_EXAMPLES = min(30, settings.default.max_examples)
+
+
+def number_slots(model):
+    """The fields of a request schema that take numbers: field -> its JSON text around a number (``{}``)."""
+    slots = {}
+    for name, schema in document()["components"]["schemas"][model]["properties"].items():
+        for option in schema.get("anyOf", [schema]):
+            if option.get("type") in ("integer", "number"):
+                slots[name] = "{}"
+            elif option.get("type") == "object" and option.get("additionalProperties", {}).get("type") == "number":
+                slots[name] = '{{"3": {}}}'
+            elif option.get("type") == "array" and option.get("items", {}).get("type") == "integer":
+                slots[name] = "[1, {}]"
+    return slots
+
+
+@pytest.mark.parametrize("path", POSTS)
+def test_numbers_at_the_edges_of_json_are_never_a_server_error(api_schema, server, path):
+    """Bodies from the schema whose numbers are edge literals, sent as written: a 4xx in OpenAI's shape, or served."""
+    operation = api_schema[path]["POST"]
+    slots = number_slots(POSTS[path])
+    marker = "edge-number-7f3a"
+
+    @given(case=operation.as_strategy(GenerationMode.POSITIVE), data=st.data())
+    @settings(max_examples=EDGE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+    def never_a_server_error(case, data):
+        numbers = []
+
+        def edge(value):  # a placeholder the JSON text carries until the literal replaces it
+            numbers.append(value)
+            return f"{marker}-{len(numbers) - 1}"
+
+        def replaced(value):  # the generated body, some of its numbers (at any depth) swapped for edge ones
+            if isinstance(value, dict):
+                return {k: replaced(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [replaced(v) for v in value]
+            if isinstance(value, int | float) and not isinstance(value, bool) and data.draw(st.booleans()):
+                return edge(data.draw(EDGE_NUMBERS))
+            return value
+
+        body = replaced(case.body if isinstance(case.body, dict) else {})
+        body["model"] = "painter" if path == "/v1/images/generations" else "chat"  # past the 404, to be served
+        for field in data.draw(st.lists(st.sampled_from(sorted(slots)), min_size=1, max_size=3, unique=True)):
+            body[field] = edge(slots[field].format(data.draw(EDGE_NUMBERS)))
+        text = json.dumps(body)
+        for i, number in enumerate(numbers):
+            text = text.replace(f'"{marker}-{i}"', number)
+        response = requests.post(f"{server}{path}", data=text.encode(), timeout=30,
+                                 headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code < 500, (text[:300], response.text[:300])
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+        case.validate_response(response, checks=CHECKS)
+
+    never_a_server_error()
 
 
 # -- error paths, driven on purpose ------------------------------------------------------
