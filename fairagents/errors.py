@@ -18,7 +18,7 @@ retry policies that skip ``ValueError`` (LangGraph's default, tenacity's
     │   └── ModelLoadError                   an engine could not load its model (missing files, hub unreachable)
     ├── OverloadedError                      the app's queue is full; retry after ``retry_after`` seconds
     ├── ShutdownError                        the arbiter is closing; the request did not run to the end
-    └── ProtocolError (also RuntimeError)    a driver called a policy, dispatcher or engine out of order (a bug)
+    └── ProtocolError (also RuntimeError)    a policy, dispatcher or engine driven out of order, or a charge not finite (a bug)
 
 Every error carries what it is about as attributes, where they apply: ``model``,
 ``app``, ``agent``, ``request_id``, ``param`` (the request parameter at fault) (each
@@ -267,7 +267,8 @@ class ProtocolError(FairAgentsError, RuntimeError):
     """A driver called a policy, the dispatcher or an engine out of order: a bug, not bad input.
 
     Dispatching a request that is not waiting, finishing one twice, admitting into a
-    simulated batch mid-step. Not a ``ValueError``: retrying will not help, and code
+    simulated batch mid-step; or a cost model that priced a charge that is not a finite
+    number ≥ 0 (the request fails, and no counter moves). Not a ``ValueError``: retrying will not help, and code
     that treats ``ValueError`` as the caller's fault must not swallow it.
 
     Examples:

@@ -18,6 +18,11 @@ mode, the modes alternating ``rounds`` times:
   (``VLLMEngine(scheduler="vllm")``): the arbiter keeps the queue and hands the
   engine what fits.
 
+Then the **tight-KV** case: an engine whose KV cache holds two requests of
+:data:`TIGHT_TOKENS` output tokens, so the victim always has a request waiting, under
+``vllm`` and the three ``default`` modes: each policy that orders by service must then
+give the victim about the flood's service.
+
 Reported per mode (summed over rounds): output tokens/s, and its ratio to ``vllm``; for
 the default path, the engine's preemptions (those for fairness in brackets) and recompute
 tax (recomputed tokens over all prefilled ones; vLLM's own scheduler keeps no such count);
@@ -39,12 +44,18 @@ from rich.table import Table
 from fairagents.bench.overhead import MESSAGES, PRESSURE_TOKENS, _direct, _ms, _pressure_point, pressure_kv_bytes
 from fairagents.metrics import percentile
 
-__all__ = ["DECISION_APPS", "MODES", "decision_cost", "render", "run"]
+__all__ = ["DECISION_APPS", "MODES", "TIGHT_MODES", "decision_cost", "render", "run"]
 
 MODES = ("vllm", "default", "default vtc", "default wfq", "arbiter")
+#: The modes of the tight-KV case, where the victim always has a request waiting.
+TIGHT_MODES = ("vllm", "default", "default vtc", "default wfq")
+#: Output tokens of each request in the tight-KV case, whose KV cache holds two of them.
+TIGHT_TOKENS = 64
+_LIMITS: dict[str, dict[str, Any]] = {"vllm": {"in_flight": 65_536, "token_budget": None}, "default": {},
+                                      "default vtc": {"policy": "vtc"}, "default wfq": {"policy": "wfq"},
+                                      "arbiter": {"token_budget": "engine"}}
 #: Numbers of apps at which the in-engine queue's decision cost is measured.
 DECISION_APPS = (10, 100, 1_000, 10_000)
-_HAND_EVERYTHING = {"in_flight": 65_536, "token_budget": None}
 
 
 def decision_cost(apps: int, decisions: int = 20_000) -> float:
@@ -67,90 +78,119 @@ def decision_cost(apps: int, decisions: int = 20_000) -> float:
     start = time.perf_counter()
     for _ in range(decisions):  # served (its prompt charged), one token out, ended, and back: the queue keeps its size
         request = queue.pop_request()
+        queue.admit_scheduled(lambda rid: True)
+        queue.new_step()
         seat.engine_progress("engine", [(request.request_id, 1)])
         seat.engine_end("engine", request.request_id, Outcome.FINISHED)
         queue.add_request(request)
     return (time.perf_counter() - start) / decisions * 1e6
 
 
+def _summary(rows: list[dict[str, Any]], u: float) -> dict[str, Any]:
+    """One mode's rounds, summed (a round without a first token, or without service, measured nothing)."""
+
+    def measured(key: str) -> list[float]:
+        return [r[key] for r in rows if r[key] is not None]
+
+    ratios, p50s, p99s = measured("victim_over_flood"), measured("victim_ttft_p50_s"), measured("victim_ttft_p99_s")
+    return {
+        "tokens_per_s": sum(r["output_tokens"] for r in rows) / sum(r["seconds"] for r in rows),
+        "gap_over_2u": max(r["max_gap"] for r in rows) / (2 * u),
+        "victim_over_flood": sum(ratios) / len(ratios) if ratios else None,
+        "victim_ttft_p50_s": percentile(p50s, 50) if p50s else None,
+        "victim_ttft_p99_s": max(p99s, default=None),
+        "preemptions": sum(r["preemptions"] for r in rows),
+        "fair_preemptions": sum(r["fair_preemptions"] for r in rows),
+        "recompute_tax": sum(r["recompute_tax"] for r in rows) / len(rows),
+    }
+
+
+async def _compare(engines: dict[str, Any], modes: tuple[str, ...], load: tuple[Any, ...],
+                   rounds: int) -> tuple[dict[str, dict[str, Any]], float]:
+    """Each of ``modes`` on its engine, alternating ``rounds`` times; per mode its summary, and ``U``."""
+    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    u = 0.0
+    for _ in range(rounds):
+        for mode in modes:
+            row, bound = await _pressure_point(engines[mode], _LIMITS[mode], *load)
+            rows[mode].append(row)
+            if mode in ("arbiter", "vllm"):
+                u = bound  # from the KV capacity: what the engine can really hold
+    out = {mode: _summary(rows[mode], u) for mode in modes}
+    for mode in modes:
+        out[mode]["throughput_vs_vllm"] = out[mode]["tokens_per_s"] / out["vllm"]["tokens_per_s"]
+    return out, u
+
+
 async def _measure(flood_callers: int, victim_callers: int, seconds: float, rounds: int) -> dict[str, Any]:
     from fairagents.engines.vllm import VLLMEngine
 
     kv_bytes = pressure_kv_bytes(PRESSURE_TOKENS)
+    tight_bytes = pressure_kv_bytes(TIGHT_TOKENS, holds=2)
     engines = {"vllm": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024, scheduler="vllm"),
                "default": VLLMEngine(None, kv_cache_bytes=kv_bytes, max_model_len=1024)}
-    engines["arbiter"] = engines["vllm"]
-    engines["default vtc"] = engines["default wfq"] = engines["default"]
-    limits = {"vllm": _HAND_EVERYTHING, "default": {}, "default vtc": {"policy": "vtc"},
-              "default wfq": {"policy": "wfq"}, "arbiter": {"token_budget": "engine"}}
-    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    u = 0.0
-    for engine in {id(e): e for e in engines.values()}.values():
+    tight = {"vllm": VLLMEngine(None, kv_cache_bytes=tight_bytes, max_model_len=256, scheduler="vllm"),
+             "default": VLLMEngine(None, kv_cache_bytes=tight_bytes, max_model_len=256)}
+    for group in (engines, tight):
+        group["arbiter"] = group["vllm"]
+        group["default vtc"] = group["default wfq"] = group["default"]
+    started = [e for group in (engines, tight) for e in {id(e): e for e in group.values()}.values()]
+    for engine in started:
         await engine.start()
     try:
         prompt = len(engines["vllm"].prepare_chat(MESSAGES).token_ids)
-        for engine in (engines["vllm"], engines["default"]):
+        for engine in started:
             await _direct(engine, 2, 1, 8)  # warm up
-        load = (flood_callers, victim_callers, prompt, PRESSURE_TOKENS, seconds)
-        for _ in range(rounds):
-            for mode in MODES:
-                row, bound = await _pressure_point(engines[mode], limits[mode], *load)
-                rows[mode].append(row)
-                if mode == "arbiter":
-                    u = bound  # from the KV capacity: what the engine can really hold
+        out, u = await _compare(engines, MODES, (flood_callers, victim_callers, prompt, PRESSURE_TOKENS, seconds),
+                                rounds)
+        tight_out, tight_u = await _compare(tight, TIGHT_MODES,
+                                            (flood_callers, victim_callers, prompt, TIGHT_TOKENS, seconds), rounds)
     finally:
-        for engine in {id(e): e for e in engines.values()}.values():
+        for engine in started:
             await engine.stop()
-    out: dict[str, Any] = {"token_capacity": engines["vllm"].token_capacity, "prompt_tokens": prompt,
-                           "max_tokens": PRESSURE_TOKENS, "flood_callers": flood_callers,
-                           "victim_callers": victim_callers, "seconds": seconds, "rounds": rounds, "u": u}
-    for mode in MODES:
-        rs = rows[mode]
-
-        def measured(key: str) -> list[float]:  # a round without a first token (or service) measured nothing
-            return [r[key] for r in rs if r[key] is not None]
-
-        ratios, p50s, p99s = measured("victim_over_flood"), measured("victim_ttft_p50_s"), measured("victim_ttft_p99_s")
-        out[mode] = {
-            "tokens_per_s": sum(r["output_tokens"] for r in rs) / sum(r["seconds"] for r in rs),
-            "gap_over_2u": max(r["max_gap"] for r in rs) / (2 * u),
-            "victim_over_flood": sum(ratios) / len(ratios) if ratios else None,
-            "victim_ttft_p50_s": percentile(p50s, 50) if p50s else None,
-            "victim_ttft_p99_s": max(p99s, default=None),
-            "preemptions": sum(r["preemptions"] for r in rs),
-            "fair_preemptions": sum(r["fair_preemptions"] for r in rs),
-            "recompute_tax": sum(r["recompute_tax"] for r in rs) / len(rs),
-        }
-    for mode in MODES:
-        out[mode]["throughput_vs_vllm"] = out[mode]["tokens_per_s"] / out["vllm"]["tokens_per_s"]
-    return out
+    return {"token_capacity": engines["vllm"].token_capacity, "prompt_tokens": prompt,
+            "max_tokens": PRESSURE_TOKENS, "flood_callers": flood_callers, "victim_callers": victim_callers,
+            "seconds": seconds, "rounds": rounds, "u": u, **out,
+            "tight": {"token_capacity": tight["vllm"].token_capacity, "max_tokens": TIGHT_TOKENS, "u": tight_u,
+                      **tight_out}}
 
 
 def run(seconds: float = 15.0, rounds: int = 2, flood_callers: int = 30, victim_callers: int = 3) -> dict[str, Any]:
-    """The modes on one real engine, then the in-engine queue's decision cost."""
+    """The modes on one real engine, the tight-KV case, then the in-engine queue's decision cost."""
     result = asyncio.run(_measure(flood_callers, victim_callers, seconds, rounds))
     result["decision_us"] = {str(n): decision_cost(n) for n in DECISION_APPS}
     return result
 
 
-def render(result: dict[str, Any]) -> list[Table]:
-    """Two tables: the modes side by side, and the decision cost."""
-    first = Table(title=f"Fair inside vLLM vs in front of it: KV cache of {result['token_capacity']:,} tokens, "
-                        f"{result['victim_callers']} victim and {result['flood_callers']} flood callers, "
-                        f"{result['rounds']} x {result['seconds']:g} s per mode")
+def _table(title: str, rows: dict[str, Any], modes: tuple[str, ...], u: float) -> Table:
+    table = Table(title=title)
     for column in ("mode", "output tok/s", "vs vllm", "gap / 2U", "victim / flood service", "victim TTFT p50",
                    "victim TTFT p99", "preemptions (fair)", "recompute tax"):
-        first.add_column(column, justify="right")
-    for mode in MODES:
-        r = result[mode]
+        table.add_column(column, justify="right")
+    for mode in modes:
+        r = rows[mode]
         ratio = "—" if r["victim_over_flood"] is None else f"{r['victim_over_flood']:.3f}"
-        first.add_row(mode, f"{r['tokens_per_s']:,.0f}", f"{r['throughput_vs_vllm']:.3f}", f"{r['gap_over_2u']:.2f}",
+        table.add_row(mode, f"{r['tokens_per_s']:,.0f}", f"{r['throughput_vs_vllm']:.3f}", f"{r['gap_over_2u']:.2f}",
                       ratio, _ms(r["victim_ttft_p50_s"]), _ms(r["victim_ttft_p99_s"]),
                       f"{r.get('preemptions', 0)} ({r.get('fair_preemptions', 0)})", f"{r.get('recompute_tax', 0.0):.1%}")
-    first.caption = f"U = {result['u']:,.1f} unified tokens for every row (from the KV capacity)"
+    table.caption = f"U = {u:,.1f} unified tokens for every row (from the KV capacity)"
+    return table
+
+
+def render(result: dict[str, Any]) -> list[Table]:
+    """Three tables: the modes side by side, the tight-KV case (when measured), and the decision cost."""
+    callers = f"{result['victim_callers']} victim and {result['flood_callers']} flood callers"
+    rounds = f"{result['rounds']} x {result['seconds']:g} s per mode"
+    tables = [_table(f"Fair inside vLLM vs in front of it: KV cache of {result['token_capacity']:,} tokens, "
+                     f"{callers}, {rounds}", result, MODES, result["u"])]
+    tight = result.get("tight")
+    if tight is not None:
+        tables.append(_table(f"Tight KV: a cache of {tight['token_capacity']:,} tokens holds two requests of "
+                             f"{tight['max_tokens']} output tokens, so the victim always waits; {callers}, {rounds}",
+                             tight, TIGHT_MODES, tight["u"]))
     second = Table(title="In-engine queue: one pop + one add")
     second.add_column("apps", justify="right")
     second.add_column("µs", justify="right")
     for n, us in result["decision_us"].items():
         second.add_row(f"{int(n):,}", f"{us:.1f}")
-    return [first, second]
+    return [*tables, second]

@@ -17,11 +17,11 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
   ``fairagents_agent_weight`` (default 1), checked by
   :class:`~fairagents.vllm.args.FairArgsValidator`.
 - **The waiting queue** (:class:`FairQueue`) is the policy's: ``select`` picks, a
-  request taken into the batch is dispatched (its prompt charged), output is charged
-  as each step returns it, and a preempted request is never charged its prompt again.
+  request taken into the batch leaves it (its prompt charged once a step runs it), output
+  is charged as each step returns it, and a preempted request is never charged its prompt again.
 - **Preemption**: when the batch is full, a waiting client the policy has served less
-  than a running one, by more than its own prompt's charge plus what preempting would
-  throw away, preempts that client's request (:meth:`FairScheduler.fair_victim`), at
+  than a running one, by more than the larger of its own prompt's charge and what
+  preempting would throw away, preempts that client's request (:meth:`FairScheduler.fair_victim`), at
   most one per step and at most :attr:`~FairScheduler.max_fair_preemptions` times per
   request; a tool call or structured output whose grammar has compiled counts as
   ready. On a step that could run out of KV blocks, vLLM's own victim is the most
@@ -546,7 +546,7 @@ class FairScheduler(_Following, AsyncScheduler):
         blocks) and vLLM could run ``head`` given room (:meth:`schedulable`: a tool call
         whose grammar has compiled can). A candidate belongs to another client — another
         app, or another agent of ``head``'s app — that the policy has served more than
-        ``head``'s by more than ``head``'s prompt charge plus the candidate's own
+        ``head``'s by more than the larger of ``head``'s prompt charge and the candidate's
         recompute (its computed tokens priced as prompt), at that level over the weight;
         it has been preempted for fairness fewer than :attr:`max_fair_preemptions` times;
         and freeing it lets ``head`` in. Among candidates: the client furthest ahead
@@ -554,10 +554,12 @@ class FairScheduler(_Following, AsyncScheduler):
         ``wfq`` each say how they compare two clients), then the request with the least
         progress (the cheapest to recompute).
 
-        The threshold is the hysteresis: once ``head`` runs, its client is charged its
-        prompt and is still less served than the victim's by more than the work thrown
-        away, so the victim's client is not owed a preemption back, and no request is
-        thrown away more often than the bound.
+        The threshold is the hysteresis, each term guarding one way round: once ``head``
+        runs, its client is charged its prompt and is still no further served than the
+        victim's, so the victim's client is not owed a preemption back; and a head with
+        no prompt to charge (a preempted request, resuming) must be owed more than the
+        work it would throw away, so two clients cannot take turns preempting each other
+        for nothing. No request is thrown away more often than the bound.
         """
         if not self.schedulable(head):
             return None
@@ -572,7 +574,7 @@ class FairScheduler(_Following, AsyncScheduler):
             if self._fair_preempted.get(request.request_id, 0) >= self.max_fair_preemptions:
                 continue
             lead = seat.lead(who, self._agent_of(request))
-            if lead is None or lead <= charge + seat.input_price(self.model, request.num_computed_tokens):
+            if lead is None or lead <= max(charge, seat.input_price(self.model, request.num_computed_tokens)):
                 continue
             if lacking and self._frees(request) < lacking:
                 continue

@@ -18,6 +18,10 @@ def test_render_shows_every_mode():
               "u": 100.0, "decision_us": {"10": 3.0}, **{mode: row for mode in vllm_scheduler.MODES}}
     first, second = vllm_scheduler.render(result)
     assert len(first.rows) == len(vllm_scheduler.MODES) and len(second.rows) == 1
+    result["tight"] = {"token_capacity": 256, "max_tokens": 64, "u": 50.0,
+                       **{mode: row for mode in vllm_scheduler.TIGHT_MODES}}
+    first, tight, second = vllm_scheduler.render(result)
+    assert len(tight.rows) == len(vllm_scheduler.TIGHT_MODES) and "victim always waits" in tight.title
 
 
 def test_render_says_when_a_window_measured_no_first_token():

@@ -370,9 +370,7 @@ def test_fair_preemption_needs_a_gap_larger_than_the_heads_own_prompt():
     sched.waiting.add_request(head)
     sched.seat.engine_progress("engine", [("f1", 50)])  # flood is ahead by 100: less than q1's prompt of 200
     assert sched.fair_victim(head) is None
-    sched.seat.engine_progress("engine", [("f1", 51)])  # ahead by 202: more than the prompt, not the prompt
-    assert sched.fair_victim(head) is None  # plus the 4 tokens f1 would recompute for nothing
-    sched.seat.engine_progress("engine", [("f1", 2)])  # ahead by 206 > 200 + 4
+    sched.seat.engine_progress("engine", [("f1", 51)])
     assert sched.fair_victim(head).request_id == "f1"
     same = bare_scheduler(seat(), max_active=1)  # the same client's requests never preempt each other
     run(same, vreq("f1", "flood", prompt=4), 4)
@@ -380,6 +378,21 @@ def test_fair_preemption_needs_a_gap_larger_than_the_heads_own_prompt():
     mine = vreq("f2", "flood", prompt=1)
     same.waiting.add_request(mine)
     assert same.fair_victim(mine) is None
+
+
+def test_a_head_must_be_owed_more_than_the_work_it_would_throw_away():
+    """A short head and a victim with 100 tokens computed: the recompute, not the prompt, is the threshold."""
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=100), 100)
+    head = vreq("q1", "quiet", prompt=4)
+    sched.waiting.add_request(head)
+    leads = []
+    while sched.fair_victim(head) is None:
+        leads.append(sched.seat.lead(sched._agent_of(head), sched._agent_of(sched.running[0])))
+        sched.seat.engine_progress("engine", [("f1", 1)])  # the flood is served on, 2 a token
+        assert len(leads) < 100
+    assert max(leads) > 4  # well past the head's prompt, it still preempted nobody
+    assert max(leads) <= 100 < sched.seat.lead(sched._agent_of(head), sched._agent_of(sched.running[0]))
 
 
 def test_a_victim_must_free_the_blocks_the_head_lacks():
@@ -588,14 +601,20 @@ def test_metrics_keep_their_published_service_by_label_so_names_beyond_the_caps_
     assert service("app-0", "agent-0") == 1.0
 
 
+def flood_ahead_of(head):
+    """A batch of one, full with a flood request served 100 tokens; ``head`` of another app waiting."""
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("f1", 100)])
+    return sched
+
+
 def test_a_head_vllm_cannot_schedule_yet_preempts_nobody():
     from vllm.v1.request import RequestStatus
 
-    sched = bare_scheduler(seat(), max_active=1)
-    run(sched, vreq("f1", "flood", prompt=4), 4)
     head = vreq("q1", "quiet", prompt=4)
-    sched.waiting.add_request(head)
-    sched.seat.engine_progress("engine", [("f1", 100)])
+    sched = flood_ahead_of(head)
     assert sched.fair_victim(head).request_id == "f1"
     head.num_stale_output_tokens, head.drop_stale_output = 2, False  # an earlier run's output still in flight
     assert sched.fair_victim(head) is None
@@ -615,13 +634,10 @@ def test_a_tool_call_whose_grammar_has_compiled_preempts_like_a_plain_chat():
     """vLLM promotes a constrained request only when it peeks at it, and with the batch full it never peeks."""
     from vllm.v1.request import RequestStatus
 
-    sched = bare_scheduler(seat(), max_active=1)
-    run(sched, vreq("f1", "flood", prompt=4), 4)
     call = vreq("q1", "quiet", prompt=4)
     call.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     call.structured_output_request = _Constraint()
-    sched.waiting.add_request(call)
-    sched.seat.engine_progress("engine", [("f1", 100)])
+    sched = flood_ahead_of(call)
     assert sched.fair_victim(call) is None  # its grammar compiles: a place in the batch would not help it yet
     call.structured_output_request.grammar = object()  # compiled
     assert sched.fair_victim(call).request_id == "f1"
@@ -640,11 +656,8 @@ def test_a_tool_call_whose_grammar_has_compiled_preempts_like_a_plain_chat():
 def test_no_request_is_preempted_for_fairness_more_than_the_bound():
     from vllm.v1.request import RequestStatus
 
-    sched = bare_scheduler(seat(), max_active=1)
-    run(sched, vreq("f1", "flood", prompt=4), 4)
     head = vreq("q1", "quiet", prompt=4)
-    sched.waiting.add_request(head)
-    sched.seat.engine_progress("engine", [("f1", 100)])
+    sched = flood_ahead_of(head)
     for _ in range(FairScheduler.max_fair_preemptions):
         assert sched.fair_victim(head).request_id == "f1"
         sched._fair_preempted["f1"] = sched._fair_preempted.get("f1", 0) + 1
