@@ -110,11 +110,12 @@ async def _compare(engines: dict[str, Any], modes: tuple[str, ...], load: tuple[
     """Each of ``modes`` on its engine, alternating ``rounds`` times; per mode its summary, and ``U``."""
     rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     u = 0.0
+    bounded_by = "arbiter" if "arbiter" in modes else "default"  # a mode whose U comes from the KV capacity
     for _ in range(rounds):
         for mode in modes:
             row, bound = await _pressure_point(engines[mode], _LIMITS[mode], *load)
             rows[mode].append(row)
-            if mode in ("arbiter", "vllm"):
+            if mode == bounded_by:
                 u = bound  # from the KV capacity: what the engine can really hold
     out = {mode: _summary(rows[mode], u) for mode in modes}
     for mode in modes:

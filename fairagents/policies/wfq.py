@@ -20,6 +20,7 @@ See the policies page in the docs (*Choosing a policy*, the H-MAS pool) for the 
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar, Literal
 
 from fairagents.cost import CostModel
@@ -77,6 +78,8 @@ class WFQ(PredictivePolicy):
         self._vtime = 0.0
         self._last: dict[object, float] = {}  # client -> finish tag of its latest request
         self._start: dict[str, float] = {}  # waiting request id -> start tag
+        self._waiting_of: dict[object, deque[str]] = {}  # client -> its waiting request ids, in arrival order (lazy)
+        self._given: dict[object, float] = {}  # client -> finish tag of its latest dispatched request
 
     def virtual_time(self) -> float:
         """``V``: the finish tag of the latest dispatched request (0 before any)."""
@@ -98,16 +101,37 @@ class WFQ(PredictivePolicy):
         return self._start[req.id], self._queues.key(req)
 
     def lead(self, head: Agent, other: Agent) -> float | None:
-        """How far ``other``'s client is ahead of ``head``'s in virtual finish time (the work given it), at ``head``'s weight.
+        """How far ``other``'s client was given virtual service beyond where ``head``'s next request starts.
 
-        A client's standing is the finish tag of its latest request, or the virtual time
-        if that is later (a client that fell behind ``V`` is owed nothing for it).
+        ``other``'s standing is the finish tag of its latest dispatched request (what it
+        was given, its running requests' predicted sizes included); ``head``'s is the
+        start tag of its earliest waiting request (what it was given before it). A new
+        request starts at the virtual time, so it is owed nothing at arrival; it is owed
+        what others are given while it waits (its turn skipped: a grammar compiling, the
+        batch full). Requests merely queued count for nobody. At ``head``'s weight.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> policy = fa.policies.WFQ(fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=4096, n_layers=1)}))
+            >>> flood, quiet = fa.Agent("t", fa.App("flood")), fa.Agent("t", fa.App("quiet"))
+            >>> policy.on_arrival(fa.Request("q", quiet, "m", 10, 10, arrival=0.0), now=0.0)
+            >>> for i in range(3):
+            ...     policy.on_arrival(fa.Request(f"f{i}", flood, "m", 10, 10, arrival=0.0), now=0.0)
+            >>> policy.lead(quiet, flood)   # nothing given to anyone yet
+            0.0
+            >>> for r in [r for r in policy.waiting_requests() if r.id in ("f0", "f1")]:
+            ...     policy.on_dispatch(r, now=0.0)   # the flood is given two while q waits (its grammar compiling)
+            >>> policy.lead(quiet, flood) > 0
+            True
         """
         mine, theirs = self._client_of(head), self._client_of(other)
         if mine[0] == theirs[0]:
             return None
-        vtime = self._vtime
-        return (max(self._last.get(theirs[0], 0.0), vtime) - max(self._last.get(mine[0], 0.0), vtime)) * mine[1]
+        waiting, start = self._waiting_of.get(mine[0]), self._start
+        while waiting and waiting[0] not in start:  # dispatched or withdrawn since
+            waiting.popleft()
+        mine_given = start[waiting[0]] if waiting else self._given.get(mine[0], 0.0)
+        return (self._given.get(theirs[0], 0.0) - mine_given) * mine[1]
 
     def _client_of(self, agent: Agent) -> tuple[object, float]:
         return (agent.app.name, agent.app.weight) if self.client == "app" else (agent.key, agent.weight)
@@ -123,6 +147,7 @@ class WFQ(PredictivePolicy):
         start = max(self._last.get(client, 0.0), self._vtime)
         finish = self._last[client] = start + size / weight
         self._start[req.id] = start
+        self._waiting_of.setdefault(client, deque()).append(req.id)
         return finish
 
     def _dequeue(self, req: Request, now: float, dispatched: bool) -> None:
@@ -131,6 +156,8 @@ class WFQ(PredictivePolicy):
         super()._dequeue(req, now, dispatched)
         if dispatched:
             self._vtime = max(self._vtime, finish)
+            client, _ = self._client(req)
+            self._given[client] = max(self._given.get(client, 0.0), finish)
         else:
             client, _ = self._client(req)
             if self._last.get(client) == finish:

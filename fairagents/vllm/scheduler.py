@@ -20,8 +20,8 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
   request taken into the batch leaves it (its prompt charged once a step runs it), output
   is charged as each step returns it, and a preempted request is never charged its prompt again.
 - **Preemption**: when the batch is full, a waiting client the policy has served less
-  than a running one, by more than the larger of its own prompt's charge and what
-  preempting would throw away, preempts that client's request (:meth:`FairScheduler.fair_victim`), at
+  than a running one, by more than its own prompt's charge (a request resuming after a
+  preemption: also more than what preempting would throw away), preempts that client's request (:meth:`FairScheduler.fair_victim`), at
   most one per step and at most :attr:`~FairScheduler.max_fair_preemptions` times per
   request; a tool call or structured output whose grammar has compiled counts as
   ready. On a step that could run out of KV blocks, vLLM's own victim is the most
@@ -546,20 +546,21 @@ class FairScheduler(_Following, AsyncScheduler):
         blocks) and vLLM could run ``head`` given room (:meth:`schedulable`: a tool call
         whose grammar has compiled can). A candidate belongs to another client — another
         app, or another agent of ``head``'s app — that the policy has served more than
-        ``head``'s by more than the larger of ``head``'s prompt charge and the candidate's
-        recompute (its computed tokens priced as prompt), at that level over the weight;
+        ``head``'s by more than ``head``'s prompt charge — for a head resuming after a
+        preemption, which pays no prompt again, the larger of that and the candidate's
+        recompute (its computed tokens priced as prompt) — at that level over the weight;
         it has been preempted for fairness fewer than :attr:`max_fair_preemptions` times;
         and freeing it lets ``head`` in. Among candidates: the client furthest ahead
         (the policy's :meth:`~fairagents.policies.BasePolicy.lead`: ``hmfs``, ``vtc``,
         ``wfq`` each say how they compare two clients), then the request with the least
         progress (the cheapest to recompute).
 
-        The threshold is the hysteresis, each term guarding one way round: once ``head``
-        runs, its client is charged its prompt and is still no further served than the
-        victim's, so the victim's client is not owed a preemption back; and a head with
-        no prompt to charge (a preempted request, resuming) must be owed more than the
-        work it would throw away, so two clients cannot take turns preempting each other
-        for nothing. No request is thrown away more often than the bound.
+        The threshold is the hysteresis: once a new ``head`` runs, its client is charged
+        its prompt and is still no further served than the victim's, so the victim's
+        client is not owed a preemption back; and a preempted request, which resumes
+        uncharged, must be owed more than the work it would throw away, so two clients
+        cannot take turns preempting each other's requests for nothing. No request is
+        thrown away more often than the bound.
         """
         if not self.schedulable(head):
             return None
@@ -570,11 +571,13 @@ class FairScheduler(_Following, AsyncScheduler):
         who, seat = twin.agent, self.seat
         charge = seat.input_price(self.model, twin.prompt_tokens)
         best: tuple[tuple[float, int], VllmRequest] | None = None
+        resuming = head.num_preemptions > 0  # it pays no prompt again: the work it throws away is its threshold
         for request in self.running:
             if self._fair_preempted.get(request.request_id, 0) >= self.max_fair_preemptions:
                 continue
             lead = seat.lead(who, self._agent_of(request))
-            if lead is None or lead <= max(charge, seat.input_price(self.model, request.num_computed_tokens)):
+            threshold = max(charge, seat.input_price(self.model, request.num_computed_tokens)) if resuming else charge
+            if lead is None or lead <= threshold:
                 continue
             if lacking and self._frees(request) < lacking:
                 continue

@@ -380,19 +380,23 @@ def test_fair_preemption_needs_a_gap_larger_than_the_heads_own_prompt():
     assert same.fair_victim(mine) is None
 
 
-def test_a_head_must_be_owed_more_than_the_work_it_would_throw_away():
-    """A short head and a victim with 100 tokens computed: the recompute, not the prompt, is the threshold."""
+@pytest.mark.parametrize("resuming", [False, True], ids=["new", "resuming"])
+def test_a_resuming_head_must_be_owed_more_than_the_work_it_would_throw_away(resuming):
+    """A short head, a victim with 100 tokens computed: a new head pays its prompt; a resuming one, which
+    pays nothing again, must be owed more than the victim's recompute."""
     sched = bare_scheduler(seat(), max_active=1)
     run(sched, vreq("f1", "flood", prompt=100), 100)
     head = vreq("q1", "quiet", prompt=4)
+    head.num_preemptions = int(resuming)
     sched.waiting.add_request(head)
     leads = []
     while sched.fair_victim(head) is None:
         leads.append(sched.seat.lead(sched._agent_of(head), sched._agent_of(sched.running[0])))
         sched.seat.engine_progress("engine", [("f1", 1)])  # the flood is served on, 2 a token
         assert len(leads) < 100
-    assert max(leads) > 4  # well past the head's prompt, it still preempted nobody
-    assert max(leads) <= 100 < sched.seat.lead(sched._agent_of(head), sched._agent_of(sched.running[0]))
+    lead = sched.seat.lead(sched._agent_of(head), sched._agent_of(sched.running[0]))
+    threshold = 100 if resuming else 4
+    assert max(leads, default=0) <= threshold < lead
 
 
 def test_a_victim_must_free_the_blocks_the_head_lacks():
@@ -416,12 +420,17 @@ def test_only_policies_that_order_by_service_preempt_for_fairness():
 def test_every_policy_that_orders_by_service_preempts_the_client_furthest_ahead(policy):
     """Each says how it compares two clients (``lead``); the scheduler preempts by it, with the same threshold."""
     sched = bare_scheduler(seat(policy), max_active=2)
-    run(sched, vreq("f1", "flood", prompt=4), 4)
-    run(sched, vreq("g1", "other", prompt=4, at=1.0), 4)
-    for i in range(6):  # the flood keeps work queued, as a flood does
-        sched.waiting.add_request(vreq(f"f{i + 2}", "flood", prompt=4, at=2.0 + i))
-    quiet = vreq("q1", "quiet", prompt=4, at=9.0)
-    sched.waiting.add_request(quiet)  # lifted level with the flood, for the counters' policies
+    quiet = vreq("q1", "quiet", prompt=4, at=0.0)
+    sched.waiting.add_request(quiet)
+    assert sched.waiting.pop_request() is quiet  # its grammar compiles: vLLM puts it back, and the flood runs
+    sched.waiting.prepend_requests([quiet])
+    sched.waiting.new_step()
+    for rid, app in (("f1", "flood"), ("g1", "other"), ("f2", "flood"), ("f3", "flood")):
+        request = vreq(rid, app, prompt=4, at=1.0)
+        sched.waiting.add_request(request)
+        sched.waiting._held.pop(rid)  # vLLM runs it while the quiet one waits for its grammar
+        assert sched.seat.engine_take("engine", rid) and sched.seat.engine_admit("engine", rid)
+        sched.running.append(request)
     sched.seat.engine_progress("engine", [("f1", 200), ("g1", 20)])  # the flood is served on while it waits
     assert sched.seat.lead(sched._agent_of(quiet), sched._agent_of(sched.running[0])) > 0
     assert sched.fair_victim(quiet).request_id == "f1"  # the flood is furthest ahead
