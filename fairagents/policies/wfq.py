@@ -8,7 +8,8 @@ time (SCFQ). A request ``r`` of client ``c`` (weight ``w_c``) is stamped when it
 A model runs its waiting request of least finish tag, and ``V`` becomes the tag of the
 request dispatched. ``L_r`` is the predicted size in unified tokens,
 ``w_input · T(prompt) + w_output · T(l_pred)``; a tag is fixed at arrival, so
-mispredictions are not corrected. Clients are apps (``client="app"``) or agents
+mispredictions are not corrected. A request preempted inside an engine resumes with the
+tags it had: its client was given its size once. Clients are apps (``client="app"``) or agents
 (``client="agent"``), each with its own weight; tags and ``V`` are global across the
 pool. Unlike :class:`~fairagents.policies.VTC`, which charges tokens as they are served,
 WFQ charges a request's predicted size up front, so among clients of equal standing the
@@ -28,9 +29,13 @@ from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent
 from fairagents.policies._predicted import Estimate, PredictivePolicy
 from fairagents.policies.predict import LengthPredictor
-from fairagents.request import Request
+from fairagents.request import Outcome, Request
 
 __all__ = ["WFQ"]
+
+#: Running requests cancelled whose tags are kept for their resumption (vLLM preempts one by
+#: cancelling it in the policy and queueing it again); the oldest are forgotten past this.
+_STOPPED_KEPT = 4096
 
 
 class WFQ(PredictivePolicy):
@@ -80,6 +85,8 @@ class WFQ(PredictivePolicy):
         self._start: dict[str, float] = {}  # waiting request id -> start tag
         self._waiting_of: dict[object, deque[str]] = {}  # client -> its waiting request ids, in arrival order (lazy)
         self._given: dict[object, float] = {}  # client -> finish tag of its latest dispatched request
+        self._dispatched_tags: dict[str, tuple[float, float]] = {}  # running request id -> (start, finish)
+        self._stopped: dict[str, tuple[float, float]] = {}  # cancelled while running, oldest first: its tags
 
     def virtual_time(self) -> float:
         """``V``: the finish tag of the latest dispatched request (0 before any)."""
@@ -141,8 +148,22 @@ class WFQ(PredictivePolicy):
             return req.agent.app.name, req.agent.app.weight
         return req.agent.key, req.agent.weight
 
+    def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
+        """End ``req``; a running one cancelled keeps its tags for a while, in case it resumes (a preemption)."""
+        if outcome is Outcome.CANCELLED and req.id in self._running:
+            self._stopped[req.id] = self._dispatched_tags[req.id]
+            if len(self._stopped) > _STOPPED_KEPT:
+                del self._stopped[next(iter(self._stopped))]
+        self._dispatched_tags.pop(req.id, None)
+        super().on_finish(req, outcome, now)
+
     def _key(self, req: Request, est: Estimate, now: float) -> float:
         client, weight = self._client(req)
+        kept = self._stopped.pop(req.id, None)
+        if kept is not None:  # a preempted request resuming: it was given its size once, and keeps its place
+            self._start[req.id] = kept[0]
+            self._waiting_of.setdefault(client, deque()).append(req.id)
+            return kept[1]
         size = self.cost.input_cost(req.model, req.prompt_tokens) + self.cost.output_cost(req.model, est.length)
         start = max(self._last.get(client, 0.0), self._vtime)
         finish = self._last[client] = start + size / weight
@@ -158,6 +179,7 @@ class WFQ(PredictivePolicy):
             self._vtime = max(self._vtime, finish)
             client, _ = self._client(req)
             self._given[client] = max(self._given.get(client, 0.0), finish)
+            self._dispatched_tags[req.id] = (start, finish)
         else:
             client, _ = self._client(req)
             if self._last.get(client) == finish:

@@ -503,3 +503,22 @@ def test_two_lane_starves_nothing(case):
                     break
                 run += 1
             assert run <= math.ceil(stride[lane] / stride[other]) + 2
+
+
+def test_wfq_a_preempted_request_resumes_with_its_tags_and_its_client_pays_its_size_once():
+    """An engine preempts by cancelling the running request in the policy and queueing it again, prompt 0."""
+    import dataclasses
+
+    cost = fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=4096, n_layers=1)})
+    policy, who = fa.policies.WFQ(cost), fa.Agent("t", fa.App("flood"))
+    request = fa.Request("r", who, "m", 10, 10, arrival=0.0)
+    policy.on_arrival(request, now=0.0)
+    tags = policy.tags(request)
+    policy.on_dispatch(request, now=0.0)
+    policy.on_finish(request, fa.Outcome.CANCELLED, now=1.0)  # preempted
+    resumed = dataclasses.replace(request, prompt_tokens=0)
+    policy.on_arrival(resumed, now=1.0)
+    assert policy.tags(resumed) == tags
+    later = fa.Request("s", who, "m", 10, 10, arrival=2.0)
+    policy.on_arrival(later, now=2.0)
+    assert policy.tags(later)[0] == tags[1]  # the next starts where the first ended: given once
