@@ -23,14 +23,13 @@ Examples:
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDTH, MAX_TOKEN_COUNT, MAX_TOKEN_PRICE
-from fairagents.errors import InvalidParameterError, UnknownModelError
+from fairagents.errors import InvalidParameterError, UnknownModelError, shown
 from fairagents.identity import Modality
 
 __all__ = ["CostModel", "ModelProfile", "RawTokenCost", "UnifiedTokenCost", "service_bound"]
@@ -38,19 +37,20 @@ __all__ = ["CostModel", "ModelProfile", "RawTokenCost", "UnifiedTokenCost", "ser
 
 def _check_count(n: int, what: str) -> None:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= MAX_TOKEN_COUNT:
-        raise InvalidParameterError(f"{what} must be an integer in [0, 2**40], got {n!r}")
+        raise InvalidParameterError(f"{what} must be an integer in [0, 2**40], got {shown(n)}")
 
 
 def _check_weight(value: float, what: str, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero) or value > MAX_TOKEN_PRICE:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_PRICE  # NaN fails
+    if not ok or (value == 0 and not allow_zero):
         bound = "≥ 0" if allow_zero else "> 0"
-        raise InvalidParameterError(f"{what} must be a finite number {bound} and ≤ {MAX_TOKEN_PRICE:g}, got {value!r}")
+        raise InvalidParameterError(f"{what} must be a finite number {bound} and ≤ {MAX_TOKEN_PRICE:g}, "
+                                    f"got {shown(value)}")
 
 
 def _check_size(value: object, what: str, largest: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= largest:
-        raise InvalidParameterError(f"{what} must be an integer in [1, {largest}], got {value!r}")
+        raise InvalidParameterError(f"{what} must be an integer in [1, {largest}], got {shown(value)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ from fairagents.errors import (
     ProtocolError,
     ShutdownError,
     UnknownModelError,
+    shown,
 )
 from fairagents.policies.base import Policy
 from fairagents.records import Changes, ModelState, Ticket, TicketState
@@ -721,5 +722,5 @@ def _about(ticket: Ticket) -> dict[str, Any]:
 def _check_count(value: Any, what: str, *, optional: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         extra = " or None" if optional else ""
-        raise InvalidParameterError(f"{what} must be an integer ≥ 1{extra}, got {value!r}")
+        raise InvalidParameterError(f"{what} must be an integer ≥ 1{extra}, got {shown(value)}")
 

@@ -36,7 +36,9 @@ Examples:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "BadInputError",
@@ -54,6 +56,23 @@ __all__ = [
     "UnknownAppError",
     "UnknownModelError",
 ]
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``value`` as an error message quotes it: its ``repr``, cut to about ``limit`` characters.
+
+    An error never echoes a huge value back, and never fails to say it: the ``repr`` of an
+    integer past 4,300 digits raises, so such an integer is described instead.
+
+    Examples:
+        >>> from fairagents.errors import shown
+        >>> shown(2**64), shown(-(10**5000)), shown("x" * 100, limit=8)
+        ('18446744073709551616', 'an integer of about 5001 digits', "'xxxxxxx… (102 characters)")
+    """
+    if isinstance(value, int) and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 class FairAgentsError(Exception):

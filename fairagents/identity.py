@@ -52,7 +52,7 @@ from fairagents.constants import (
     XARG_APP_WEIGHT,
     XARG_RUN,
 )
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, shown
 
 __all__ = [
     "MAX_QUOTED", "SLO", "SLO_RANGE", "WEIGHT_RANGE", "Agent", "App", "Modality", "acting_as", "agent",
@@ -88,8 +88,8 @@ SLO_RANGE = (1e-3, 86_400.0)
 
 
 def _in_range(value: object, low: float, high: float) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, int | float)
-            and math.isfinite(value) and low <= value <= high)
+    # Compared, not converted: NaN and the infinities fail the comparison, and an integer of any size compares.
+    return not isinstance(value, bool) and isinstance(value, int | float) and low <= value <= high
 
 
 def _range_text(low: float, high: float) -> str:
@@ -114,15 +114,15 @@ def check_weight(value: object, what: str, **about: Any) -> float:
         fairagents.errors.InvalidParameterError: agent weight must be a finite number in [0.001, 1000], got 1e-320
     """
     if not _in_range(value, *WEIGHT_RANGE):
-        raise InvalidParameterError(f"{what} must be a finite number {_range_text(*WEIGHT_RANGE)}, got {value!r}",
-                                    **about)
+        raise InvalidParameterError(f"{what} must be a finite number {_range_text(*WEIGHT_RANGE)}, "
+                                    f"got {shown(value)}", **about)
     return float(value)  # type: ignore[arg-type]
 
 
 def _check_seconds(value: object, what: str) -> None:
     if value is not None and not _in_range(value, *SLO_RANGE):
         raise InvalidParameterError(f"{what} must be a finite number of seconds {_range_text(*SLO_RANGE)}, "
-                                    f"got {value!r}")
+                                    f"got {shown(value)}")
 
 
 def _check_name(name: object, what: str) -> None:
@@ -352,8 +352,8 @@ def check_run(run: object) -> str:
         fairagents.errors.InvalidParameterError: a run id is 1 to 128 letters, digits and _.:@/+=-, got 'two words'
     """
     if not isinstance(run, str) or not _RUN.match(run):
-        shown = quoted(run) if isinstance(run, str) else repr(run)[:MAX_QUOTED]
-        raise InvalidParameterError(f"a run id is 1 to 128 letters, digits and _.:@/+=-, got {shown}", param="run")
+        given = quoted(run) if isinstance(run, str) else shown(run, MAX_QUOTED)
+        raise InvalidParameterError(f"a run id is 1 to 128 letters, digits and _.:@/+=-, got {given}", param="run")
     return run
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairagents.constants import MAX_TOKEN_COUNT
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, shown
 from fairagents.identity import Agent
 
 __all__ = ["Outcome", "Request"]
@@ -78,10 +78,10 @@ class Request:
     def __post_init__(self) -> None:
         prompt, most = self.prompt_tokens, self.max_tokens
         if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt <= MAX_TOKEN_COUNT:
-            raise InvalidParameterError(f"prompt_tokens must be an integer in [0, 2**40], got {prompt!r}",
+            raise InvalidParameterError(f"prompt_tokens must be an integer in [0, 2**40], got {shown(prompt)}",
                                         param="prompt_tokens")
         if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_TOKEN_COUNT:
-            raise InvalidParameterError(f"max_tokens must be an integer in [1, 2**40], got {most!r}",
+            raise InvalidParameterError(f"max_tokens must be an integer in [1, 2**40], got {shown(most)}",
                                         param="max_tokens")
         if not isinstance(self.arrival, int | float) or not math.isfinite(self.arrival):
             raise InvalidParameterError(f"arrival must be a finite time in seconds, got {self.arrival!r}")

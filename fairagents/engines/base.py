@@ -10,13 +10,12 @@ engine.
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fairagents.cost import ModelProfile
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, shown
 from fairagents.identity import Agent, identity_args
 from fairagents.reply import TokenLogprob
 from fairagents.tools import OutputSpec, ToolCallDelta
@@ -206,8 +205,7 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise InvalidParameterError(f"logit_bias: {_clip(token)} is not a token id (an integer ≥ 0)",
                                         param="logit_bias")
-        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-                or not -100 <= value <= 100):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:  # NaN too
             raise InvalidParameterError(f"logit_bias: the bias of token {token} must be a number in [-100, 100], "
                                         f"got {_clip(value)}", param="logit_bias")
         out[token] = float(value)
@@ -215,17 +213,14 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
 
 
 def _clip(value: Any, limit: int = 80) -> str:
-    """``value``'s repr, cut to ``limit`` characters: an error never echoes a huge value back.
+    """``value``'s repr, cut to ``limit`` characters (:func:`fairagents.errors.shown`).
 
     Examples:
         >>> from fairagents.engines.base import _clip
         >>> _clip(2**64), _clip(-(10**5000))
         ('18446744073709551616', 'an integer of about 5001 digits')
     """
-    if isinstance(value, int) and value.bit_length() > 4 * limit:  # a long repr, which past 4,300 digits raises
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+    return shown(value, limit)
 
 
 @runtime_checkable

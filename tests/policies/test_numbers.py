@@ -272,3 +272,16 @@ def test_in_an_engine_a_refused_charge_leaves_the_request_uncharged_and_the_engi
     assert all(math.isfinite(c) for c in _counters(seat.policy))
     seat.engine_arrive(fa.Request("s", who, "m", 10, 10, arrival=0.0))
     assert seat.engine_dispatch("m", "s") and seat.charged == {"a": 10.0}
+
+
+@pytest.mark.parametrize("huge", [10**400, 10**5000, -(10**5000)], ids=["400 digits", "5000 digits", "-5000 digits"])
+def test_an_integer_too_large_for_a_float_is_refused_with_a_message_that_can_be_written(huge):
+    """A float cannot hold it and, past 4,300 digits, Python cannot write it: it is refused all the same."""
+    checks = [lambda: fa.App("a", weight=huge), lambda: fa.Agent("t", fa.App("a"), weight=huge),
+              lambda: fa.SLO(e2e=huge), lambda: fa.UnifiedTokenCost(w_input=huge),
+              lambda: fa.ModelProfile(d_model=huge, n_layers=1),
+              lambda: fa.Request("r", fa.Agent("t", fa.App("a")), "m", huge, 1, arrival=0.0)]
+    for check in checks:
+        with pytest.raises(fa.InvalidParameterError) as refused:
+            check()
+        assert len(str(refused.value)) < 200
