@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 from fairagents.engines.base import GenerationParams
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, shown
 from fairagents.limits import MAX_TOP_LOGPROBS, RequestLimits
 from fairagents.tools import OutputSpec
 
@@ -86,11 +86,11 @@ def generation_params(args: Mapping[str, Any], *, call: str = "complete") -> Gen
         raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}")
     logprobs, top = args.get("logprobs", False), args.get("top_logprobs")
     if not isinstance(logprobs, bool):
-        raise InvalidParameterError(f"logprobs must be true or false, got {logprobs!r}", param="logprobs")
+        raise InvalidParameterError(f"logprobs must be true or false, got {shown(logprobs)}", param="logprobs")
     if top is not None and not logprobs:
         raise InvalidParameterError("top_logprobs needs logprobs=True", param="top_logprobs")
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
-        raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
+        raise InvalidParameterError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {shown(top)}",
                                     param="top_logprobs")
     max_tokens = args.get("max_tokens")
     return GenerationParams(
