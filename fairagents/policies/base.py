@@ -272,7 +272,7 @@ class BasePolicy(abc.ABC):
             raise ProtocolError(f"request {req.id!r} is neither waiting nor running")
 
     def lead(self, head: Agent, other: Agent) -> float | None:
-        """How far ``other``'s client is served beyond ``head``'s, in unified tokens at ``head``'s weight.
+        """How far ``other``'s client is served beyond ``head``'s, in the policy's cost at ``head``'s weight.
 
         At the level where the two differ (their apps, or two agents of one app, as the
         policy defines a client); ``None`` when they are one client, or the policy does
