@@ -83,7 +83,7 @@ class WFQ(PredictivePolicy):
         self._vtime = 0.0
         self._last: dict[object, float] = {}  # client -> finish tag of its latest request
         self._start: dict[str, float] = {}  # waiting request id -> start tag
-        self._waiting_of: dict[object, deque[str]] = {}  # client -> its waiting request ids, in arrival order (lazy)
+        self._waiting_of: dict[object, deque[str]] = {}  # client -> its waiting request ids, in arrival order
         self._given: dict[object, float] = {}  # client -> finish tag of its latest dispatched request
         self._dispatched_tags: dict[str, tuple[float, float]] = {}  # running request id -> (start, finish)
         self._stopped: dict[str, tuple[float, float]] = {}  # cancelled while running, oldest first: its tags
@@ -134,10 +134,8 @@ class WFQ(PredictivePolicy):
         mine, theirs = self._client_of(head), self._client_of(other)
         if mine[0] == theirs[0]:
             return None
-        waiting, start = self._waiting_of.get(mine[0]), self._start
-        while waiting and waiting[0] not in start:  # dispatched or withdrawn since
-            waiting.popleft()
-        mine_given = start[waiting[0]] if waiting else self._given.get(mine[0], 0.0)
+        waiting = self._waiting_of.get(mine[0])  # its head is waiting: _dequeue drops the others from the front
+        mine_given = self._start[waiting[0]] if waiting else self._given.get(mine[0], 0.0)
         return (self._given.get(theirs[0], 0.0) - mine_given) * mine[1]
 
     def _client_of(self, agent: Agent) -> tuple[object, float]:
@@ -175,12 +173,16 @@ class WFQ(PredictivePolicy):
         finish = self._queues.key(req)
         start = self._start.pop(req.id)
         super()._dequeue(req, now, dispatched)
+        client, _ = self._client(req)
+        waiting = self._waiting_of.get(client)
+        while waiting and waiting[0] not in self._start:  # left the queue: kept bounded by what waits
+            waiting.popleft()
+        if waiting is not None and not waiting:
+            del self._waiting_of[client]
         if dispatched:
             self._vtime = max(self._vtime, finish)
-            client, _ = self._client(req)
             self._given[client] = max(self._given.get(client, 0.0), finish)
             self._dispatched_tags[req.id] = (start, finish)
         else:
-            client, _ = self._client(req)
             if self._last.get(client) == finish:
                 self._last[client] = start

@@ -52,7 +52,7 @@ from fairagents.runtime.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDTH, MAX_TOKEN_PRICE
 from fairagents.cost import ModelProfile
 from fairagents.engines.base import Engine
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, shown
 from fairagents.identity import MAX_QUOTED, SLO, SLO_RANGE, WEIGHT_RANGE, quoted
 from fairagents.labels import OTHER
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
@@ -104,7 +104,7 @@ def check_name(name: str, what: str, *, param: str | None = None) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):  # match() lets a trailing "\n" pass "$"
         raise InvalidParameterError(
             f"{what} name must be 1-64 printable ASCII characters without '/' or a space at either end, got "
-            f"{quoted(name) if isinstance(name, str) else repr(name)[:MAX_QUOTED]}", param=param,
+            f"{quoted(name) if isinstance(name, str) else shown(name, MAX_QUOTED)}", param=param,
         )
     if name == OTHER and what in ("app", "agent"):
         raise InvalidParameterError(f"{what} name {OTHER!r} is reserved: /metrics and /v1/fairness count the {what}s "
