@@ -12,7 +12,7 @@ from __future__ import annotations
 from fairagents import engines, policies
 from fairagents.admission import Statera
 from fairagents.runtime.arbiter import AgentHandle, AppHandle, Arbiter, Restart
-from fairagents.cost import CostModel, ModelProfile, RawTokenCost, UnifiedTokenCost, service_bound
+from fairagents.cost import CostModel, ModelProfile, RawTokenCost, UnifiedTokenCost, prompt_cost, service_bound
 from fairagents.errors import (
     BadInputError,
     ContextLengthError,
@@ -84,6 +84,7 @@ __all__ = [
     "current_run",
     "engines",
     "policies",
+    "prompt_cost",
     "run_scope",
     "service_bound",
 ]

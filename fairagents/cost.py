@@ -7,7 +7,10 @@ model's embedding width and depth::
 
 and charges a request ``w_input · T(prompt) + w_output · T(generated)`` (VTC's 1:2
 weighting by default): the input when the request is dispatched, the output as it
-is generated.
+is generated. Prompt tokens an engine reads from its prefix cache instead of
+computing (an agent resending its history every turn) are charged at their own
+weight, ``w_cached`` (0.1 by default), where the engine reports them
+(:func:`prompt_cost`).
 
 Examples:
     >>> import fairagents as fa
@@ -19,6 +22,8 @@ Examples:
     (320.0, 120.0)
     >>> cost.input_cost("chat", 10), cost.output_cost("chat", 10)
     (320.0, 640.0)
+    >>> fa.prompt_cost(cost, "chat", 10, cached=8)   # 2 computed, 8 read from the prefix cache
+    89.6
 """
 
 from __future__ import annotations
@@ -32,7 +37,13 @@ from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDT
 from fairagents.errors import InvalidParameterError, UnknownModelError, shown
 from fairagents.identity import Modality
 
-__all__ = ["CostModel", "ModelProfile", "RawTokenCost", "UnifiedTokenCost", "service_bound"]
+__all__ = ["DEFAULT_W_CACHED", "CostModel", "ModelProfile", "RawTokenCost", "UnifiedTokenCost", "prompt_cost",
+           "service_bound"]
+
+#: Default weight of a prompt token read from the prefix cache (``w_cached``): a tenth of a
+#: computed one at the default ``w_input``, as hosted APIs price cache reads. It holds KV cache
+#: and is attended to, but costs no prefill.
+DEFAULT_W_CACHED = 0.1
 
 
 def _check_count(n: int, what: str) -> None:
@@ -133,6 +144,8 @@ class UnifiedTokenCost:
         d_base: reference embedding width (HMFS's ``d_base``).
         w_input: weight of a prompt token.
         w_output: weight of a generated token.
+        w_cached: weight of a prompt token read from the prefix cache (:func:`prompt_cost`);
+            set it to ``w_input`` to charge cache hits as computed prompt.
 
     Examples:
         >>> import fairagents as fa
@@ -142,7 +155,7 @@ class UnifiedTokenCost:
         (10.0, 20.0)
     """
 
-    __slots__ = ("_scale", "d_base", "profiles", "w_input", "w_output")
+    __slots__ = ("_scale", "d_base", "profiles", "w_cached", "w_input", "w_output")
 
     def __init__(
         self,
@@ -151,13 +164,16 @@ class UnifiedTokenCost:
         d_base: int = DEFAULT_D_BASE,
         w_input: float = 1.0,
         w_output: float = 2.0,
+        w_cached: float = DEFAULT_W_CACHED,
     ) -> None:
         _check_size(d_base, "d_base", MAX_MODEL_WIDTH)
         _check_weight(w_input, "w_input", allow_zero=True)
         _check_weight(w_output, "w_output", allow_zero=True)
+        _check_weight(w_cached, "w_cached", allow_zero=True)
         self.d_base = d_base
         self.w_input = float(w_input)
         self.w_output = float(w_output)
+        self.w_cached = float(w_cached)
         self.profiles: dict[str, ModelProfile] = {}
         self._scale: dict[str, float] = {}
         for name, profile in (profiles or {}).items():
@@ -188,6 +204,10 @@ class UnifiedTokenCost:
         """``w_input · T(n, model)``."""
         return self.w_input * self.unified_tokens(model, n)
 
+    def cached_cost(self, model: str, n: int) -> float:
+        """``w_cached · T(n, model)``: ``n`` prompt tokens read from the prefix cache."""
+        return self.w_cached * self.unified_tokens(model, n)
+
     def output_cost(self, model: str, n: int) -> float:
         """``w_output · T(n, model)``."""
         # unified_tokens inlined: this runs for every streamed chunk of every request.
@@ -206,13 +226,15 @@ class RawTokenCost:
         6.0
     """
 
-    __slots__ = ("w_input", "w_output")
+    __slots__ = ("w_cached", "w_input", "w_output")
 
-    def __init__(self, *, w_input: float = 1.0, w_output: float = 2.0) -> None:
+    def __init__(self, *, w_input: float = 1.0, w_output: float = 2.0, w_cached: float = DEFAULT_W_CACHED) -> None:
         _check_weight(w_input, "w_input", allow_zero=True)
         _check_weight(w_output, "w_output", allow_zero=True)
+        _check_weight(w_cached, "w_cached", allow_zero=True)
         self.w_input = float(w_input)
         self.w_output = float(w_output)
+        self.w_cached = float(w_cached)
 
     def input_cost(self, model: str, n: int) -> float:
         """``w_input · n``."""
@@ -220,11 +242,42 @@ class RawTokenCost:
             _check_count(n, "token count")
         return self.w_input * n
 
+    def cached_cost(self, model: str, n: int) -> float:
+        """``w_cached · n``."""
+        if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:
+            _check_count(n, "token count")
+        return self.w_cached * n
+
     def output_cost(self, model: str, n: int) -> float:
         """``w_output · n``."""
         if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:
             _check_count(n, "token count")
         return self.w_output * n
+
+
+def prompt_cost(cost: CostModel, model: str, tokens: int, cached: int = 0) -> float:
+    """The charge for a prompt of ``tokens``, of which the engine read ``cached`` from its prefix cache.
+
+    ``input_cost`` of the computed part plus ``cached_cost`` of the rest; a cost model
+    without ``cached_cost`` (one of your own) charges the whole prompt as computed.
+
+    Raises:
+        InvalidParameterError: ``cached`` is not an integer in ``[0, tokens]``.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> fa.prompt_cost(fa.RawTokenCost(), "m", 100, cached=90), fa.prompt_cost(fa.RawTokenCost(), "m", 100)
+        (19.0, 100.0)
+    """
+    if not cached:
+        return cost.input_cost(model, tokens)
+    if isinstance(cached, bool) or not isinstance(cached, numbers.Integral) or not 0 <= cached <= tokens:
+        raise InvalidParameterError(f"cached prompt tokens must be an integer in [0, {shown(tokens)}], "
+                                    f"got {shown(cached)}")
+    price = getattr(cost, "cached_cost", None)
+    if price is None:
+        return cost.input_cost(model, tokens)
+    return cost.input_cost(model, tokens - cached) + float(price(model, cached))
 
 
 def service_bound(
@@ -249,7 +302,7 @@ def service_bound(
     most ``max(w_input, w_output)``. The arbiter runs models side by side, so a client
     can have a batch in flight on each at once, and the bound sums over models::
 
-        U = Σ_m max(w_input, w_output) · T(M_m, m)
+        U = Σ_m max(w_input, w_output, w_cached) · T(M_m, m)
 
     On one model with VTC's weights (``w_input ≤ w_output``) this is VTC's
     ``max(w_input·L_input, w_output·M)`` (Sheng et al., OSDI'24, Thm. 4.4), since a
@@ -269,7 +322,9 @@ def service_bound(
 
     def dearest(tokens: int, model: str) -> float:
         _check_count(tokens, "M")
-        return max(cost.input_cost(model, tokens), cost.output_cost(model, tokens))
+        cached = getattr(cost, "cached_cost", None)
+        return max(cost.input_cost(model, tokens), cost.output_cost(model, tokens),
+                   0.0 if cached is None else cached(model, tokens))
 
     total = sum(dearest(tokens, model) for model, tokens in held.items())
     if pool is not None and longest:

@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fairagents._logging import get_logger
-from fairagents.cost import ModelProfile, UnifiedTokenCost, service_bound
+from fairagents.cost import ModelProfile, UnifiedTokenCost, prompt_cost, service_bound
 from fairagents.errors import (
     ContextLengthError,
     EngineError,
@@ -347,8 +347,15 @@ class Dispatcher:
                 self._end(ticket, Outcome.CANCELLED, now)
             raise
 
-    def progress(self, request_id: str, new_tokens: int, now: float) -> float:
-        """A running request produced ``new_tokens`` more output tokens; returns their charge."""
+    def progress(self, request_id: str, new_tokens: int, now: float, cached: int | None = None) -> float:
+        """A running request produced ``new_tokens`` more output tokens; returns their charge.
+
+        ``cached``: the prompt tokens its engine read from the prefix cache, where the engine
+        says (kept on the ticket). A model whose engine schedules in itself is charged its
+        prompt at the first token, those tokens at the cost model's ``w_cached``, as its
+        engine charged the policy; one the dispatcher admits was charged its whole prompt
+        at dispatch, before any hit was known.
+        """
         # The hot path of every driver (one call per streamed chunk, per token in the simulator): lean on purpose.
         ticket = self._tickets.get(request_id)
         if ticket is None or ticket.state is not _RUNNING:
@@ -356,19 +363,20 @@ class Dispatcher:
         if not new_tokens:
             return 0.0
         if self._models[ticket.request.model].in_engine:  # its engine charges the policy: no call into it here
-            return self._progress(ticket, new_tokens, now)
+            return self._progress(ticket, new_tokens, now, cached)
         with self.lock:
-            return self._progress(ticket, new_tokens, now)
+            return self._progress(ticket, new_tokens, now, cached)
 
-    def _progress(self, ticket: Ticket, new_tokens: int, now: float) -> float:
+    def _progress(self, ticket: Ticket, new_tokens: int, now: float, cached: int | None = None) -> float:
         r = ticket.request
         m = self._models[r.model]
         if ticket.first_token is None:
             ticket.first_token = now
+            hits = ticket.cached = min(cached, r.prompt_tokens) if cached and cached > 0 else 0
             if m.in_engine:  # out of the engine's queue: its prompt was charged there as it joined the batch
                 ticket.dispatched = now
                 self._unwait(r)
-                self._charge(ticket, self.cost.input_cost(m.name, r.prompt_tokens), now)
+                self._charge(ticket, prompt_cost(self.cost, m.name, r.prompt_tokens, hits), now)
         ticket.produced += new_tokens
         if m.in_engine:  # its engine's scheduler charges the policy
             m.used += new_tokens

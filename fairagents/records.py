@@ -117,6 +117,8 @@ class Ticket:
     """Output tokens generated (raw tokens)."""
     charged: float = 0.0
     """Service charged for it so far (the cost model's units: unified tokens)."""
+    cached: int = 0
+    """Prompt tokens its engine read from the prefix cache, as reported with its first token (in-engine models)."""
     outcome: Outcome | None = None
     error: FairAgentsError | None = None
     """Why the dispatcher ended it, when it did so itself (model down, shut down)."""

@@ -62,7 +62,10 @@ class Usage:
     completion_tokens: int
     """Tokens generated (raw)."""
     unified_tokens: float
-    """What the call was charged: ``w_input·T(prompt) + w_output·T(completion)``."""
+    """What the call was charged: ``w_input·T(prompt) + w_output·T(completion)``; on a model whose engine
+    schedules in itself, the prompt tokens read from its prefix cache at ``w_cached``."""
+    cached_tokens: int = 0
+    """Of the prompt, tokens the engine read from its prefix cache (in-process vLLM engines report them)."""
 
     @property
     def total_tokens(self) -> int:

@@ -137,9 +137,9 @@ class RecordingPolicy:
             self.inner.on_dispatch(req, now)
         self.decisions.append(Decision(now, req.model, req.id, req.app, req.agent.name))
 
-    def on_input(self, req: Request, tokens: int, now: float) -> None:
+    def on_input(self, req: Request, tokens: int, now: float, cached: int = 0) -> None:
         if isinstance(self.inner, DefersInput):
-            self.inner.on_input(req, tokens, now)
+            self.inner.on_input(req, tokens, now, cached)
 
     def on_progress(self, req: Request, new_output_tokens: int, now: float) -> None:
         self.inner.on_progress(req, new_output_tokens, now)

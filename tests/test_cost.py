@@ -58,7 +58,8 @@ def test_profile_validation(kwargs):
         fa.ModelProfile(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{"d_base": 0}, {"w_input": -1}, {"w_output": float("nan")}])
+@pytest.mark.parametrize("kwargs", [{"d_base": 0}, {"w_input": -1}, {"w_output": float("nan")}, {"w_cached": -0.5},
+                                    {"w_cached": float("inf")}])
 def test_cost_settings_validation(kwargs):
     with pytest.raises(fa.InvalidParameterError):
         fa.UnifiedTokenCost(**kwargs)
@@ -90,3 +91,36 @@ def test_cost_is_linear_and_non_negative(d_model, n_layers, n):
     assert cost.output_cost("m", n) >= 0
     assert cost.output_cost("m", n) == pytest.approx(2 * cost.input_cost("m", n))
     assert cost.unified_tokens("m", n) == pytest.approx(n * cost.unified_tokens("m", 1))
+
+
+@pytest.mark.parametrize("cost", [fa.UnifiedTokenCost({"m": fa.ModelProfile(d_model=4096, n_layers=2)}),
+                                  fa.RawTokenCost()], ids=["unified", "raw"])
+def test_prompt_tokens_read_from_the_prefix_cache_cost_w_cached(cost):
+    scale = 2.0 if isinstance(cost, fa.UnifiedTokenCost) else 1.0
+    assert cost.w_cached == 0.1
+    assert cost.cached_cost("m", 10) == pytest.approx(0.1 * 10 * scale)
+    assert fa.prompt_cost(cost, "m", 100) == cost.input_cost("m", 100)
+    assert fa.prompt_cost(cost, "m", 100, cached=90) == pytest.approx((10 + 9) * scale)
+    assert fa.prompt_cost(cost, "m", 100, cached=100) == pytest.approx(10 * scale)
+
+
+@pytest.mark.parametrize("cached", [-1, 101, 1.5, True, "3"])
+def test_a_cached_count_outside_the_prompt_is_bad_input(cached):
+    with pytest.raises(fa.InvalidParameterError, match="cached prompt tokens"):
+        fa.prompt_cost(fa.RawTokenCost(), "m", 100, cached)
+
+
+def test_a_cost_model_of_ones_own_without_cached_cost_charges_hits_as_computed():
+    class Flat:
+        def input_cost(self, model, n):
+            return float(n)
+
+        def output_cost(self, model, n):
+            return 2.0 * n
+
+    assert fa.prompt_cost(Flat(), "m", 100, cached=90) == 100.0
+
+
+def test_the_service_bound_covers_a_cached_token_dearer_than_the_others():
+    cost = fa.UnifiedTokenCost({"a": fa.ModelProfile(d_model=4096, n_layers=1)}, w_cached=5.0)
+    assert fa.service_bound(cost, {"a": 100}) == 500.0

@@ -383,6 +383,18 @@ def test_an_in_engine_model_is_handed_every_request_at_once_and_the_dispatcher_l
     assert policy.queued() == policy.running() == 0 and [c for c in charges if c[0] == "r1"] == []
 
 
+def test_an_in_engine_requests_prompt_found_in_the_prefix_cache_is_charged_at_w_cached_as_in_its_engine():
+    d, _, charges = in_engine()
+    d.arrive(req("r0"), 0.0)  # a prompt of 10 unified tokens
+    d.progress("r0", 1, 1.0, cached=8)  # its engine read 8 of them from the prefix cache
+    assert charges == [("r0", pytest.approx(2 + 0.1 * 8)), ("r0", 2.0)]
+    d.progress("r0", 1, 1.5, cached=8)  # reported on every event: the prompt is charged once
+    assert len(charges) == 3 and d.ticket("r0").charged == pytest.approx(2.8 + 4.0)
+    d.arrive(req("r1"), 2.0)
+    d.progress("r1", 1, 2.5, cached=10**6)  # an engine's count beyond the prompt is read as the whole prompt
+    assert charges[-2] == ("r1", pytest.approx(1.0))
+
+
 def test_max_queued_answers_overloaded_on_the_in_engine_path():
     d, _, _ = in_engine(bound={"a": 2})
     for i in range(2):

@@ -179,6 +179,9 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
     """Log probabilities of the tokens generated since the last event, one per token, when
     the request asked for them (:attr:`GenerationParams.logprobs`)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine read from its prefix cache rather than computed, on events
+    from the first token on (``None``: the engine does not say); charged at ``w_cached``."""
 
 
 # Most digits of a token id in ``logit_bias``: engines keep ids in 64 bits (below 2**63, 19 digits).

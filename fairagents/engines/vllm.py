@@ -308,7 +308,8 @@ class VLLMEngine(ThreadedEngine):
         output = event.outputs[0]
         logprobs = () if params.logprobs is None else self._logprobs(output, params.logprobs)
         finish = (output.finish_reason or "stop") if event.finished else None
-        return Delta(len(output.token_ids), output.text, finish, logprobs=logprobs)
+        return Delta(len(output.token_ids), output.text, finish, logprobs=logprobs,
+                     cached_tokens=event.num_cached_tokens)
 
     def check_params(self, params: GenerationParams) -> None:
         """Refuse, before queueing, sampling parameters vLLM would reject (an output constraint it cannot compile).

@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 
 from fairagents.constants import DEFAULT_D_BASE
-from fairagents.cost import CostModel, UnifiedTokenCost
+from fairagents.cost import DEFAULT_W_CACHED, CostModel, UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
 from fairagents.policies.adaptive import Adaptive
 from fairagents.policies.base import BasePolicy, DefersInput, Policy
@@ -103,12 +103,13 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
 
 
 def priced_policy(
-    policy: str | Policy, *, d_base: int | None = None, w_input: float | None = None, w_output: float | None = None
+    policy: str | Policy, *, d_base: int | None = None, w_input: float | None = None, w_output: float | None = None,
+    w_cached: float | None = None,
 ) -> tuple[Policy, UnifiedTokenCost]:
     """The policy and the one unified cost model that prices service for it and for the ledger.
 
     A name is built with a new cost model of these settings (defaults: ``d_base`` 4096,
-    ``w_input`` 1, ``w_output`` 2). A policy object that prices in unified tokens brings
+    ``w_input`` 1, ``w_output`` 2, ``w_cached`` 0.1). A policy object that prices in unified tokens brings
     its own cost model, which is used as it is (an arbiter then registers each model's
     profile in it); settings given here that contradict it are an error. A policy that
     counts raw tokens on purpose (``VTC()``) keeps them; the ledger still prices in
@@ -124,11 +125,12 @@ def priced_policy(
         ...
         fairagents.errors.InvalidParameterError: the policy prices with w_output=2.0, not 3.0
     """
-    given = {"d_base": d_base, "w_input": w_input, "w_output": w_output}
+    given = {"d_base": d_base, "w_input": w_input, "w_output": w_output, "w_cached": w_cached}
     cost = UnifiedTokenCost(
         d_base=DEFAULT_D_BASE if d_base is None else d_base,
         w_input=1.0 if w_input is None else w_input,
         w_output=2.0 if w_output is None else w_output,
+        w_cached=DEFAULT_W_CACHED if w_cached is None else w_cached,
     )
     policy = make_policy(policy, cost)
     own = getattr(policy, "cost", None)

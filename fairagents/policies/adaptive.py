@@ -280,12 +280,12 @@ class Adaptive(BasePolicy):
             produced[rid] = produced.get(rid, 0) + new_output_tokens
         self._owner[rid].on_progress(req, new_output_tokens, now)
 
-    def on_input(self, req: Request, tokens: int, now: float) -> None:
+    def on_input(self, req: Request, tokens: int, now: float, cached: int = 0) -> None:
         """Charge admitted input to the window and to the policy that took the request."""
-        super().on_input(req, tokens, now)
+        super().on_input(req, tokens, now, cached)
         owner = self._owner[req.id]
         if isinstance(owner, DefersInput):
-            owner.on_input(req, tokens, now)
+            owner.on_input(req, tokens, now, cached)
 
     def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
         owner = self._owner.pop(req.id, None)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from fairagents.cost import CostModel
+from fairagents.cost import CostModel, prompt_cost
 from fairagents.errors import ProtocolError
 from fairagents.identity import Agent
 from fairagents.request import Outcome, Request
@@ -130,17 +130,17 @@ class DefersInput(Protocol):
         >>> policy.on_arrival(r, now=0.0); policy.on_take(r, now=0.0)
         >>> policy.counters_of(who)          # taken: nothing charged yet
         (0.0, 0.0)
-        >>> policy.on_input(r, 10, now=0.1)  # the engine ran it
+        >>> policy.on_input(r, 10, now=0.1, cached=5)  # the engine ran it, 5 tokens read from its prefix cache
         >>> policy.counters_of(who)
-        (10.0, 10.0)
+        (5.5, 5.5)
     """
 
     def on_take(self, req: Request, now: float) -> None:
         """``req`` left the queue for its engine; its input is not charged yet."""
         ...
 
-    def on_input(self, req: Request, tokens: int, now: float) -> None:
-        """The engine admitted ``tokens`` of ``req``'s input: charge them."""
+    def on_input(self, req: Request, tokens: int, now: float, cached: int = 0) -> None:
+        """The engine admitted ``tokens`` of ``req``'s input, ``cached`` of them read from its prefix cache: charge them."""
         ...
 
 
@@ -222,16 +222,20 @@ class BasePolicy(abc.ABC):
         """Move ``req`` from the queue to running, its input charged later by :meth:`on_input` (see :class:`DefersInput`)."""
         self._leave_queue(req, now, charge_input=False)
 
-    def on_input(self, req: Request, tokens: int, now: float) -> None:
+    def on_input(self, req: Request, tokens: int, now: float, cached: int = 0) -> None:
         """Charge ``tokens`` of input to a running request taken by :meth:`on_take`, as its engine confirms them.
+
+        ``cached`` of them the engine read from its prefix cache: they are charged at the
+        cost model's ``w_cached`` (:func:`~fairagents.cost.prompt_cost`).
 
         Raises:
             ProtocolError: ``req`` is not running, or the charge is not a finite number ≥ 0.
+            InvalidParameterError: ``cached`` is not in ``[0, tokens]``.
         """
         if req.id not in self._running:
             raise ProtocolError(f"request {req.id!r} is not running")
         if tokens:
-            self._charge(req, checked_charge(self.cost.input_cost(req.model, tokens), req), now)
+            self._charge(req, checked_charge(prompt_cost(self.cost, req.model, tokens, cached), req), now)
 
     def _leave_queue(self, req: Request, now: float, *, charge_input: bool) -> None:
         if req.id not in self._waiting:

@@ -21,7 +21,8 @@ so each gets exactly one ``on_finish`` (a preempted one: ``CANCELLED``, then a n
 arrival with no prompt to charge, since vLLM recomputes it for free), and an engine
 that stops takes its requests with it (:meth:`PoolPolicy.forget`). A request the
 engine takes from the queue (:meth:`PoolPolicy.engine_take`) is charged its prompt
-only once a step runs it (:meth:`PoolPolicy.engine_admit`).
+only once a step runs it (:meth:`PoolPolicy.engine_admit`), the tokens the engine
+read from its prefix cache at the cost model's ``w_cached``.
 
 Examples:
     >>> import fairagents as fa
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairagents._logging import get_logger
-from fairagents.cost import ModelProfile, UnifiedTokenCost
+from fairagents.cost import ModelProfile, UnifiedTokenCost, prompt_cost
 from fairagents.identity import Agent
 from fairagents.policies.base import BasePolicy, DefersInput, Policy
 from fairagents.policies.watched_lock import LockWatchdog, WatchedLock
@@ -73,6 +74,8 @@ class EngineTally:
 
     prefilled: int = 0
     """Prompt tokens of the requests it took into its batch, each counted once."""
+    cached: int = 0
+    """Of those, tokens read from the prefix cache rather than computed."""
     recomputed: int = 0
     """Tokens it had computed for requests it then preempted, which it computes again."""
     preemptions: int = 0
@@ -156,10 +159,13 @@ class PoolPolicy:
                 return float((other_app - app) * head.app.weight)
             return float((other_agent - agent) * head.weight) if head.name != other.name else None
 
-    def input_price(self, model: str, tokens: int) -> float:
-        """``tokens`` of ``model``'s input in the policy's own cost model (the pool's when it has none)."""
+    def input_price(self, model: str, tokens: int, cached: int = 0) -> float:
+        """``tokens`` of ``model``'s input, ``cached`` of them from the prefix cache, in the policy's own cost model.
+
+        (The pool's when the policy has none, or is not a :class:`~fairagents.policies.BasePolicy`.)
+        """
         cost = self.policy.cost if isinstance(self.policy, BasePolicy) else self.cost
-        return cost.input_cost(model, tokens)
+        return prompt_cost(cost, model, tokens, cached)
 
     def served(self, agent: Agent) -> tuple[float, float]:
         """How far ``agent``'s app and the agent have been served, as the policy ranks them (lower: owed more).
@@ -246,26 +252,64 @@ class PoolPolicy:
                 self._admitted(model, twin)
             return True
 
-    def engine_admit(self, model: str, request_id: str) -> bool:
-        """A step scheduled the taken request: its prompt is charged now (once; a resumed one has none)."""
+    def engine_admit(self, model: str, request_id: str, cached: int = 0) -> bool:
+        """A step scheduled the taken request: its prompt is charged now (once; a resumed one has none).
+
+        ``cached`` of its prompt tokens the engine read from its prefix cache: they are
+        charged at the cost model's ``w_cached``. (A policy of one's own that is not a
+        :class:`~fairagents.policies.BasePolicy` is told the whole prompt, as computed.)
+        """
         with self.lock:
             held = self._twins.get((model, request_id))
             if held is None or held[1] != _TAKEN:
                 return held is not None and held[1] == _RUNNING
             twin = held[0]
+            cached = min(max(cached, 0), twin.prompt_tokens)  # a resumed request has no prompt left to charge
             try:
-                self.policy.on_input(twin, twin.prompt_tokens, self.clock())  # type: ignore[union-attr]
+                if isinstance(self.policy, BasePolicy):
+                    self.policy.on_input(twin, twin.prompt_tokens, self.clock(), cached)
+                else:
+                    self.policy.on_input(twin, twin.prompt_tokens, self.clock())  # type: ignore[union-attr]
             except Exception:  # as in engine_take: served on, uncharged
                 self._drop(model, request_id, "admit")
                 return False
             held[1] = _RUNNING
-            self._admitted(model, twin)
+            self._admitted(model, twin, cached)
             return True
 
-    def _admitted(self, model: str, twin: Request) -> None:
-        self.tally(model).prefilled += twin.prompt_tokens
+    def engine_input(self, model: str, request_id: str, prompt_tokens: int, computed: int) -> None:
+        """A step ran a request the engine held with KV blocks (vLLM's ``kv_holding_waiting``): charge its input.
+
+        Taken and not charged yet (its KV loaded from outside the engine): its prompt,
+        the ``computed`` tokens it found as cached ones (:meth:`engine_admit`). Running
+        (a streaming-input session's next chunk, ``prompt_tokens`` now long): the
+        tokens of it not computed yet, as prompt. (A policy that charges input only at
+        dispatch, not a :class:`~fairagents.policies.DefersInput`, is not charged later chunks.)
+        """
+        with self.lock:
+            held = self._twins.get((model, request_id))
+            if held is None or held[1] == _WAITING:
+                return
+            if held[1] == _TAKEN:
+                self.engine_admit(model, request_id, computed)
+                return
+            tokens = max(prompt_tokens - computed, 0)
+            if not tokens or not isinstance(self.policy, DefersInput):
+                return
+            try:
+                self.policy.on_input(held[0], tokens, self.clock())
+            except Exception:  # as in engine_take: served on, uncharged
+                self._drop(model, request_id, "input")
+                return
+            self.tally(model).prefilled += tokens
+            self._account(held[0].agent, model, self.cost.input_cost(model, tokens))
+
+    def _admitted(self, model: str, twin: Request, cached: int = 0) -> None:
+        tally = self.tally(model)
+        tally.prefilled += twin.prompt_tokens
+        tally.cached += cached
         if twin.prompt_tokens:
-            self._account(twin.agent, model, self.cost.input_cost(model, twin.prompt_tokens))
+            self._account(twin.agent, model, prompt_cost(self.cost, model, twin.prompt_tokens, cached))
 
     def engine_progress(self, model: str, outputs: Iterable[tuple[str, int]]) -> None:
         """A step's output tokens, ``(request id, tokens)`` each, charged under one hold of the lock.

@@ -78,7 +78,8 @@ class Arbiter:
             :class:`~fairagents.shared.SharedCounters` (``hmfs`` only).
         restart: how a model whose engine died is brought back (``None``: left down).
         drain_timeout: seconds ``async with`` exit waits for accepted work before aborting it.
-        d_base, w_input, w_output: the unified-token cost (defaults 4096, 1, 2).
+        d_base, w_input, w_output, w_cached: the unified-token cost (defaults 4096, 1, 2, 0.1;
+            ``w_cached`` prices prompt tokens an in-process vLLM engine reads from its prefix cache).
         preprocess_workers, preprocess_queue, preprocess_queue_per_app, preprocess_inline: the
             preprocessing pools of images and text (:mod:`fairagents.runtime.preprocessing`).
         limits: bounds on a request's shape (:class:`~fairagents.limits.RequestLimits`).
@@ -109,6 +110,7 @@ class Arbiter:
         d_base: int | None = None,
         w_input: float | None = None,
         w_output: float | None = None,
+        w_cached: float | None = None,
         drain_timeout: float = 30.0,
         preprocess_workers: int = 2,
         preprocess_queue: int = 256,
@@ -123,7 +125,8 @@ class Arbiter:
         check_max_tokens(default_max_tokens)
         if restart is not None and not isinstance(restart, Restart):
             raise InvalidParameterError(f"restart must be a fairagents.Restart or None, got {restart!r}")
-        policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output)
+        policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output,
+                                         w_cached=w_cached)
         self.max_in_flight_share = max_in_flight_share
         self.pool_in_flight = pool_in_flight
         self.admission = make_admission(admission)

@@ -173,7 +173,7 @@ class Runner:
             try:
                 async for delta in stream:
                     if delta.new_tokens:
-                        self.dispatcher.progress(r.id, delta.new_tokens, self.clock())
+                        self.dispatcher.progress(r.id, delta.new_tokens, self.clock(), delta.cached_tokens)
                     if delta.finish_reason == "abort" and call.shutdown:
                         raise ShutdownError("the arbiter shut down and aborted the request after the drain timeout",
                                             model=r.model, app=r.app, request_id=r.id)
@@ -263,7 +263,7 @@ class Runner:
         dispatched = end if t.dispatched is None else t.dispatched
         return Reply(
             text=text, finish_reason=finish, model=r.model, request_id=r.id,
-            usage=Usage(r.prompt_tokens, t.produced, t.charged),
+            usage=Usage(r.prompt_tokens, t.produced, t.charged, t.cached),
             timing=Timing(queue_wait=dispatched - r.arrival,
                           ttft=None if t.first_token is None else t.first_token - r.arrival, e2e=end - r.arrival),
             tool_calls=tool_calls, logprobs=logprobs,

@@ -57,6 +57,7 @@ import fairagents.server.wire as wire
 from fairagents._logging import get_logger
 from fairagents.runtime.arbiter import AgentHandle, AppHandle, Arbiter
 from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP
+from fairagents.cost import prompt_cost
 from fairagents.engines.base import Delta, Engine, Prompt
 from fairagents.errors import (
     EngineError,
@@ -452,7 +453,8 @@ class Gateway:
                 for _ in range(body.choices)]))
             usage = wire.Usage(prompt_tokens=prompt.n_tokens,
                                completion_tokens=sum(r.usage.completion_tokens for r in replies),
-                               unified_tokens=sum(r.usage.unified_tokens for r in replies))
+                               unified_tokens=sum(r.usage.unified_tokens for r in replies),
+                               cached_tokens=max(r.usage.cached_tokens for r in replies))
             if chat:
                 choices = [wire.chat_choice(i, None if r.tool_calls and not r.text else r.text, r.finish_reason,
                                             tool_calls=r.tool_calls, logprobs=r.logprobs)
@@ -491,11 +493,15 @@ class Gateway:
             self.active[model] -= 1
             await stream.aclose()  # type: ignore[attr-defined]
 
-    def _usage(self, model: str, prompt: Prompt, produced: list[int]) -> wire.Usage:
-        """The usage of a streamed request's choices: the prompt once, as OpenAI counts it; each choice charged it."""
-        cost = self.arbiter.cost
-        unified = sum(cost.input_cost(model, prompt.n_tokens) + cost.output_cost(model, p) for p in produced)
-        return wire.Usage(prompt_tokens=prompt.n_tokens, completion_tokens=sum(produced), unified_tokens=unified)
+    def _usage(self, model: str, prompt: Prompt, produced: list[int], cached: list[int]) -> wire.Usage:
+        """The usage of a streamed request's choices: the prompt once, as OpenAI counts it; each choice charged it
+        (the tokens its engine read from the prefix cache at ``w_cached``)."""
+        cost, n = self.arbiter.cost, prompt.n_tokens
+        charged = cached if self.arbiter.dispatcher.model(model).in_engine else [0] * len(cached)  # as the ledger
+        unified = sum(prompt_cost(cost, model, n, min(hit, n)) + cost.output_cost(model, p)
+                      for p, hit in zip(produced, charged, strict=True))
+        return wire.Usage(prompt_tokens=n, completion_tokens=sum(produced), unified_tokens=unified,
+                          cached_tokens=min(max(cached), n))
 
     async def _events(
         self, rid: str, model: str, prompt: Prompt, streams: _Choices, head: list[tuple[int, Delta | None]], *,
@@ -503,7 +509,7 @@ class Gateway:
     ) -> AsyncGenerator[str, None]:
         created = int(time.time())
         n = streams.n
-        produced, finished, sent = [0] * n, [False] * n, [0] * n
+        produced, finished, sent, cached = [0] * n, [False] * n, [0] * n, [0] * n
         pending = list(head)
         try:
             if chat:
@@ -518,6 +524,8 @@ class Gateway:
                 if delta is None:
                     continue
                 produced[i] += delta.new_tokens
+                if delta.cached_tokens:
+                    cached[i] = delta.cached_tokens
                 finished[i] = finished[i] or delta.finish_reason is not None
                 if not (delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs):
                     continue
@@ -550,7 +558,7 @@ class Gateway:
             if not finished[i]:
                 yield wire.sse(build(rid, model, created, index=i, finish_reason="stop", include_usage=include_usage))
         if include_usage:
-            yield wire.sse(build(rid, model, created, usage=self._usage(model, prompt, produced)))
+            yield wire.sse(build(rid, model, created, usage=self._usage(model, prompt, produced, cached)))
         yield wire.sse("[DONE]")
 
 

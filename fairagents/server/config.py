@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from fairagents.admission import Statera
 from fairagents.runtime.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDTH, MAX_TOKEN_PRICE
-from fairagents.cost import ModelProfile
+from fairagents.cost import DEFAULT_W_CACHED, ModelProfile
 from fairagents.engines.base import Engine
 from fairagents.errors import InvalidParameterError, shown
 from fairagents.identity import MAX_QUOTED, SLO, SLO_RANGE, WEIGHT_RANGE, quoted
@@ -614,6 +614,8 @@ class Config(_Section):
     d_base: int = Field(default=DEFAULT_D_BASE, ge=1, le=MAX_MODEL_WIDTH)
     w_input: float = Field(default=1.0, ge=0, le=MAX_TOKEN_PRICE)
     w_output: float = Field(default=2.0, ge=0, le=MAX_TOKEN_PRICE)
+    w_cached: float = Field(default=DEFAULT_W_CACHED, ge=0, le=MAX_TOKEN_PRICE)
+    """Weight of a prompt token an in-process vLLM engine reads from its prefix cache (``w_input``: charged as computed)."""
     server: ServerSettings = Field(default_factory=lambda: ServerSettings())
     models: dict[str, ModelConfig] = Field(default_factory=lambda: {"chat": ModelConfig()}, min_length=1)
     """The pool by name; by default the embedded tiny model as ``chat``."""
@@ -722,6 +724,7 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
         d_base=config.d_base,
         w_input=config.w_input,
         w_output=config.w_output,
+        w_cached=config.w_cached,
         drain_timeout=config.server.drain_timeout,
         preprocess_queue_per_app=config.server.preprocess_queue_per_app,
         limits=config.server.limits.build(),

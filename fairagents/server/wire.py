@@ -72,15 +72,19 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     unified_tokens: float
+    cached_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """The OpenAI ``usage`` object, plus ``unified_tokens``."""
-        return {
+        """The OpenAI ``usage`` object, plus ``unified_tokens`` (and OpenAI's ``prompt_tokens_details`` on a prefix-cache hit)."""
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "unified_tokens": self.unified_tokens,
         }
+        if self.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 def new_id(prefix: str) -> str:

@@ -31,7 +31,8 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
   ``vtc``, ``wfq``); under the others vLLM preempts in its own order.
 - **Charging at admission**: a request's prompt is charged when a step runs it, not
   when vLLM pops it (it may put it back unscheduled: a grammar compiling), so a request
-  aborted or failed before it ran costs its client nothing.
+  aborted or failed before it ran costs its client nothing; the prompt tokens it found in
+  the prefix cache are charged at the cost model's ``w_cached``, not as computed.
 - **Metrics** join vLLM's ``/metrics`` (:mod:`fairagents.vllm.metrics`).
 
 The guide "Fair vLLM without the SDK" explains each, and what it costs.
@@ -336,17 +337,21 @@ class FairQueue(_Following, RequestQueue):
         self.seat.engine_take(self.model, rid)  # type: ignore[arg-type]
         return request
 
-    def admit_scheduled(self, scheduled: Callable[[str], bool]) -> None:
+    def admit_scheduled(self, scheduled: Callable[[str], bool], cached: Mapping[str, int] | None = None) -> set[str]:
         """The step is scheduled: charge the prompts of the requests popped in it that it ran.
 
         vLLM pops a request both to run it and to skip it (then puts it back, here
         uncharged, keeping its turn); only one that ``scheduled`` says the step took
-        into its batch is charged, once.
+        into its batch is charged, once. ``cached``: the prompt tokens each new request
+        found in the prefix cache, charged at the cost model's ``w_cached``. Returns the
+        ids popped in the step.
         """
         put_back = {r.request_id for r in self._chosen}
+        hits = cached or {}
         for rid in self._popped:
             if rid not in put_back and scheduled(rid):
-                self.seat.engine_admit(self.model, rid)
+                self.seat.engine_admit(self.model, rid, hits.get(rid, 0))
+        return set(self._popped)
 
     def prepend_request(self, request: VllmRequest) -> None:
         self.add_request(request)  # the order is the policy's, not the position
@@ -502,17 +507,33 @@ class FairScheduler(_Following, AsyncScheduler):
         for rank, request in enumerate(sorted(self.running, key=self._running_key)):
             request.priority = rank
 
-    def _shortfall(self, head: VllmRequest) -> tuple[bool, int]:
+    def _prefix_hit(self, head: VllmRequest) -> tuple[int, int]:
+        """``head``'s prefix-cache hit as vLLM will find it when it schedules it: tokens, and cached blocks sitting free.
+
+        Asked of vLLM's KV cache manager (the lookup changes nothing); none for a request
+        that already holds blocks, which vLLM does not look up.
+        """
+        if head.num_computed_tokens:
+            return 0, 0
+        blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(head)
+        return hit, sum(1 for group in blocks.blocks for b in group if b.ref_cnt == 0)
+
+    def _shortfall(self, head: VllmRequest, hit: tuple[int, int] = (0, 0)) -> tuple[bool, int]:
         """Whether the batch is out of sequences for ``head``, and the KV blocks it lacks for ``head``'s next chunk.
 
-        The chunk's blocks, plus one for each running decode that opens a block: an upper
-        estimate of what vLLM's allocation will ask (a prefix-cache hit of ``head`` would
-        need fewer), so a victim is never too small.
+        As vLLM's allocation will see it: ``head``'s prefix-cache ``hit``
+        (:meth:`_prefix_hit`: those blocks need no allocation; the ones sitting in the
+        free queue leave it), the chunk after it plus the speculative lookahead, in each
+        KV cache group; plus a block for each running decode that opens one. An upper
+        estimate (a sliding-window group needs fewer), so a victim is never too small.
         """
-        block = self.block_size
-        chunk = min(head.num_tokens - head.num_computed_tokens, self.max_num_scheduled_tokens)
+        block, manager = self.block_size, self.kv_cache_manager
+        computed, evictable = head.num_computed_tokens or hit[0], hit[1]
+        chunk = min(head.num_tokens - computed, self.max_num_scheduled_tokens) + self.num_lookahead_tokens
+        groups = len(self.kv_cache_config.kv_cache_groups)
         growing = sum(1 for r in self.running if r.num_computed_tokens % block == 0)  # decodes opening a block
-        lacking = -(-chunk // block) + growing - self.kv_cache_manager.block_pool.get_num_free_blocks()
+        new_blocks = -(-(computed + chunk) // block) - -(-computed // block)
+        lacking = (new_blocks + growing) * groups + evictable - manager.block_pool.get_num_free_blocks()
         return len(self.running) >= self._max_active, max(lacking, 0)
 
     def _frees(self, request: VllmRequest) -> int:
@@ -546,7 +567,8 @@ class FairScheduler(_Following, AsyncScheduler):
         blocks) and vLLM could run ``head`` given room (:meth:`schedulable`: a tool call
         whose grammar has compiled can). A candidate belongs to another client — another
         app, or another agent of ``head``'s app — that the policy has served more than
-        ``head``'s by more than ``head``'s prompt charge — for a head resuming after a
+        ``head``'s by more than ``head``'s prompt charge (what it will pay, its prefix-cache hit at
+        ``w_cached``) — for a head resuming after a
         preemption, which pays no prompt again, the larger of that and the candidate's
         recompute (its computed tokens priced as prompt) — at that level over the weight;
         it has been preempted for fairness fewer than :attr:`max_fair_preemptions` times;
@@ -564,12 +586,13 @@ class FairScheduler(_Following, AsyncScheduler):
         """
         if not self.schedulable(head):
             return None
-        full, lacking = self._shortfall(head)
+        hit = self._prefix_hit(head)
+        full, lacking = self._shortfall(head, hit)
         if not full and not lacking:
             return None
         twin = self._twin_of(head)
         who, seat = twin.agent, self.seat
-        charge = seat.input_price(self.model, twin.prompt_tokens)
+        charge = seat.input_price(self.model, twin.prompt_tokens, min(hit[0], twin.prompt_tokens))
         best: tuple[tuple[float, int], VllmRequest] | None = None
         resuming = head.num_preemptions > 0  # it pays no prompt again: the work it throws away is its threshold
         for request in self.running:
@@ -587,9 +610,14 @@ class FairScheduler(_Following, AsyncScheduler):
         return None if best is None else best[1]
 
     def _preempt_for_waiting(self) -> None:
-        """At most one preemption per step, for the policy's next choice when the batch cannot take it."""
+        """At most one preemption per step, for the request vLLM takes next when the batch cannot take it.
+
+        That is the policy's next choice, unless vLLM holds requests with KV blocks in
+        ``kv_holding_waiting``: it drains those first, so its head is the one to make room for.
+        """
+        queue = self.kv_holding_waiting if self.kv_holding_waiting else self.waiting
         try:
-            head = self.waiting.peek_request()
+            head = queue.peek_request()
         except IndexError:
             return
         victim = self.fair_victim(head)
@@ -615,16 +643,32 @@ class FairScheduler(_Following, AsyncScheduler):
         self.max_num_active_reqs = self._max_active  # what vLLM admits into its batch, up to its max_num_seqs
         if self.running and self.seat.orders_by_service:
             with self.seat.lock:
-                if self.preempt and self.waiting:
+                if self.preempt and (self.waiting or self.kv_holding_waiting):
                     self._preempt_for_waiting()
                 if len(self.running) > 1 and self._may_preempt():
                     self._rank_victims()
         try:
             output = super().schedule(*args, **kwargs)
-            self.waiting.admit_scheduled(self._scheduled)
+            self._admit(output)
             return output
         finally:
             self.waiting.new_step()  # only a step pops: what comes back between steps was not popped in one
+
+    def _admit(self, output: Any) -> None:
+        """Charge the input of the requests this step took into its batch (``output``: vLLM's ``SchedulerOutput``).
+
+        A new request's computed tokens as the step took it are what it found in the
+        prefix cache. Those the fair queue handed out are charged by it; the others come
+        from vLLM's ``kv_holding_waiting``, which vLLM drains before the fair queue (a
+        request whose KV was loaded from outside the engine, a streaming-input session's
+        next chunk): :meth:`~fairagents.policies.pooled.PoolPolicy.engine_input`.
+        """
+        computed = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
+        popped = self.waiting.admit_scheduled(self._scheduled, computed)
+        for rid, done in computed.items():
+            request = self.requests.get(rid)
+            if rid not in popped and request is not None:
+                self.seat.engine_input(self.model, rid, request.num_prompt_tokens, done)
 
     def _scheduled(self, request_id: str) -> bool:
         request = self.requests.get(request_id)

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("vllm")
 from vllm import SamplingParams
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.request import Request as VllmRequest
 
 import fairagents as fa
@@ -115,8 +116,18 @@ def bare_scheduler(pool, *, free=1000, max_active=4, block=16):
         return SimpleNamespace(blocks=([SimpleNamespace(ref_cnt=2 if i < shared else 1, is_null=False)
                                         for i in range(n)],))
 
+    def computed_blocks(request):  # its prefix-cache hit: ``hits[id]`` blocks, the first ``evictable`` of them free
+        n, free_ones = sched.hits.get(request.request_id, (0, 0))
+        blocks = [SimpleNamespace(ref_cnt=0 if i < free_ones else 1, is_null=False) for i in range(n)]
+        return SimpleNamespace(blocks=(blocks,)), n * block, 0
+
+    sched.hits = {}  # request id -> (blocks of its prompt in the prefix cache, how many of those sit free)
     sched.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: sched.free[0]),
-                                             get_blocks=blocks_of)
+                                             get_blocks=blocks_of, get_computed_blocks=computed_blocks)
+    sched.kv_cache_config = SimpleNamespace(kv_cache_groups=[object()])
+    sched.num_lookahead_tokens = 0
+    sched.kv_holding_waiting = create_request_queue(SchedulingPolicy.FCFS)
+    sched.requests = {}
     sched._fair_preempted, sched.defer_block_free, sched.requires_kv_delivery = {}, False, False
     return sched
 
@@ -730,3 +741,116 @@ def test_the_choices_of_a_request_with_n_above_one_pay_its_prompt_once():
     run(sched, vreq("1_other", "a", prompt=10), 10)  # no sibling 0: a request of its own, charged
     sched.seat.engine_progress("engine", [(f"{i}_cmpl-7", 2) for i in range(3)])
     assert sched.seat.charged == {"a": 30.0 + 10.0 + 3 * 2 * 2.0}
+
+
+def step_output(*new):
+    """What vLLM's ``schedule`` returns, as far as charging reads it: ``(id, computed tokens as the step took it)``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=rid, num_computed_tokens=n) for rid, n in new])
+
+
+def test_prompt_tokens_found_in_the_prefix_cache_are_charged_at_their_own_weight():
+    """An agent resends its 96-token history with 4 new tokens: the engine computes 4 and reads 96 from its cache."""
+    from vllm.v1.request import RequestStatus
+
+    sched = bare_scheduler(seat(), max_active=4)
+    turn = vreq("t2", "agents", prompt=100)
+    sched.waiting.add_request(turn)
+    sched.requests["t2"] = turn
+    assert sched.waiting.pop_request() is turn
+    turn.status = RequestStatus.RUNNING
+    sched._admit(step_output(("t2", 96)))
+    pool = sched.seat
+    assert pool.charged == {"agents": pytest.approx(4 + 0.1 * 96)}  # not 100
+    assert pool.tally("engine").prefilled == 100 and pool.tally("engine").cached == 96
+    assert pool.served(identity({"fairagents_app": "agents"}))[0] == pytest.approx(13.6)  # the policy's counter too
+    sched._admit(step_output(("t2", 96)))  # vLLM reports it once; were it again, it is charged once
+    assert pool.charged == {"agents": pytest.approx(13.6)}
+
+
+def test_w_cached_set_to_w_input_charges_hits_as_computed():
+    cost = fa.UnifiedTokenCost(w_cached=1.0)
+    pool = PoolPolicy(fa.policies.make_policy("hmfs", cost), cost)
+    pool.register("engine", fa.ModelProfile(d_model=4096, n_layers=1))
+    q = FairQueue(Binding(pool, "engine"), twin_of())
+    q.add_request(vreq("t2", "agents", prompt=100))
+    q.pop_request()
+    q.admit_scheduled(lambda rid: True, {"t2": 96})
+    assert pool.charged == {"agents": 100.0}
+
+
+def test_requests_vllm_holds_with_kv_blocks_are_charged_as_a_step_runs_them():
+    """vLLM drains ``kv_holding_waiting`` before the fair queue: a request whose KV it loaded from outside
+    the engine (taken, skipped while loading) and a streaming-input session's next chunk."""
+    from vllm.v1.request import RequestStatus
+
+    sched = bare_scheduler(seat(), max_active=4)
+    pool = sched.seat
+    loaded = vreq("kv1", "A", prompt=64)
+    sched.waiting.add_request(loaded)
+    sched.requests["kv1"] = loaded
+    assert sched.waiting.pop_request() is loaded  # vLLM starts its KV load and parks it holding blocks
+    sched._admit(step_output())
+    sched.waiting.new_step()
+    assert pool.charged == {}  # not run yet: nothing charged
+    loaded.status = RequestStatus.RUNNING  # a later step runs it from kv_holding_waiting, its 48 tokens loaded
+    sched._admit(step_output(("kv1", 48)))
+    assert pool.charged == {"A": pytest.approx(16 + 0.1 * 48)}
+    # the session ends its turn with 64 + 10 tokens computed and gets a next chunk of 20 tokens
+    loaded.prompt_token_ids.extend(range(30))  # the 10 output tokens kept, then the 20 new ones
+    loaded.num_prompt_tokens = 94
+    pool.engine_progress("engine", [("kv1", 10)])
+    before = pool.charged["A"]
+    sched._admit(step_output(("kv1", 74)))  # run again from kv_holding_waiting: the chunk is computed
+    assert pool.charged["A"] == pytest.approx(before + 20)
+    assert pool.tally("engine").prefilled == 64 + 20
+
+
+def test_fair_preemption_makes_room_for_the_request_vllm_takes_next():
+    """With requests holding KV blocks waiting, vLLM admits those before the fair queue's choice."""
+    from vllm.v1.request import RequestStatus
+
+    head = vreq("q1", "quiet", prompt=4)
+    sched = flood_ahead_of(head)
+    sched.preempt = True
+    held = vreq("f9", "flood", prompt=4, at=2.0)  # a flood session's next chunk, holding blocks, waits for its turn
+    held.status, held.num_computed_tokens = RequestStatus.WAITING, 4
+    sched.kv_holding_waiting.add_request(held)
+    preempted = []
+    sched._preempt_request = lambda request, *args, **kwargs: preempted.append(request)
+    sched._preempt_for_waiting()  # the head vLLM takes next is the flood's: owed nothing, nobody is preempted
+    assert preempted == [] and sched.running[0].request_id == "f1"
+    sched.kv_holding_waiting.remove_request(held)
+    sched._preempt_for_waiting()
+    assert [r.request_id for r in preempted] == ["f1"]
+
+
+def test_the_blocks_a_head_lacks_are_what_vllms_allocation_will_ask():
+    sched = bare_scheduler(seat(), free=4, max_active=16, block=16)
+    run(sched, vreq("f1", "flood", prompt=8), 8)  # a decode mid-block: opens none
+    head = vreq("q1", "quiet", prompt=96)  # 6 blocks
+    sched.waiting.add_request(head)
+    assert sched._shortfall(head, sched._prefix_hit(head)) == (False, 2)
+    sched.hits["q1"] = (4, 0)  # 4 blocks of its prompt in the prefix cache, held by other requests
+    assert sched._shortfall(head, sched._prefix_hit(head)) == (False, 0)  # 2 new blocks: they fit
+    sched.hits["q1"] = (4, 3)  # 3 of those sit in the free queue: taking them uses free blocks
+    assert sched._shortfall(head, sched._prefix_hit(head)) == (False, 1)
+    sched.hits["q1"] = (0, 0)
+    sched.num_lookahead_tokens = 16  # speculative decoding's lookahead: one block more
+    assert sched._shortfall(head, sched._prefix_hit(head)) == (False, 3)
+    sched.num_lookahead_tokens = 0
+    sched.kv_cache_config.kv_cache_groups = [object(), object()]  # two KV cache groups: blocks in each
+    assert sched._shortfall(head, sched._prefix_hit(head)) == (False, 8)
+
+
+def test_a_head_whose_prompt_is_in_the_prefix_cache_preempts_at_the_gap_of_what_it_will_pay():
+    """An agent's next turn: 96 of its 100 prompt tokens in the prefix cache, so it will pay 4 + 9.6, not 100."""
+    sched = bare_scheduler(seat(), max_active=1)
+    run(sched, vreq("f1", "flood", prompt=4), 4)
+    head = vreq("q1", "quiet", prompt=100)
+    sched.waiting.add_request(head)
+    sched.seat.engine_progress("engine", [("f1", 10)])  # the flood is ahead by 20
+    assert sched.fair_victim(head) is None  # owed less than its whole prompt
+    sched.hits["q1"] = (6, 0)  # 6 blocks of 16: 96 tokens
+    assert sched.fair_victim(head).request_id == "f1"

@@ -2,14 +2,18 @@
 
 Hypothesis drives what an arbiter and a vLLM engine do with a request handed over at
 once: it arrives (the dispatcher hands it over, the engine queues it), the engine
-takes the policy's choice into its batch, skips it (a grammar compiling; it is charged
-only once a step runs it, so a skipped request that is cancelled costs nothing), preempts it,
-steps out tokens, finishes it, the caller cancels it (waiting or running), the engine
-dies (its requests fail; a restarted queue forgets them) and the arbiter closes.
+takes the policy's choice into its batch (part of its prompt found in the prefix
+cache), skips it (a grammar compiling; it is charged only once a step runs it, so a
+skipped request that is cancelled costs nothing), preempts it, steps out tokens,
+finishes it, the caller cancels it (waiting, skipped or running), the engine dies (its
+requests fail; a restarted queue forgets them) and the arbiter closes. Requests with
+``n > 1`` also arrive at the engine alone (as from ``vllm serve``): vLLM's children
+``<i>_<id>`` share one prompt.
 After every step: the policy holds exactly what the engine holds, every request ends
 in the policy once, and the pool's charges are each dispatched request's prompt once
-(never again after a preemption) plus the output produced while it ran; the
-dispatcher's ledger charges match for the requests that produced output.
+(its cached tokens at ``w_cached``; never again after a preemption; once for all the
+choices of ``n > 1``) plus the output produced while it ran; the dispatcher's ledger
+charges each request that produced output exactly what the engine charged it.
 """
 
 import pytest
@@ -26,7 +30,7 @@ import fairagents as fa
 from fairagents.dispatcher import Dispatcher
 from fairagents.policies.pooled import PoolPolicy
 from fairagents.testing import RecordingPolicy
-from fairagents.vllm.scheduler import Binding, FairQueue
+from fairagents.vllm.scheduler import Binding, FairQueue, FairScheduler
 
 PROFILE = fa.ModelProfile(d_model=4096, n_layers=1)
 APPS = ("a", "b", "c")
@@ -63,7 +67,12 @@ class HandedOver(RuleBasedStateMachine):
         self.dispatcher.add_model("m", PROFILE, slots=2, token_budget=None, max_model_len=4096, in_engine=True,
                                   kv_tokens=4096)
         self.twins = {}
+        self.sched = object.__new__(FairScheduler)  # its _twin_of, for requests the arbiter did not hand over
+        self.sched.weights, self.sched.metrics, self.sched._twins = None, None, {}
+        self.sched.binding = Binding(self.seat, "m")
         self.queue = FairQueue(Binding(self.seat, "m"), self._twin_of)
+        self.charged_by = {}  # request id -> what the engine charged it (prompt at admission, output)
+        self.hits = {}  # request id -> prompt tokens it found in the prefix cache at its first admission
         self.engine = {}  # id -> vLLM request the engine holds
         self.running = []
         self.expected_charge = 0.0
@@ -75,7 +84,9 @@ class HandedOver(RuleBasedStateMachine):
         twin = self.twins.get(r.request_id)
         if twin is None:
             twin = self.seat.expected("m", r.request_id)
-            assert twin is not None, "the engine takes the arbiter's own request"
+            if twin is None:  # not handed over: built from its arguments, as FairScheduler does
+                assert "_" in r.request_id, "the engine takes the arbiter's own request"
+                twin = self.sched._twin_of(r)
             self.twins[r.request_id] = twin
         return twin
 
@@ -86,6 +97,11 @@ class HandedOver(RuleBasedStateMachine):
         self.queue.remove_request(r) if outcome is fa.Outcome.CANCELLED else None
         self.seat.engine_end("m", r.request_id, outcome)
         self.twins.pop(r.request_id, None)
+        self.sched._twins.pop(r.request_id, None)
+
+    def _ledger(self, rid):
+        """The dispatcher's ticket of a request the arbiter handed over (``None`` for one it did not)."""
+        return None if "_" in rid else self.dispatcher.ticket(rid)
 
     @precondition(lambda self: not self.closed)
     @rule(app=st.sampled_from(APPS), prompt=st.integers(1, 40))
@@ -100,21 +116,40 @@ class HandedOver(RuleBasedStateMachine):
         self.engine[rid] = vreq
         self.queue.add_request(vreq)
 
+    @precondition(lambda self: not self.closed)
+    @rule(app=st.sampled_from(APPS), prompt=st.integers(1, 40), n=st.integers(2, 3))
+    def arrive_with_n(self, app, prompt, n):
+        """A request with ``n`` choices straight to the engine: vLLM adds its children ``<i>_<id>`` at once."""
+        parent = f"p{self.n}"
+        self.n += 1
+        for i in range(n):
+            rid = f"{i}_{parent}"
+            params = SamplingParams(max_tokens=64, extra_args={"fairagents_app": app})
+            vreq = VllmRequest(rid, list(range(prompt)), params, None, arrival_time=float(self.n))
+            self.engine[rid] = vreq
+            self.queue.add_request(vreq)
+
     @precondition(lambda self: bool(self.queue))
-    @rule(skip=st.booleans())
-    def schedule(self, skip):
+    @rule(skip=st.booleans(), data=st.data())
+    def schedule(self, skip, data):
         r = self.queue.pop_request()
         if skip:  # vLLM puts it back unscheduled this step: it keeps its turn, and costs nothing yet
             self.queue.prepend_requests([r])
             self.queue.admit_scheduled(lambda rid: False)
             self.queue.new_step()
             return
-        if r.request_id not in self.prompt_charged and r.status == RequestStatus.WAITING:
-            self.prompt_charged.add(r.request_id)  # charged as the step runs it, never again
-            self.expected_charge += r.num_prompt_tokens
+        rid = r.request_id
+        hits = data.draw(st.integers(0, r.num_prompt_tokens), label="prefix-cache hit")
+        if r.status == RequestStatus.WAITING and rid not in self.prompt_charged:
+            self.prompt_charged.add(rid)  # charged as the step runs it, never again
+            self.hits[rid] = hits
+            if not (rid[0] != "0" and "_" in rid):  # a later choice of n > 1 shares its first choice's prompt
+                charge = (r.num_prompt_tokens - hits) + 0.1 * hits
+                self.expected_charge += charge
+                self.charged_by[rid] = charge
         r.status = RequestStatus.RUNNING
         self.running.append(r)
-        self.queue.admit_scheduled(lambda rid: rid == r.request_id)
+        self.queue.admit_scheduled(lambda other: other == rid, {rid: hits})
 
     @precondition(lambda self: bool(self.running))
     @rule(data=st.data())
@@ -132,8 +167,11 @@ class HandedOver(RuleBasedStateMachine):
         self.queue.new_step()
         self.seat.engine_progress("m", [(r.request_id, tokens) for r in self.running])
         for r in self.running:
-            self.dispatcher.progress(r.request_id, tokens, 0.0)
+            rid = r.request_id
+            if self._ledger(rid) is not None:
+                self.dispatcher.progress(rid, tokens, 0.0, self.hits[rid])  # vLLM reports the first prefill's hit
             self.expected_charge += 2 * tokens
+            self.charged_by[rid] = self.charged_by.get(rid, 0.0) + 2 * tokens
 
     @precondition(lambda self: bool(self.running))
     @rule(data=st.data())
@@ -141,8 +179,10 @@ class HandedOver(RuleBasedStateMachine):
         r = data.draw(st.sampled_from(self.running))
         r.status = RequestStatus.FINISHED_STOPPED
         self._end_in_engine(r, fa.Outcome.FINISHED)
-        ticket = self.dispatcher.ticket(r.request_id)
-        self.dispatcher.end(r.request_id, fa.Outcome.FINISHED if ticket.first_token else fa.Outcome.CANCELLED, 0.0)
+        ticket = self._ledger(r.request_id)
+        if ticket is not None:
+            self.dispatcher.end(r.request_id, fa.Outcome.FINISHED if ticket.first_token else fa.Outcome.CANCELLED,
+                                0.0)
 
     @precondition(lambda self: bool(self.engine))
     @rule(data=st.data())
@@ -151,16 +191,19 @@ class HandedOver(RuleBasedStateMachine):
         r = self.engine[rid]
         r.status = RequestStatus.FINISHED_ABORTED
         self._end_in_engine(r, fa.Outcome.CANCELLED)
-        self.dispatcher.cancel(rid, 0.0)
+        if self._ledger(rid) is not None:
+            self.dispatcher.cancel(rid, 0.0)
 
     @precondition(lambda self: len(self.engine) > 2)
     @rule()
     def engine_dies_and_restarts(self):
         for rid in list(self.engine):
-            self.dispatcher.fail(rid, 0.0)
+            if self._ledger(rid) is not None:
+                self.dispatcher.fail(rid, 0.0)
         self.engine.clear()
         self.running.clear()
         self.twins.clear()
+        self.sched._twins.clear()
         self.seat.forget("m")
         self.queue = FairQueue(Binding(self.seat, "m"), self._twin_of)
 
@@ -180,7 +223,7 @@ class HandedOver(RuleBasedStateMachine):
         assert self.policy.queued("m") == len([r for r in waiting if r not in self.queue._chosen])
         assert self.seat.held("m") == len(self.engine)
         assert len(self.queue) == len(waiting)
-        assert {t.request.id for t in self.dispatcher.tickets()} == set(self.engine)
+        assert {t.request.id for t in self.dispatcher.tickets()} == {rid for rid in self.engine if "_" not in rid}
 
     @invariant()
     def every_request_ends_in_the_policy_once_per_arrival(self):
@@ -190,6 +233,12 @@ class HandedOver(RuleBasedStateMachine):
     @invariant()
     def charges_are_each_prompt_once_plus_the_output_produced(self):
         assert sum(self.seat.charged.values()) == pytest.approx(self.expected_charge)
+
+    @invariant()
+    def the_ledger_charges_what_the_engine_charged(self):
+        for ticket in self.dispatcher.tickets():
+            if ticket.first_token is not None:
+                assert ticket.charged == pytest.approx(self.charged_by[ticket.request.id]), ticket.request.id
 
 
 HandedOver.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,

@@ -116,3 +116,30 @@ async def test_an_idle_engine_follows_the_policy_of_the_arbiter_it_joins():
     async with second:
         await second.app("b").agent("t").chat("chat", MSG, max_tokens=4)
     assert set(second.pool_policy.charged) == {"b"} and set(first.pool_policy.charged) == {"a"}
+
+
+async def test_an_agent_resending_its_history_pays_for_what_the_engine_computes(text_engine):
+    """The second turn's prompt is mostly the first turn's, read from vLLM's prefix cache: charged at ``w_cached``,
+    in the engine's policy and in the arbiter's ledger alike."""
+    arbiter = fa.Arbiter(policy="hmfs")
+    arbiter.add_model("chat", text_engine)
+    who = arbiter.app("notes").agent("writer")
+    history = [{"role": "user", "content": " ".join(f"note {i} on the harbour cranes" for i in range(40))}]
+    await arbiter.start()
+    try:
+        first = await who.chat("chat", history, max_tokens=4, ignore_eos=True)
+        turn = [*history, {"role": "assistant", "content": first.text}, {"role": "user", "content": "and then?"}]
+        second = await who.chat("chat", turn, max_tokens=4, ignore_eos=True)
+    finally:
+        await arbiter.close(stop_engines=False)  # the session's engine outlives the test
+    cost = arbiter.cost
+    assert first.usage.cached_tokens == 0 and first.usage.unified_tokens == pytest.approx(
+        cost.input_cost("chat", first.usage.prompt_tokens) + cost.output_cost("chat", 4))
+    hits = second.usage.cached_tokens
+    assert 0.8 * first.usage.prompt_tokens <= hits < second.usage.prompt_tokens  # its history: whole cached blocks
+    assert second.usage.unified_tokens == pytest.approx(
+        fa.prompt_cost(cost, "chat", second.usage.prompt_tokens, hits) + cost.output_cost("chat", 4))
+    assert second.usage.unified_tokens < 0.5 * cost.input_cost("chat", second.usage.prompt_tokens)
+    seat = arbiter.pool_policy  # the engine charged the policy the same
+    assert seat.charged == pytest.approx({"notes": first.usage.unified_tokens + second.usage.unified_tokens})
+    assert seat.tally("chat").cached == hits
