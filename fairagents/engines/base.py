@@ -98,6 +98,8 @@ class GenerationParams:
     """Penalty in [-2, 2] on tokens that already appeared in the output (positive: new topics)."""
     frequency_penalty: float = 0.0
     """Penalty in [-2, 2] on tokens by how often they appeared in the output (positive: less repetition)."""
+    repetition_penalty: float = 1.0
+    """vLLM's multiplicative penalty in (0, 2] on tokens already in the prompt or output (1: none; above 1: less repetition)."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """Bias in [-100, 100] added to the logits of token ids, as ``(token_id, bias)`` pairs sorted by id;
     a mapping (keys ints or their decimal strings, as in OpenAI's API) is taken too. ``±100``
@@ -133,6 +135,10 @@ class GenerationParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -2 <= value <= 2:
                 raise InvalidParameterError(f"{name} must be a number in [-2, 2], got {_clip(value)}", param=name)
+        penalty = self.repetition_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not 0 < penalty <= 2:
+            raise InvalidParameterError(f"repetition_penalty must be a number in (0, 2], got {_clip(penalty)}",
+                                        param="repetition_penalty")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     def sampling_fields(self) -> dict[str, Any]:
@@ -151,6 +157,7 @@ class GenerationParams:
             "stop": list(self.stop) or None, "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens, "logprobs": self.logprobs,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
             "extra_args": None if self.agent is None else identity_args(self.agent, self.run),
         }
 

@@ -501,6 +501,8 @@ class OpenAIEngine(EngineBase):
             extra["structured_outputs"] = params.structured
         if not params.skip_special_tokens:
             extra["skip_special_tokens"] = False
+        if params.repetition_penalty != 1.0:
+            extra["repetition_penalty"] = params.repetition_penalty
         if params.agent is not None:
             extra["vllm_xargs"] = identity_args(params.agent, params.run)
         r.running += 1

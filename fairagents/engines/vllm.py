@@ -88,10 +88,14 @@ class VLLMEngine(ThreadedEngine):
             sized by ``gpu_memory_utilization`` (see :meth:`engine_args`).
         gpu_memory_utilization: on a GPU, the share of its memory this engine may take
             (vLLM's default 0.9 when unset); give each engine of a pool on one GPU its share.
-        max_num_seqs: most sequences vLLM batches at once. With ``scheduler="vllm"`` the
-            arbiter's in-flight limit for this model defaults to it, and its token budget
-            to ``token_capacity``, so what vLLM is handed fits its batch and KV cache at
-            once; with ``"fair"`` it bounds the engine's batch and ``arbiter.bound()``.
+        max_num_seqs: most sequences vLLM batches at once; ``None`` (the default): vLLM's
+            own default for the platform, as ``vllm serve`` sets it (128 on a CPU; 256 or
+            1,024 on a GPU, by its memory), read on :meth:`start`. With
+            ``scheduler="vllm"`` the arbiter's in-flight limit for this model defaults to
+            it, and its token budget to ``token_capacity``, so what vLLM is handed fits its
+            batch and KV cache at once; with ``"fair"`` it bounds the engine's batch and
+            ``arbiter.bound()``. (vLLM's ``max_num_batched_tokens`` is its own default too,
+            unless ``engine_args`` sets it.)
         dtype: weights' dtype (default: ``"float32"`` on a CPU, the model's own on a GPU).
         scheduler: ``"fair"`` (the default): the pool's policy inside vLLM's engine loop
             (:class:`~fairagents.vllm.scheduler.FairScheduler`): the arbiter hands the
@@ -144,7 +148,7 @@ class VLLMEngine(ThreadedEngine):
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
         gpu_memory_utilization: float | None = None,
-        max_num_seqs: int = 32,
+        max_num_seqs: int | None = None,
         dtype: str | None = None,
         scheduler: Literal["vllm", "fair"] = "fair",
         preempt: bool = True,
@@ -159,6 +163,9 @@ class VLLMEngine(ThreadedEngine):
             raise InvalidParameterError(f"kv_cache_bytes must be an integer > 0, got {kv_cache_bytes!r}")
         if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
             raise InvalidParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
+                                         or max_num_seqs < 1):
+            raise InvalidParameterError(f"max_num_seqs must be an integer ≥ 1 or None, got {max_num_seqs!r}")
         if scheduler not in ("vllm", "fair"):
             raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
         if not isinstance(preempt, bool):
@@ -170,12 +177,13 @@ class VLLMEngine(ThreadedEngine):
         self.tool_parser_name = None if tool_parser is None else check_tool_parser(tool_parser)
         """The vLLM tool parser of the model's calls (inferred on :meth:`start` when not given)."""
         self.max_num_seqs = max_num_seqs
+        """Most sequences vLLM batches at once (``None`` before :meth:`start` when vLLM's default is taken)."""
         self.compact_json = compact_json
         """Constrained JSON is written without free whitespace (see the ``compact_json`` argument)."""
         self.max_model_len = max_model_len or 0
         self._kv_cache_bytes, self._gpu_memory_utilization, self._dtype = kv_cache_bytes, gpu_memory_utilization, dtype
-        self._args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "disable_log_stats": True,
-                      **(engine_args or {})}
+        batch = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}
+        self._args = {"max_model_len": max_model_len, **batch, "disable_log_stats": True, **(engine_args or {})}
         self._engine: Any = None  # the vllm LLMEngine, owned by the thread; kept for introspection
         self._binding: Any = None  # with scheduler="fair": the pool's policy and this model's name in it
 
@@ -247,6 +255,7 @@ class VLLMEngine(ThreadedEngine):
         config = engine.model_config
         self.profile = ModelProfile.of_text_config(config.hf_text_config, self.modality)
         self.max_model_len = int(config.max_model_len)
+        self.max_num_seqs = int(engine.vllm_config.scheduler_config.max_num_seqs)  # vLLM's default if none was given
         self.token_capacity, self.kv_block_size = _kv_capacity(engine)
         self.vocab_size = int(config.get_vocab_size())
         self._tokenizer = engine.get_tokenizer()
@@ -397,7 +406,11 @@ class VLLMEngine(ThreadedEngine):
 
                 # a library leaves logging to the application: vLLM's own config would print INFO on stdout
                 args["logging_config"] = LoggingConfig(configure_logging=False)
-            engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args))
+            from vllm.usage.usage_lib import UsageContext
+
+            # the server's defaults (batch size, batched tokens per step), as `vllm serve` takes them
+            engine = LLMEngine.from_engine_args(EngineArgs(model=self.model, **args),
+                                                usage_context=UsageContext.OPENAI_API_SERVER)
             _live.add(id(self))
         return engine
 

@@ -256,8 +256,9 @@ class ModelConfig(_Section):
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """On a GPU, the share of its memory this engine may take (vLLM's 0.9 unset; split it between
     the models of one GPU)."""
-    max_num_seqs: int = Field(default=32, ge=1)
-    """Most sequences the engine batches at once."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Most sequences the engine batches at once; unset, vLLM's own default for the platform
+    (as ``vllm serve``: 128 on a CPU), or for ``openai`` what the replicas report."""
     scheduler: Literal["vllm", "fair"] = "fair"
     """``"fair"`` (the default): the server's policy inside vLLM's engine loop
     (``fairagents.vllm.FairScheduler``), the arbiter handing the engine each request at once;
@@ -303,7 +304,7 @@ class ModelConfig(_Section):
                 profile=ModelProfile(d_model=self.d_model, n_layers=self.n_layers) if given else None,  # type: ignore[arg-type]
                 api_key=None if self.api_key is None else self.api_key.get_secret_value(),
                 max_model_len=self.max_model_len, token_capacity=self.token_capacity,
-                max_num_seqs=self.max_num_seqs if "max_num_seqs" in self.model_fields_set else None,
+                max_num_seqs=self.max_num_seqs,
                 tool_parser=self.tool_parser, compact_json=self.compact_json, **self.engine_args,
             )
         if self.engine == "diffusion":

@@ -278,7 +278,12 @@ async def test_engine_failure_fails_requests_and_spares_other_models(text_engine
 async def test_stopping_one_engine_leaves_the_others_serving(text_engine):
     """vLLM's shutdown tears down process-wide state; the other engines of the process must survive it."""
     other = VLLMEngine(kv_cache_bytes=16 * 2**20, max_model_len=512)
+    assert other.max_num_seqs is None  # vLLM's own default, read on start
     await other.start()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    assert other.max_num_seqs == EngineArgs.get_batch_defaults(1)[1][UsageContext.OPENAI_API_SERVER]  # as `vllm serve`
     await other.stop()
     deltas = [d async for d in text_engine.generate("after-stop", text_engine.prepare_chat(MSG), GenerationParams(4, ignore_eos=True))]
     assert sum(d.new_tokens for d in deltas) == 4
@@ -367,3 +372,11 @@ async def test_without_max_tokens_a_call_may_run_to_the_end_of_the_context(text_
         assert expected == room - prompt
         reply = await bot.chat("chat", MSG, ignore_eos=True)
     assert reply.usage.completion_tokens == expected and reply.finish_reason == "length"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
+async def test_max_num_seqs_is_a_positive_integer_or_none_for_vllms_default(bad):
+    with pytest.raises(fa.InvalidParameterError, match="max_num_seqs"):
+        VLLMEngine(max_num_seqs=bad)
+    assert "max_num_seqs" not in VLLMEngine().engine_args(gpu=False)  # vLLM chooses it for the platform
+    assert VLLMEngine(max_num_seqs=8).engine_args(gpu=False)["max_num_seqs"] == 8

@@ -341,6 +341,23 @@ async def test_penalties_logit_bias_and_logprobs_reach_the_engine():
         0.5, -1.25, ((3, -100.0), (17, 100.0)), 5)
     assert (text.presence_penalty, text.logit_bias, text.logprobs) == (2.0, ((9, 1.0),), 0)
     assert (plain.presence_penalty, plain.frequency_penalty, plain.logit_bias, plain.logprobs) == (0.0, 0.0, (), None)
+    assert plain.repetition_penalty == 1.0
+
+
+async def test_vllms_benchmark_clients_completion_request_is_served_as_vllm_serves_it():
+    """``vllm bench serve``'s completions payload: vLLM's ``repetition_penalty`` and ``ignore_eos`` extensions."""
+    engine = FakeEngine(tokens_per_reply=2)
+    payload = {"model": "chat", "prompt": "a b c", "repetition_penalty": 1.0, "max_tokens": 4, "logprobs": None,
+               "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    async with live(serve(engine), make_config()) as (url, _), httpx.AsyncClient(base_url=url, headers=AUTH) as http:
+        chunks = await sse_chunks(url, payload)
+        penalised = (await http.post("/v1/completions", json={**payload, "stream": False,
+                                                              "repetition_penalty": 1.3})).json()
+        refused = await http.post("/v1/completions", json={**payload, "repetition_penalty": 0})
+    assert chunks[-1]["usage"]["completion_tokens"] == penalised["usage"]["completion_tokens"] == 2  # its reply
+    first, second = (engine.params[r] for r in engine.started_order)
+    assert (first.repetition_penalty, first.ignore_eos, second.repetition_penalty) == (1.0, True, 1.3)
+    assert refused.status_code == 400 and "repetition_penalty" in refused.text
 
 
 # -- max_tokens -----------------------------------------------------------------------------
