@@ -164,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--rounds", type=int, default=2, help="times each path runs, alternating")
     srv.add_argument("--json", action="store_true", help=json_help)
 
+    svv = _command(benches, "serve-vs-vllm",
+                   "fairagents serve vs vllm serve (and with FairScheduler), on vLLM's own benchmark client")
+    svv.add_argument("--model", help="model to serve instead of the embedded tiny model")
+    svv.add_argument("--concurrencies", type=int, nargs="+", default=[64, 256], help="client concurrencies to measure")
+    svv.add_argument("--num-prompts", type=int, default=400, help="requests per concurrency")
+    svv.add_argument("--input-len", type=int, default=64, help="prompt tokens of each request")
+    svv.add_argument("--output-len", type=int, default=128, help="output tokens of each request (EOS ignored)")
+    svv.add_argument("--kv-cache-bytes", type=int, default=256 * 2**20, help="KV cache of every server")
+    svv.add_argument("--max-model-len", type=int, default=1024, help="context length of every server")
+    svv.add_argument("--servers", nargs="+", choices=["vllm", "vllm-fair", "fairagents"],
+                     default=["vllm", "vllm-fair", "fairagents"], help="servers to run, in order")
+    svv.add_argument("--json", action="store_true", help=json_help)
+
     pol = _command(benches, "policies", "every policy on one mixed-SLO overload scenario (simulator)")
     pol.add_argument("--policies", nargs="+", help="policies to run (default: every built-in)")
     pol.add_argument("--seconds", type=float, default=60.0, help="virtual seconds of traffic")
