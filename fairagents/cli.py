@@ -164,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--rounds", type=int, default=2, help="times each path runs, alternating")
     srv.add_argument("--json", action="store_true", help=json_help)
 
+    sst = _command(benches, "scheduler-step",
+                   "what FairScheduler adds to a vLLM engine step, against vLLM's own scheduler (no model)")
+    sst.add_argument("--running", type=int, nargs="+", default=[100, 1_000, 4_000], help="requests in the batch")
+    sst.add_argument("--clients", type=int, nargs="+", default=[10, 1_000, 10_000], help="apps the requests belong to")
+    sst.add_argument("--steps", type=int, default=20, help="steps per timed run")
+    sst.add_argument("--rounds", type=int, default=5, help="alternating runs per scheduler; the best is reported")
+    sst.add_argument("--policy", default="hmfs", choices=sorted(POLICIES), help="the fair scheduler's policy")
+    sst.add_argument("--json", action="store_true", help=json_help)
+
     svv = _command(benches, "serve-vs-vllm",
                    "fairagents serve vs vllm serve (and with FairScheduler), on vLLM's own benchmark client")
     svv.add_argument("--model", help="model to serve instead of the embedded tiny model")

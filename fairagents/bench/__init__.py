@@ -3,7 +3,7 @@
 Examples:
     >>> from fairagents.bench import BENCHMARKS
     >>> sorted(BENCHMARKS)
-    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scale', 'scheduler', 'serve-vs-vllm', 'server', 'simulator', 'vllm-scheduler', 'workflows']
+    ['admission', 'isolation', 'modality', 'overhead', 'policies', 'scale', 'scheduler', 'scheduler-step', 'serve-vs-vllm', 'server', 'simulator', 'vllm-scheduler', 'workflows']
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fairagents.bench import (
     policies,
     scale,
     scheduler,
+    scheduler_step,
     serve_vs_vllm,
     server,
     simulator,
@@ -27,5 +28,5 @@ __all__ = ["BENCHMARKS"]
 
 #: Benchmark name → module with ``run(**options) -> dict`` and ``render(result) -> rich table``.
 BENCHMARKS = {"admission": admission, "isolation": isolation, "modality": modality, "overhead": overhead, "policies": policies,
-              "scale": scale, "scheduler": scheduler, "serve-vs-vllm": serve_vs_vllm, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler,
+              "scale": scale, "scheduler": scheduler, "scheduler-step": scheduler_step, "serve-vs-vllm": serve_vs_vllm, "server": server, "simulator": simulator, "vllm-scheduler": vllm_scheduler,
               "workflows": workflows}

@@ -184,6 +184,10 @@ class BasePolicy(abc.ABC):
     #: Whether it orders clients by the service they received, so that :meth:`lead` compares two (a
     #: waiting client owed service may then preempt a more-served one inside an engine).
     orders_by_service: ClassVar[bool] = False
+    #: Whether its output charge depends only on a request's client and model (``_charge`` adds to the
+    #: client's counters, ``on_progress`` is the base class's): an engine may then sum a step's output
+    #: per client and charge each sum once (:meth:`charge_output`).
+    charges_by_client: ClassVar[bool] = False
     #: Whether the order it serves depends on the agents' SLOs (deadlines, SLO attainment). An SLO
     #: then weighs against other apps' requests, so a server takes agents' SLOs from its configuration only.
     reads_slos: ClassVar[bool] = False
@@ -267,6 +271,23 @@ class BasePolicy(abc.ABC):
             elif type(new_output_tokens) is not int or new_output_tokens < 0:
                 self._output_cost(req.model, new_output_tokens)  # raises for a bad count, as pricing it would
 
+    def charge_output(self, req: Request, new_output_tokens: int, now: float) -> None:
+        """Charge ``new_output_tokens`` of output to ``req``'s client: those of every running request of that
+        client and model in one engine step, summed (for a policy that :attr:`charges_by_client`).
+
+        The same charge as :meth:`on_progress` of each; an engine with a thousand requests in
+        its batch prices and charges its step once per client.
+
+        Raises:
+            ProtocolError: as :meth:`on_progress`.
+        """
+        if not self._counts_service:
+            self.on_progress(req, new_output_tokens, now)
+            return
+        if req.id not in self._running:
+            raise ProtocolError(f"request {req.id!r} is not running")
+        self._charge(req, checked_charge(self._output_cost(req.model, new_output_tokens), req), now)
+
     def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
         """Forget ``req``; a waiting one leaves the queue uncharged."""
         if self._waiting.pop(req.id, None) is not None:
@@ -285,6 +306,10 @@ class BasePolicy(abc.ABC):
         costs (the head's prompt and the work thrown away).
         """
         return None
+
+    def leads(self, head: Agent, others: Iterable[Agent]) -> list[float | None]:
+        """:meth:`lead` of ``head`` over each of ``others`` (a policy may compute them faster together)."""
+        return [self.lead(head, other) for other in others]
 
     def queued(self, model: str | None = None) -> int:
         """Number of waiting requests, for one model or all."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
@@ -54,6 +54,7 @@ class HMFS(BasePolicy):
 
     name: ClassVar[str] = "hmfs"
     orders_by_service: ClassVar[bool] = True
+    charges_by_client: ClassVar[bool] = True
     charges_unified_tokens: ClassVar[bool] = True
 
     def __init__(self, cost: CostModel | None = None) -> None:
@@ -95,6 +96,21 @@ class HMFS(BasePolicy):
         if head.name != other.name:
             return (other_agent - agent) * head.weight
         return None
+
+    def leads(self, head: Agent, others: Iterable[Agent]) -> list[float | None]:
+        """:meth:`lead` over each of ``others``, ``head``'s counters read once (the engine asks every step)."""
+        app_counter, (app, agent) = self._apps.counter, self.counters_of(head)
+        head_app, head_name, app_weight, weight = head.app.name, head.name, head.app.weight, head.weight
+        leads: list[float | None] = []
+        for other in others:
+            other_app = other.app.name
+            if other_app != head_app:
+                leads.append((app_counter.get(other_app, 0.0) - app) * app_weight)
+            elif other.name != head_name:
+                leads.append((self.counters_of(other)[1] - agent) * weight)
+            else:
+                leads.append(None)
+        return leads
 
     def charge_to(self, agent: Agent, amount: float) -> None:
         """Charge ``amount`` (unified tokens) to ``agent`` and its app, outside the request lifecycle.

@@ -58,6 +58,7 @@ __all__ = ["EngineTally", "PoolPolicy"]
 
 log = get_logger("fairagents.policy")
 
+_UNSEEN: Any = object()
 # waiting in the policy; taken by the engine, its prompt not charged yet; in the batch, charged
 _WAITING, _TAKEN, _RUNNING = "waiting", "taken", "running"
 
@@ -120,6 +121,9 @@ class PoolPolicy:
         self._twins: dict[tuple[str, str], list[Any]] = {}  # (model, id) -> [request, state] in the policy
         self._expected: dict[tuple[str, str], Request] = {}  # (model, id) -> the arbiter's request, handed over
         self._counters = getattr(policy, "counters_of", None)
+        # a step's output is charged per client, once (BasePolicy.charges_by_client), not per request
+        self._by_client = isinstance(policy, BasePolicy) and policy.charges_by_client and \
+            type(policy).on_progress is BasePolicy.on_progress
         self.tallies: dict[str, EngineTally] = {}
         """What each engine's scheduler prefilled, recomputed and preempted, by model."""
 
@@ -158,6 +162,22 @@ class PoolPolicy:
             if head.app.name != other.app.name:
                 return float((other_app - app) * head.app.weight)
             return float((other_agent - agent) * head.weight) if head.name != other.name else None
+
+    def leads(self, head: Agent, others: Iterable[Agent]) -> list[float | None]:
+        """:meth:`lead` of ``head`` over each of ``others``, under one hold of the lock, once per client."""
+        others = list(others)
+        with self.lock:
+            if isinstance(self.policy, BasePolicy):
+                return self.policy.leads(head, others)
+            seen: dict[tuple[str, str], float | None] = {}
+            leads: list[float | None] = []
+            for other in others:
+                key = (other.app.name, other.name)
+                lead = seen.get(key, _UNSEEN)
+                if lead is _UNSEEN:
+                    lead = seen[key] = self.lead(head, other)
+                leads.append(lead)
+            return leads
 
     def input_price(self, model: str, tokens: int, cached: int = 0) -> float:
         """``tokens`` of ``model``'s input, ``cached`` of them from the prefix cache, in the policy's own cost model.
@@ -314,20 +334,47 @@ class PoolPolicy:
     def engine_progress(self, model: str, outputs: Iterable[tuple[str, int]]) -> None:
         """A step's output tokens, ``(request id, tokens)`` each, charged under one hold of the lock.
 
-        Tokens of a request that is not running (delivered after it was preempted) are not charged.
+        Tokens of a request that is not running (delivered after it was preempted) are not
+        charged. A policy that :attr:`~fairagents.policies.BasePolicy.charges_by_client` is
+        charged each client's sum once (its requests of one app, agent and weights); any
+        other, each request.
         """
         now = self.clock()
         with self.lock:
-            twins, on_progress, price = self._twins, self.policy.on_progress, self.cost.output_cost
+            twins = self._twins
+            if not self._by_client:
+                for request_id, tokens in outputs:
+                    held = twins.get((model, request_id))
+                    if held is not None and held[1] == _RUNNING and tokens > 0:
+                        self._progress(model, [held[0]], tokens, now)
+                return
+            clients: dict[tuple[str, float, str, float], list[Any]] = {}  # client -> [its requests, tokens]
             for request_id, tokens in outputs:
                 held = twins.get((model, request_id))
                 if held is not None and held[1] == _RUNNING and tokens > 0:
-                    try:
-                        on_progress(held[0], tokens, now)
-                    except Exception:  # refused (a charge that is not finite): it goes on uncharged, alone
-                        self._drop(model, request_id, "progress")
-                        continue
-                    self._account(held[0].agent, model, price(model, tokens))
+                    who = held[0].agent
+                    key = (who.app.name, who.app.weight, who.name, who.weight)
+                    entry = clients.get(key)
+                    if entry is None:
+                        clients[key] = [[held[0]], tokens]
+                    else:
+                        entry[0].append(held[0])
+                        entry[1] += tokens
+            for requests, tokens in clients.values():
+                self._progress(model, requests, tokens, now)
+
+    def _progress(self, model: str, requests: list[Request], tokens: int, now: float) -> None:
+        """Charge ``tokens`` of output to the client of ``requests`` (one request, or a client's of one step)."""
+        try:
+            if self._by_client:
+                self.policy.charge_output(requests[0], tokens, now)  # type: ignore[attr-defined]
+            else:
+                self.policy.on_progress(requests[0], tokens, now)
+        except Exception:  # refused (a charge that is not finite): they go on uncharged, alone
+            for request in requests:
+                self._drop(model, request.id, "progress")
+            return
+        self._account(requests[0].agent, model, self.cost.output_cost(model, tokens))
 
     def engine_end(self, model: str, request_id: str, outcome: Outcome) -> None:
         """The request left its engine (finished, aborted or failed), waiting or running; once per request."""
@@ -387,7 +434,8 @@ class PoolPolicy:
         self.charged[app] = self.charged.get(app, 0.0) + amount
         key = (model, app, agent.name)
         self.service[key] = self.service.get(key, 0.0) + amount
-        self._served_apps[app] = self._served_apps.get(app, 0.0) + amount / agent.app.weight
-        akey = (app, agent.name)
-        self._served_agents[akey] = self._served_agents.get(akey, 0.0) + amount / agent.weight
+        if self._counters is None:  # served() reads these only for a policy that keeps no counters of its own
+            self._served_apps[app] = self._served_apps.get(app, 0.0) + amount / agent.app.weight
+            akey = (app, agent.name)
+            self._served_agents[akey] = self._served_agents.get(akey, 0.0) + amount / agent.weight
 

@@ -68,6 +68,7 @@ class HMFSRuns(HMFS):
     """
 
     name: ClassVar[str] = "hmfs_runs"
+    charges_by_client: ClassVar[bool] = False  # its charge also goes to the request's run
 
     def __init__(self, cost: CostModel | None = None, *, run_memory: float = 300.0, max_runs: int = 100_000) -> None:
         if isinstance(run_memory, bool) or not isinstance(run_memory, int | float) or not run_memory > 0:

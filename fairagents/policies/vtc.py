@@ -47,6 +47,7 @@ class VTC(BasePolicy):
 
     name: ClassVar[str] = "vtc"
     orders_by_service: ClassVar[bool] = True
+    charges_by_client: ClassVar[bool] = True
 
     def __init__(self, cost: CostModel | None = None, *, client: Literal["app", "agent"] = "app") -> None:
         if client not in ("app", "agent"):

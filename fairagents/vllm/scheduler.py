@@ -429,6 +429,7 @@ class FairScheduler(_Following, AsyncScheduler):
         # Scheduler: AsyncScheduler's output placeholders and its extra prefix caching per decode
         # step then only cost time (5 % of the tiny model's throughput, measured), so skip them.
         self._overlap = bool(self.scheduler_config.async_scheduling)
+        self._update_output = (AsyncScheduler if self._overlap else Scheduler)._update_request_with_output
         self.waiting = FairQueue(self.binding, self._twin_of)
         self._engine_max_active = int(getattr(self, "max_num_active_reqs", self.max_num_running_reqs))
         self._max_active = self._engine_max_active
@@ -595,12 +596,12 @@ class FairScheduler(_Following, AsyncScheduler):
         charge = seat.input_price(self.model, twin.prompt_tokens, min(hit[0], twin.prompt_tokens))
         best: tuple[tuple[float, int], VllmRequest] | None = None
         resuming = head.num_preemptions > 0  # it pays no prompt again: the work it throws away is its threshold
-        for request in self.running:
-            if self._fair_preempted.get(request.request_id, 0) >= self.max_fair_preemptions:
+        running = self.running
+        preempted, most = self._fair_preempted, self.max_fair_preemptions
+        for request, lead in zip(running, seat.leads(who, [self._agent_of(r) for r in running]), strict=True):
+            if lead is None or lead <= charge or preempted.get(request.request_id, 0) >= most:
                 continue
-            lead = seat.lead(who, self._agent_of(request))
-            threshold = max(charge, seat.input_price(self.model, request.num_computed_tokens)) if resuming else charge
-            if lead is None or lead <= threshold:
+            if resuming and lead <= seat.input_price(self.model, request.num_computed_tokens):
                 continue
             if lacking and self._frees(request) < lacking:
                 continue
@@ -682,13 +683,10 @@ class FairScheduler(_Following, AsyncScheduler):
 
     def _update_request_with_output(self, request: VllmRequest, new_token_ids: list[int],
                                     is_stale: bool = False) -> tuple[list[int], bool]:
-        if self._overlap:
-            new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
-        else:
-            new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
+        new_token_ids, stopped = self._update_output(self, request, new_token_ids, is_stale)
         if new_token_ids:  # charged together at the end of the step's outputs (update_from_output)
-            rid = request.request_id
-            self._outputs[rid] = self._outputs.get(rid, 0) + len(new_token_ids)
+            outputs, rid = self._outputs, request.request_id
+            outputs[rid] = outputs.get(rid, 0) + len(new_token_ids)
         return new_token_ids, stopped
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:

@@ -107,3 +107,46 @@ def test_engine_threads_and_the_arbiter_share_one_lock():
     for t in threads:
         t.join()
     assert not errors and pool.charged == {"a": 1000 * 3.0} and pool.held() == 0
+
+
+@pytest.mark.parametrize("policy", ["hmfs", "vtc"])
+def test_a_step_charged_once_per_client_charges_what_each_request_would(policy):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    agents = [A, B, fa.Agent("u", fa.App("a")), fa.Agent("t", fa.App("b", weight=3.0))]  # b at two weights
+
+    @settings(max_examples=30, deadline=None)
+    @given(st.lists(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4)), max_size=12), min_size=1, max_size=5))
+    def check(steps):
+        cost = fa.UnifiedTokenCost()
+        per_request = fa.policies.make_policy(policy, cost)
+        per_request.charges_by_client = False  # charged request by request, as any other policy is
+        pools = [seat(policy), PoolPolicy(per_request, cost)]
+        pools[1].register("m", PROFILE)
+        assert pools[0]._by_client and not pools[1]._by_client
+        for pool in pools:
+            for i in range(8):
+                pool.engine_arrive(req(f"r{i}", agents[i % 4]))
+                pool.engine_dispatch("m", f"r{i}")
+            pool.engine_end("m", "r7", fa.Outcome.FINISHED)  # its late tokens are not charged
+        for outputs in steps:
+            for pool in pools:
+                pool.engine_progress("m", [(f"r{i}", n) for i, n in outputs])
+        grouped, single = pools
+        assert grouped.charged == pytest.approx(single.charged) and grouped.service == pytest.approx(single.service)
+        for who in agents:
+            assert grouped.served(who) == pytest.approx(single.served(who))
+
+    check()
+
+
+def test_leads_over_many_clients_are_each_clients_lead():
+    pool = seat()
+    others = [A, B, fa.Agent("u", fa.App("a")), fa.Agent("x", fa.App("c"))]
+    for i, who in enumerate(others):
+        pool.engine_arrive(req(f"r{i}", who))
+        pool.engine_dispatch("m", f"r{i}")
+        pool.engine_progress("m", [(f"r{i}", 3 * i)])
+    for head in others:
+        assert pool.leads(head, others) == [pool.lead(head, other) for other in others]
