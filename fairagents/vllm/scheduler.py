@@ -599,15 +599,18 @@ class FairScheduler(_Following, AsyncScheduler):
         running = self.running
         preempted, most = self._fair_preempted, self.max_fair_preemptions
         for request, lead in zip(running, seat.leads(who, [self._agent_of(r) for r in running]), strict=True):
-            if lead is None or lead <= charge or preempted.get(request.request_id, 0) >= most:
+            if lead is None or lead <= charge:
+                continue
+            key = (lead, -request.num_computed_tokens)
+            if best is not None and key <= best[0]:  # the cheap test first: most candidates are not the best
+                continue
+            if preempted.get(request.request_id, 0) >= most:
                 continue
             if resuming and lead <= seat.input_price(self.model, request.num_computed_tokens):
                 continue
             if lacking and self._frees(request) < lacking:
                 continue
-            key = (lead, -request.num_computed_tokens)
-            if best is None or key > best[0]:
-                best = (key, request)
+            best = (key, request)
         return None if best is None else best[1]
 
     def _preempt_for_waiting(self) -> None:
