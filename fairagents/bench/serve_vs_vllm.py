@@ -9,7 +9,8 @@ each in its own process group as a user would start it:
 - **vllm serve + FairScheduler**: the same with ``--scheduler-cls
   fairagents.vllm.FairScheduler`` (HMFS inside vLLM's engine, no fairagents server);
 - **fairagents serve**: ``python -m fairagents serve`` on a configuration of that one
-  model, keys off, its defaults otherwise (the default policy inside the engine).
+  model, keys off (``auth = false``), its defaults otherwise (the default policy inside
+  the engine).
 
 Each is measured by vLLM's benchmark client (``vllm.benchmarks.serve``, used as a
 library in a process of its own, as ``vllm bench serve`` runs it): random prompts of
@@ -175,8 +176,8 @@ def run(model: str | None = None, concurrencies: tuple[int, ...] | list[int] = (
     with tempfile.TemporaryDirectory(prefix="fairagents-serve-vs-vllm-") as tmp:
         folder = Path(tmp)
         config = folder / "serve.toml"
-        config.write_text(f"[models.chat]\npath = {json.dumps(path)}\nkv_cache_bytes = {kv_cache_bytes}\n"
-                          f"max_model_len = {max_model_len}\n")
+        config.write_text(f"[server]\nauth = false\n\n[models.chat]\npath = {json.dumps(path)}\n"
+                          f"kv_cache_bytes = {kv_cache_bytes}\nmax_model_len = {max_model_len}\n")
         for server in servers:
             port = _free_port()
             log = folder / f"{server.replace(' ', '-').replace('+', '')}.log"
