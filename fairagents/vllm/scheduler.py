@@ -616,14 +616,17 @@ class FairScheduler(_Following, AsyncScheduler):
     def _preempt_for_waiting(self) -> None:
         """At most one preemption per step, for the request vLLM takes next when the batch cannot take it.
 
-        That is the policy's next choice, unless vLLM holds requests with KV blocks in
-        ``kv_holding_waiting``: it drains those first, so its head is the one to make room for.
+        That is the policy's next choice, unless vLLM holds a request with KV blocks in
+        ``kv_holding_waiting`` that it could run: it drains those first (one it cannot run
+        yet, a streaming session waiting for input, it skips), so that one is the head to
+        make room for.
         """
-        queue = self.kv_holding_waiting if self.kv_holding_waiting else self.waiting
-        try:
-            head = queue.peek_request()
-        except IndexError:
-            return
+        head = next((r for r in self.kv_holding_waiting if self.schedulable(r)), None)
+        if head is None:
+            try:
+                head = self.waiting.peek_request()
+            except IndexError:
+                return
         victim = self.fair_victim(head)
         if victim is not None:
             self.running.remove(victim)
