@@ -96,10 +96,11 @@ def server_command(server: str, model: str, port: int, *, kv_bytes: int, max_mod
 
 
 def _device_args() -> list[str]:
-    """What ``VLLMEngine`` sets on this device, so every server runs the model alike (see ``engine_args``)."""
-    from fairagents.engines.vllm import _on_gpu
+    """The dtype and eager mode ``VLLMEngine`` takes on this device, as flags, so every server runs the model alike."""
+    from fairagents.engines.vllm import VLLMEngine
 
-    return [] if _on_gpu() else ["--dtype", "float32", "--enforce-eager"]
+    args = VLLMEngine().engine_args()
+    return ["--dtype", args["dtype"], *(["--enforce-eager"] if args["enforce_eager"] else [])]
 
 
 def client_args(base_url: str, tokenizer: str, *, concurrency: int, num_prompts: int, input_len: int,

@@ -6,8 +6,9 @@ from fairagents.bench import serve_vs_vllm as svv
 
 
 def test_every_server_runs_the_same_model_context_and_kv():
-    cmds = {s: svv.server_command(s, "/models/tiny", 8000, kv_bytes=2**26, max_model_len=1024, config=None
-                                  if s != "fairagents serve" else svv.Path("/tmp/serve.toml")) for s in svv.SERVERS}
+    config = svv.Path("serve.toml")
+    cmds = {s: svv.server_command(s, "/models/tiny", 8000, kv_bytes=2**26, max_model_len=1024, config=config)
+            for s in svv.SERVERS}
     plain, fair = cmds["vllm serve"], cmds["vllm serve + FairScheduler"]
     assert fair[: len(plain)] == plain and fair[len(plain):] == ["--scheduler-cls", "fairagents.vllm.FairScheduler"]
     for flag, value in (("--model", "/models/tiny"), ("--max-model-len", "1024"), ("--kv-cache-memory-bytes",
