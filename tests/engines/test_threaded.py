@@ -145,12 +145,12 @@ async def test_a_failure_while_serving_fails_every_stream_and_a_restart_serves_a
         with pytest.raises(fa.EngineError, match="toylib failed serving .*the device blew up"):
             async for _ in stream:
                 pass
-    assert not engine.healthy and engine.unloaded == 1
+    assert not engine.healthy  # the streams fail first; the dying thread releases the model after
     with pytest.raises(fa.EngineError, match="blew up"):
         await anext(engine.generate("r3", PROMPT, GenerationParams(1)))
     engine.crash.clear()
     await engine.start()  # reaps the dead thread, loads anew
-    assert engine.healthy and len(engine.threads) == 2
+    assert engine.healthy and len(engine.threads) == 2 and engine.unloaded == 1
     assert [d.finish_reason async for d in engine.generate("r4", PROMPT, GenerationParams(1))] == ["length"]
     await engine.stop()
 
