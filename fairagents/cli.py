@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seconds", type=float, default=12.0, help="load duration per policy (real engines)")
     demo.add_argument("--out", default="fairagents-demo.png", help="where to write the plot (real engines)")
     demo.add_argument("--model", help="model folder or name to serve as the text model instead of the embedded one")
+    demo.add_argument("--devices", choices=("one", "separate"), default="one",
+                      help="the models' devices (real engines): one device, as here (one CPU), or one each, as on "
+                           "three GPUs")
     demo.add_argument("--simulated", action="store_true", help="run the three-model scenario on the simulator instead")
     demo.add_argument("--seed", type=int, default=0, help="seed of the simulated scenario")
 
@@ -460,7 +463,7 @@ def _run(args: argparse.Namespace) -> int:
             from fairagents import demo
 
             demo.main(_console(), policies=args.policy or ["fcfs", "hmfs"], seconds=args.seconds, out=args.out,
-                      model=args.model)
+                      model=args.model, layout=args.devices)
         return 0
     if args.command == "serve":
         from fairagents.errors import BadInputError

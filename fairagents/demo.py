@@ -3,22 +3,27 @@
 The pool is the embedded default (tiny models of random weights: text is gibberish,
 images are noise; serving, batching, token counts and timings are real): ``chat``, an
 LLM on vLLM; ``vision``, a vision-language model on vLLM; ``image``, a diffusion model
-on diffusers. One policy orders all three, with one set of counters: the two vLLM
-engines schedule inside themselves by it (the default path), the arbiter dispatches
-the image model by it, and a denoising step, an image token and an LLM token are
-charged in one currency (unified tokens), so an app's service on one model counts on
-the others.
+on diffusers. The two vLLM engines schedule inside themselves by the policy (the
+default path), the arbiter dispatches the image model by it, and a denoising step, an
+image token and an LLM token are charged in one currency (unified tokens).
+
+Which models share hardware decides what is fair (:mod:`fairagents.runtime.devices`).
+Here the three run on one CPU: by default the demo puts them on **one device**, whose
+engines take one order with one set of counters, so ``studio``'s images count in its
+share of the device and its illustrator waits while an app owed more waits for the LLM.
+``layout="separate"`` (``fairagents demo --devices separate``) runs the same load as if
+each model had a GPU of its own: each device splits its own service, and ``studio``'s
+images, which nobody else wants, cost its writer nothing on the LLM.
 
 ``driving`` (weight 2) plans on ``chat`` and looks at camera frames on ``vision``;
 ``studio`` writes on ``chat`` and illustrates on ``image``; ``flood`` keeps ten times the
 requests of any other agent in flight on ``chat``. The demo runs the same load under
-each policy, prints per app and per agent the share of service against the share its
-weight entitles it to, with wait and TTFT percentiles and the unified tokens served in
-all, and plots each app's service over time. Weights decide between apps that stay
-backlogged where a queue forms (here the LLM's batch, which the flood keeps full): an app
-whose callers are served as fast as they ask receives what it asks, and ``studio``'s
-images count in its share, so under HMFS its writer waits on the LLM while the others
-are owed service.
+each policy and prints, per device, each app and agent with the share its weight gives,
+its **entitlement given its demand** (weighted max-min: an app that asks less than its
+share is entitled to what it asks, the others split the rest by weight;
+:func:`~fairagents.metrics.entitlements`), the share it was served, and wait and TTFT
+percentiles; it plots each app's share of the LLM's device over time against its
+entitlement.
 
 Examples:
     >>> from fairagents.demo import AGENTS
@@ -29,21 +34,26 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from fairagents.runtime.arbiter import Arbiter
 from fairagents.engines.base import Engine
 from fairagents.images import to_png
+from fairagents.metrics import backlog_intervals, entitlements, percentile
 from fairagents.policies.pooled import EngineTally
-from fairagents.stats import ClientSnapshot, Stats
+from fairagents.records import RequestRecord
+from fairagents.request import Outcome
+from fairagents.runtime.arbiter import Arbiter
+from fairagents.stats import Stats
 
-__all__ = ["AGENTS", "APPS", "main", "run", "run_async"]
+__all__ = ["AGENTS", "APPS", "LAYOUTS", "DemoRun", "Row", "main", "run", "run_async", "standings"]
 
 #: app → weight.
 APPS = {"driving": 2.0, "studio": 1.0, "flood": 1.0}
@@ -55,6 +65,8 @@ AGENTS = [
     ("studio", "illustrator", 1.0, 2, "image", 0, "A lighthouse on a cliff at dusk, watercolour."),
     ("flood", "chatty", 1.0, 60, "chat", 32, "Tell me something. Anything. Then tell me more."),
 ]
+#: Sequences the LLM runs at once in the demo (as GPU memory would bound it): the flood's 60 callers fill it.
+CHAT_BATCH = 32
 #: Images the illustrator asks for: (width, height) and denoising steps.
 IMAGE_SIZE, IMAGE_STEPS = (64, 64), 8
 
@@ -72,17 +84,41 @@ def camera_frame() -> bytes:
     return to_png(frame)
 
 
-async def run(
-    engines: Mapping[str, Engine], policy: str, seconds: float
-) -> tuple[Stats, list[tuple[float, str, str, float]], dict[str, EngineTally]]:
+#: The layouts the demo runs: every model on one device (the embedded pool: one CPU), or each on its own.
+LAYOUTS = ("one", "separate")
+#: An agent wants more than it got when it had a request waiting (not yet started) this share of the load's time;
+#: an app, when one of its agents does.
+BACKLOGGED = 0.5
+
+
+@dataclass
+class DemoRun:
+    """What one policy's run measured (times in seconds since the load started)."""
+
+    policy: str
+    stats: Stats
+    charges: list[tuple[float, str, str, float, str]]
+    """Every charge: (time, app, agent, unified tokens, model)."""
+    records: list[RequestRecord]
+    """Every request's record, times shifted to the load's start."""
+    devices: dict[str, str]
+    """Each model's device."""
+    tallies: dict[str, EngineTally]
+    """What each in-engine model preempted."""
+
+
+async def run(engines: Mapping[str, Engine], policy: str, seconds: float, layout: str = "one") -> DemoRun:
     """Run the demo load for ``seconds`` under ``policy`` on started ``engines`` (``chat``, ``vision``, ``image``).
 
-    Returns the stats, the charges as (seconds since start, app, agent, unified tokens),
-    and what each in-engine model preempted (:class:`~fairagents.policies.pooled.EngineTally`).
+    ``layout``: ``"one"`` puts the three models on one device, as they are here (one
+    CPU); ``"separate"`` gives each a device of its own, as three GPUs would be.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     arbiter = Arbiter(policy=policy)
     for name, engine in engines.items():
-        arbiter.add_model(name, engine)
+        arbiter.add_model(name, engine, device="local" if layout == "one" else name,
+                          in_flight=CHAT_BATCH if name == "chat" else None)
     handles = {name: arbiter.app(name, weight=w) for name, w in APPS.items()}
     frame = camera_frame()
     await arbiter.start()
@@ -107,71 +143,165 @@ async def run(
         )
     finally:
         await arbiter.close(stop_engines=False)
-    charges = [(c.time - start, c.app, c.agent, c.amount) for c in arbiter.ledger.charges]
-    return arbiter.stats(), charges, dict(arbiter.pool_policy.tallies)
+    charges = [(c.time - start, c.app, c.agent, c.amount, c.model or "") for c in arbiter.ledger.charges]
+    records = [_shifted(r, start) for r in arbiter.ledger.records]
+    devices = {m: d for d, models in arbiter.devices.items() for m in models}
+    return DemoRun(policy, arbiter.stats(), charges, records, devices, dict(arbiter.pool_policy.tallies))
 
 
-def table(policy: str, stats: Stats, charges: list[tuple[float, str, str, float]], seconds: float,
-          tallies: Mapping[str, EngineTally] | None = None) -> Table:
-    """Per app and agent (with its model): weight share, share of the service delivered while the load ran, latencies.
+def _shifted(r: RequestRecord, start: float) -> RequestRecord:
+    def shift(t: float | None) -> float | None:
+        return None if t is None else t - start
+
+    return dataclasses.replace(r, arrival=r.arrival - start, dispatched=shift(r.dispatched),
+                               first_token=shift(r.first_token), finished=r.finished - start)
+
+
+@dataclass
+class Row:
+    """An app's or agent's standing on one device: shares of the device's service (an agent's: of its app's)."""
+
+    name: str
+    weight: float
+    """What its weight entitles it to between clients that all want more."""
+    entitled: float
+    """What weighted max-min fairness entitles it to, given its demand (:func:`~fairagents.metrics.entitlements`)."""
+    served: float
+    """What it received."""
+    backlogged: bool
+    """Whether it had a request waiting at least :data:`BACKLOGGED` of the time (it wanted more)."""
+    done: int
+    waits: list[float]
+    ttfts: list[float]
+    agents: list[Row] = dataclasses.field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        """How far its share is from its entitlement, relative to the entitlement."""
+        return abs(self.served - self.entitled) / self.entitled if self.entitled else 0.0
+
+
+def standings(result: DemoRun, seconds: float) -> dict[str, list[Row]]:
+    """Per device, each app with service there, and its agents there: weight, entitlement and share while the load ran."""
+    weights = {(app, agent): w for app, agent, w, *_ in AGENTS}
+    out: dict[str, list[Row]] = {}
+    for device in dict.fromkeys(result.devices.values()):
+        models = {m for m, d in result.devices.items() if d == device}
+        served: dict[tuple[str, ...], float] = defaultdict(float)
+        for t, app, agent, amount, model in result.charges:
+            if t <= seconds and model in models:  # after the deadline only the flood's leftovers drain
+                served[(app,)] += amount
+                served[(app, agent)] += amount
+        records = [r for r in result.records if r.model in models and r.arrival <= seconds]
+        backlog = {key: sum(min(b, seconds) - a for a, b in spans if a < seconds) / seconds
+                   for key, spans in backlog_intervals(records, key="agent").items()}
+        wants = {key: share >= BACKLOGGED for key, share in backlog.items()}
+        apps = [app for app in APPS if served[(app,)] > 0]
+        if not apps:
+            continue
+        # an app wants more when one of its agents does (a request of one of its many callers waiting for its
+        # first step, now and then, is no demand for more)
+        app_wants = {a: any(w for key, w in wants.items() if key.split("/", 1)[0] == a) for a in apps}
+        app_share = entitlements({a: served[(a,)] for a in apps}, {a: APPS[a] for a in apps}, app_wants)
+        total = sum(served[(a,)] for a in apps)
+        rows = []
+        for app in apps:
+            agents = [agent for a, agent, *_ in AGENTS if a == app and served[(app, agent)] > 0]
+            agent_share = entitlements({g: served[(app, g)] for g in agents}, {g: weights[(app, g)] for g in agents},
+                                       {g: wants.get(f"{app}/{g}", False) for g in agents})
+            row = _row(app, APPS[app] / sum(APPS[a] for a in apps), app_share[app], served[(app,)] / total,
+                       app_wants[app], [r for r in records if r.app == app])
+            row.agents = [_row(g, weights[(app, g)] / sum(weights[(app, x)] for x in agents), agent_share[g],
+                               served[(app, g)] / served[(app,)], wants.get(f"{app}/{g}", False),
+                               [r for r in records if r.app == app and r.agent == g]) for g in agents]
+            rows.append(row)
+        out[device] = rows
+    return out
+
+
+def _row(name: str, weight: float, entitled: float, served: float, backlogged: bool,
+         records: list[RequestRecord]) -> Row:
+    done = [r for r in records if r.outcome is Outcome.FINISHED]
+    return Row(name, weight, entitled, served, backlogged, len(done),
+               [r.dispatched - r.arrival for r in done if r.dispatched is not None],
+               [r.first_token - r.arrival for r in done if r.first_token is not None])
+
+
+def worst_gap(rows: dict[str, list[Row]]) -> float:
+    """The largest gap between a share and its entitlement, over every app and agent of every device."""
+    return max((r.gap for device in rows.values() for app in device for r in (app, *app.agents)), default=0.0)
+
+
+def table(result: DemoRun, seconds: float, device: str, rows: list[Row]) -> Table:
+    """One device's apps and agents (with their model): weight, entitlement and share of its service, latencies.
 
     For image generation, TTFT is the time to the first denoising step. The caption gives
-    the unified tokens served and the requests done in all, and the engines' preemptions.
+    the unified tokens served and the requests done on the device, and its engines' preemptions.
     """
-    served: dict[str, float] = defaultdict(float)
-    for t, app, agent, amount in charges:
-        if t <= seconds:  # after the deadline only the flood's leftovers drain
-            served[app] += amount
-            served[f"{app}/{agent}"] += amount
-    total = sum(served[app] for app in stats.apps) or 1.0
     models = {f"{app}/{agent}": model for app, agent, _, _, model, *_ in AGENTS}
-    t = Table(title=f"policy {policy}")
-    for column in ("app / agent", "weight", "served", "done", "wait p50", "wait p99", "TTFT p50", "TTFT p99"):
+    on_device = sorted(m for m, d in result.devices.items() if d == device)
+    t = Table(title=f"policy {result.policy} — device {device!r} ({', '.join(on_device)})")
+    for column in ("app / agent", "weight", "entitled", "served", "done", "wait p50", "wait p99", "TTFT p50",
+                   "TTFT p99"):
         t.add_column(column, justify="left" if column == "app / agent" else "right")
-    for app, s in stats.apps.items():
-        t.add_row(f"[bold]{app}[/]", *_cells(s, served[app] / total))
-        for key, a in stats.agents.items():
-            if key.startswith(f"{app}/"):
-                label = f"  {key.split('/', 1)[1]}" + (f" [dim]({models[key]})[/]" if key in models else "")
-                t.add_row(label, *_cells(a, served[key] / (served[app] or 1.0)))
-    done = sum(s.done for s in stats.apps.values())
-    caption = f"served {total:,.0f} unified tokens in {seconds:g} s, {done} requests done"
-    for model, tally in sorted((tallies or {}).items()):
-        if tally.preemptions:
+    for app in rows:
+        t.add_row(f"[bold]{app.name}[/]", *_cells(app))
+        for agent in app.agents:
+            key = f"{app.name}/{agent.name}"
+            t.add_row(f"  {agent.name} [dim]({models[key]})[/]", *_cells(agent))
+    total = sum(a for time, _, _, a, m in result.charges if time <= seconds and m in on_device)
+    done = sum(app.done for app in rows)
+    caption = (f"served {total:,.0f} unified tokens in {seconds:g} s, {done} requests done; largest gap to an "
+               f"entitlement {worst_gap({device: rows}):.0%}")
+    for model in on_device:
+        tally = result.tallies.get(model)
+        if tally is not None and tally.preemptions:
             caption += (f"; {model}: {tally.preemptions} preempted ({tally.fair_preemptions} for fairness), "
                         f"recompute tax {tally.recompute_tax:.1%}")
     t.caption = caption
     return t
 
 
-def _cells(c: ClientSnapshot, share: float) -> list[str]:
-    return [f"{c.weight_share:.0%}", f"{share:.0%}", str(c.done), f"{c.wait_p50:.2f}s", f"{c.wait_p99:.2f}s",
-            f"{c.ttft_p50:.2f}s", f"{c.ttft_p99:.2f}s"]
+def _cells(row: Row) -> list[str]:
+    mark = "" if row.backlogged else " [dim]·[/]"
+    return [f"{row.weight:.0%}", f"{row.entitled:.0%}{mark}", f"{row.served:.0%}", str(row.done),
+            f"{percentile(row.waits, 50):.2f}s", f"{percentile(row.waits, 99):.2f}s",
+            f"{percentile(row.ttfts, 50):.2f}s", f"{percentile(row.ttfts, 99):.2f}s"]
 
 
-def plot(runs: dict[str, list[tuple[float, str, str, float]]], out: Path) -> Path:
-    """Each app's cumulative service over time, one panel per policy, as a PNG."""
+def plot(runs: dict[str, DemoRun], seconds: float, out: Path) -> Path:
+    """Each app's share of the LLM's device over time, against its entitlement (dotted), one panel per policy, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), sharey=True, squeeze=False)
-    for ax, (policy, charges) in zip(axes[0], runs.items(), strict=True):
-        series: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for ax, (policy, result) in zip(axes[0], runs.items(), strict=True):
+        device = result.devices["chat"]
+        entitled = {row.name: row.entitled for row in standings(result, seconds).get(device, [])}
         totals: dict[str, float] = defaultdict(float)
-        for t, app, _, amount in sorted(charges):
+        series: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+        for t, app, _, amount, model in sorted(result.charges):
+            if result.devices.get(model) != device or t > seconds:
+                continue
             totals[app] += amount
-            series[app][0].append(t)
-            series[app][1].append(totals[app])
-        for app in APPS:
+            everyone = sum(totals.values())
+            for name in APPS:
+                series[name][0].append(t)
+                series[name][1].append(totals[name] / everyone)
+        for i, app in enumerate(APPS):
+            color = f"C{i}"
             xs, ys = series.get(app, ([], []))
-            ax.plot(xs, ys, label=f"{app} (weight {APPS[app]:g})")
-        ax.set_title(f"policy {policy}")
+            ax.plot(xs, ys, color=color, label=f"{app} (weight {APPS[app]:g})")
+            if app in entitled:
+                ax.axhline(entitled[app], color=color, linestyle=":", linewidth=1.5)
+        ax.set_title(f"policy {policy}: share of device {device!r}")
         ax.set_xlabel("seconds")
+        ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("service (unified tokens)")
-    axes[0][-1].legend(loc="upper left")
+    axes[0][0].set_ylabel("share of service so far (dotted: entitled)")
+    axes[0][-1].legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -185,39 +315,45 @@ async def run_async(
     out: str | Path = "fairagents-demo.png",
     model: str | None = None,
     engines: Mapping[str, Engine] | None = None,
-) -> dict[str, Stats]:
+    layout: str = "one",
+) -> dict[str, DemoRun]:
     """The demo in a running event loop: serve ``engines`` (started and stopped here) or the embedded pool.
 
     ``model`` serves another text model as ``chat`` (a folder or a name); vision and image
-    stay the embedded ones.
+    stay the embedded ones. ``layout``: the devices (:data:`LAYOUTS`).
     """
     from fairagents.engines import embedded_pool
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if engines is None:
         pool = embedded_pool(model)
         engines = {"chat": pool["text"], "vision": pool["vision"], "image": pool["image"]}
     text = model or "the embedded tiny LLM"
+    where = ("all three models on one device, as they are here (one CPU): one order and one set of counters over "
+             "the three engines" if layout == "one" else
+             "each model on a device of its own, as on three GPUs: each device splits its own service")
     console.print(
         f"fairagents demo: {len(APPS)} apps, {len(AGENTS)} agents ('flood' keeps 10x the requests in flight) sharing "
         f"a real multi-modal pool: {text} and a tiny vision-language model on in-process vLLM engines, which "
         f"schedule by the arbiter's policy themselves, and a tiny diffusion model on diffusers (random weights: "
-        f"gibberish text, noise images, real serving); {seconds:g} s per policy."
+        f"gibberish text, noise images, real serving); {seconds:g} s per policy. Layout: {where}."
     )
     await asyncio.gather(*(e.start() for e in engines.values()))
-    results, runs = {}, {}
+    runs: dict[str, DemoRun] = {}
     try:
         for policy in policies:
-            stats, charges, tallies = await run(engines, policy, seconds)
-            results[policy], runs[policy] = stats, charges
-            console.print(table(policy, stats, charges, seconds, tallies))
+            result = runs[policy] = await run(engines, policy, seconds, layout)
+            for device, rows in standings(result, seconds).items():
+                console.print(table(result, seconds, device, rows))
     finally:
         await asyncio.gather(*(e.stop() for e in engines.values()), return_exceptions=True)
-    console.print(f"served: share of the service (unified tokens, on every model) delivered while the load ran; an "
-                  f"agent's share is of its app's. weight: what the weights entitle it to, between apps that stay "
-                  f"backlogged where a queue forms (the LLM's batch, which the flood keeps full); an app served as "
-                  f"fast as it asks receives what it asks, and studio's images count in studio's share. Each app's "
-                  f"service over time: {plot(runs, Path(out))}")
-    return results
+    console.print(f"weight: the share the weights give between clients that all want more. entitled: weighted "
+                  f"max-min fairness given demand: a client that was seldom waiting (marked ·) asked for what it "
+                  f"got, and the others split the rest by weight. served: the share received while the load ran "
+                  f"(unified tokens on the device's models; an agent's, of its app's). Each app's share of the LLM's "
+                  f"device over time: {plot(runs, seconds, Path(out))}")
+    return runs
 
 
 def main(
@@ -226,6 +362,7 @@ def main(
     seconds: float = 12.0,
     out: str | Path = "fairagents-demo.png",
     model: str | None = None,
-) -> dict[str, Stats]:
+    layout: str = "one",
+) -> dict[str, DemoRun]:
     """Run the demo under each policy on the embedded pool; print the tables and write the plot."""
-    return asyncio.run(run_async(console, policies, seconds, out, model))
+    return asyncio.run(run_async(console, policies, seconds, out, model, layout=layout))

@@ -103,6 +103,12 @@ class Dispatcher:
         lock: held for every event, so that the policy, which in-engine schedulers
             drive from their threads too, sees one call at a time
             (:attr:`fairagents.policies.pooled.PoolPolicy.lock`); ``None``: no lock.
+        device_hold: called with the policy's choice for a model with a slot; ``True``
+            holds it (and the model) back, because a client owed more waits on another
+            engine of its device (:meth:`fairagents.policies.pooled.PoolPolicy.holds`):
+            the model is then in :attr:`device_held` until a fill finds it free. Under a
+            pool limit (``pool_slots``) it is not asked: a free slot of the pool goes to
+            the policy's choice across its models, which is one order already.
 
     Examples:
         >>> import fairagents as fa
@@ -126,6 +132,7 @@ class Dispatcher:
         admission: Statera | None = None,
         gate: Callable[[Ticket, ModelState], bool] | None = None,
         lock: contextlib.AbstractContextManager[Any] | None = None,
+        device_hold: Callable[[Request], bool] | None = None,
     ) -> None:
         if pool_slots is not None:
             _check_count(pool_slots, "pool slots", optional=True)
@@ -143,6 +150,9 @@ class Dispatcher:
         self._queue_bound = queue_bound
         self.admission = admission
         self.gate = gate
+        self.device_hold = device_hold
+        self.device_held: set[str] = set()
+        """Models whose head ``device_hold`` held at their last fill: their driver looks again (:meth:`refill`)."""
         self._held: dict[tuple[str, str], list[int]] = {}  # (app, model) -> [requests, tokens] running or shown
         self._held_back: dict[tuple[str, str], deque[Ticket]] = {}  # (app, model) -> waiting, not yet shown
         self._waiting: dict[tuple[str, str], int] = {}  # (app, model) -> requests waiting, held back or shown
@@ -654,10 +664,14 @@ class Dispatcher:
         started: list[Ticket] = []
         if m.in_engine:
             return started  # nothing of it waits here: its engine has it all
-        select = self.policy.select
+        select, hold = self.policy.select, self.device_hold
+        self.device_held.discard(m.name)
         while m.has_slot():
             req = select(m.name, now)
             if req is None:
+                break
+            if hold is not None and hold(req):
+                self.device_held.add(m.name)  # a client owed more waits on another engine of its device
                 break
             ticket = self._tickets[req.id]
             self._bound(ticket)

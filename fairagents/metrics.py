@@ -29,6 +29,7 @@ __all__ = [
     "RequestRecord",
     "backlog_intervals",
     "client_stats",
+    "entitlements",
     "exfairs_jain_index",
     "jain_index",
     "max_service_gap",
@@ -46,6 +47,8 @@ class Charge:
     agent: str
     amount: float
     """Unified tokens, input (at dispatch) or output (as generated) weights applied."""
+    model: str | None = None
+    """The model that served it (``None``: not said)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,44 @@ def exfairs_jain_index(values: Iterable[float], *, smaller_is_better: bool = Tru
     if smaller_is_better:
         ys = [1.0 - y for y in ys]
     return jain_index(ys)
+
+
+def entitlements(served: Mapping[str, float], weights: Mapping[str, float],
+                 backlogged: Mapping[str, bool]) -> dict[str, float]:
+    """Each client's share of the ``served`` total by weighted max-min fairness, given its demand.
+
+    A client that was not ``backlogged`` asked for what it got: it is entitled to that,
+    unless it is more than its weight's part of what is left. The others (those
+    backlogged, and any that got more than that part) split what is left by weight. So
+    weights decide only between clients that want more, and a client asking less than
+    its share is not owed its weight.
+
+    Examples:
+        >>> from fairagents.metrics import entitlements
+        >>> shares = entitlements({"driving": 15.0, "studio": 45.0, "flood": 40.0},
+        ...                       {"driving": 2.0, "studio": 1.0, "flood": 1.0},
+        ...                       {"driving": False, "studio": True, "flood": True})
+        >>> {c: round(v, 3) for c, v in shares.items()}
+        {'driving': 0.15, 'studio': 0.425, 'flood': 0.425}
+    """
+    total = sum(served.values())
+    if total <= 0:
+        return {c: 0.0 for c in served}
+    left, open_ = total, set(served)
+    entitled: dict[str, float] = {}
+    while open_:
+        weight = sum(weights[c] for c in open_)
+        sated = [c for c in open_ if not backlogged.get(c, True) and served[c] <= left * weights[c] / weight]
+        if not sated:
+            break
+        for c in sated:
+            entitled[c] = served[c]
+            left -= served[c]
+            open_.discard(c)
+    weight = sum(weights[c] for c in open_)
+    for c in open_:
+        entitled[c] = left * weights[c] / weight
+    return {c: entitled[c] / total for c in served}
 
 
 def backlog_intervals(

@@ -41,6 +41,9 @@ class Stats:
     agents: dict[str, ClientSnapshot]
     runs: dict[str, RunStats] = field(default_factory=dict)
     """Per app with runs (requests naming a run): completed and active runs, durations, calls, service."""
+    devices: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per device (:mod:`fairagents.runtime.devices`), each app's service there, in unified tokens; a device
+    splits its own service, so shares are read within one."""
 
 
 class Ledger:
@@ -69,12 +72,15 @@ class Ledger:
         self.runs = runs if runs is not None else RunBook(clock=clock)
         """Per-run accounts of the requests that name a run."""
         self._service: dict[tuple[str, str], float] = defaultdict(float)
+        self._by_model: dict[tuple[str, str], float] = defaultdict(float)  # (model, app) -> service
         self._outcomes: dict[tuple[str, str], dict[Outcome, int]] = defaultdict(lambda: dict.fromkeys(Outcome, 0))
 
     def charge(self, now: float, app: str, agent: str, amount: float, request: Request | None = None) -> None:
         """Account ``amount`` unified tokens to an agent at ``now`` (and to ``request``'s run, if it names one)."""
         self._service[(app, agent)] += amount
-        self.charges.append(Charge(now, app, agent, amount))
+        if request is not None:
+            self._by_model[(request.model, app)] += amount
+        self.charges.append(Charge(now, app, agent, amount, None if request is None else request.model))
         if request is not None and request.run is not None:
             self.runs.charge(now, app, request.run, request.id, amount, arrival=request.arrival)
 
@@ -111,10 +117,12 @@ class Ledger:
         queued: Mapping[tuple[str, str], int],
         in_flight: Mapping[tuple[str, str], int],
         now: float | None = None,
+        devices: Mapping[str, str] | None = None,
     ) -> Stats:
         """Per-app and per-agent standing of every declared app and agent, and each app's runs.
 
-        Runs idle at ``now`` (default: the ledger's clock) complete first.
+        Runs idle at ``now`` (default: the ledger's clock) complete first. ``devices`` (each
+        model's device) groups the service by device.
         """
         waits: dict[tuple[str, str], list[float]] = defaultdict(list)
         ttfts: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -169,4 +177,10 @@ class Ledger:
             app_weight = sum(agent_weights[k] for k in keys)
             for k in keys:
                 agents[f"{k[0]}/{k[1]}"] = snap(f"{k[0]}/{k[1]}", [k], agent_weights[k], app_weight, app_service)
-        return Stats(apps=apps, agents=agents, runs=self.runs.summary(now))
+        by_device: dict[str, dict[str, float]] = {}
+        for (model, app), amount in list(self._by_model.items()):
+            device = (devices or {}).get(model)
+            if device is not None:
+                on = by_device.setdefault(device, {})
+                on[app] = on.get(app, 0.0) + amount
+        return Stats(apps=apps, agents=agents, runs=self.runs.summary(now), devices=by_device)

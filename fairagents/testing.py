@@ -363,7 +363,9 @@ def replay_on_arbiter(
     request is a real call (``arbiter.complete``) from its own task; each model is a
     :class:`FakeEngine` in manual mode whose tokens are released as its
     :class:`SimEngine` twin finishes a step, with the engine's batch size and KV
-    capacity as the arbiter's in-flight limit and token budget. The result has the
+    capacity as the arbiter's in-flight limit and token budget, each on a device of its own
+    (the simulator gives each engine hardware of its own), or all on one under
+    ``pool_running`` (the models share the pool's capacity). The result has the
     shape of :class:`~fairagents.simulation.SimResult`, so the same properties check
     both paths. A request's caller that raises anything but its own cancellation
     makes the replay raise. It runs its own event loop; called from a running loop, it
@@ -402,7 +404,8 @@ class _Replay:
             for m, e in engines.items()
         }
         for m, fake in self.fakes.items():
-            self.arbiter.add_model(m, fake)
+            # each simulated engine has hardware of its own, as simulated; under a pool limit, the pool is one
+            self.arbiter.add_model(m, fake, device=m if pool is None else "pool")
         self.apps: dict[str, App] = {}
         self.agents: dict[tuple[str, str], Agent] = {}
         for item in workload.requests:

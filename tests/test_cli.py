@@ -35,8 +35,14 @@ async def test_real_demo_serves_all_three_modalities_and_writes_the_plot(tmp_pat
     assert "policy fcfs" in text and "policy hmfs" in text and "multi-modal pool" in text and "unified tokens in" in text
     for agent, model in [("perception", "vision"), ("illustrator", "image"), ("planner", "chat")]:
         assert f"{agent} ({model})" in text
-    hmfs = results["hmfs"]  # under hmfs every app is served, whatever the flood does
+    hmfs = results["hmfs"].stats  # under hmfs every app is served, whatever the flood does
     assert all(a.done > 0 for a in hmfs.apps.values()) and len(hmfs.agents) == len(demo.AGENTS)
+    assert "device 'local' (chat, image, vision)" in text and "entitled" in text
+    # the agent level on one device: studio's writer is served, and every app and agent is near its entitlement
+    rows = demo.standings(results["hmfs"], 3.0)["local"]
+    writer = next(agent for app in rows if app.name == "studio" for agent in app.agents if agent.name == "writer")
+    assert writer.done > 0 and writer.served > 0
+    assert demo.worst_gap({"local": rows}) < 0.3 < demo.worst_gap(demo.standings(results["fcfs"], 3.0))
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -46,7 +52,8 @@ def test_the_demo_command_runs_the_real_demo_with_its_options(monkeypatch):
     seen = {}
     monkeypatch.setattr(demo, "main", lambda console, **kw: seen.update(kw))
     assert main(["demo", "--seconds", "2", "--out", "x.png", "--policy", "vtc"]) == 0
-    assert seen == {"policies": ["vtc"], "seconds": 2.0, "out": "x.png", "model": None}
+    assert seen == {"policies": ["vtc"], "seconds": 2.0, "out": "x.png", "model": None, "layout": "one"}
+    assert main(["demo", "--devices", "separate"]) == 0 and seen["layout"] == "separate"
 
 
 def test_models_build_into_a_fresh_home(tmp_path, monkeypatch, capsys):

@@ -58,6 +58,9 @@ log = get_logger("fairagents.engines.vllm")
 # vLLM's forward context is a module-level global (vllm.forward_context._forward_context),
 # not a per-thread one, on every device: two engines of one process must not step at once.
 _STEP_LOCK = threading.Lock()
+#: Seconds an engine whose last step scheduled nothing waits before stepping again (its waiting requests are
+#: held for the device, :meth:`fairagents.policies.pooled.PoolPolicy.holds`), unless a command comes first.
+_IDLE_WAIT = 0.005
 #: KV cache of an engine on a CPU when none is given.
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
 # Engines of this process that have loaded and not yet shut down (by id of their VLLMEngine).
@@ -423,8 +426,16 @@ class VLLMEngine(ThreadedEngine):
             _live.discard(id(self))
 
     def _serve(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
+        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)  # in-process only
+        scheduler = getattr(core, "scheduler", None)
+        idle = False
         while True:
-            commands = [] if engine.has_unfinished_requests() else [self._inbox.get()]
+            commands: list[tuple[Any, ...]] = []
+            if not engine.has_unfinished_requests():
+                commands.append(self._inbox.get())
+            elif idle:  # its requests wait for the device (FairScheduler.idle): look again in a moment, not spin
+                with contextlib.suppress(queue.Empty):
+                    commands.append(self._inbox.get(timeout=_IDLE_WAIT))
             with contextlib.suppress(queue.Empty):
                 while True:
                     commands.append(self._inbox.get_nowait())
@@ -452,6 +463,7 @@ class VLLMEngine(ThreadedEngine):
                 with _STEP_LOCK:
                     outputs = engine.step()
                 events.extend((out.request_id, out) for out in outputs)
+                idle = not outputs and bool(getattr(scheduler, "idle", False))
             if events:
                 loop.call_soon_threadsafe(self._deliver, events)
 

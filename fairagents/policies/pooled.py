@@ -101,15 +101,21 @@ class PoolPolicy:
     """
 
     def __init__(self, policy: Policy, cost: UnifiedTokenCost | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, device: str = "local",
+                 lock: WatchedLock | None = None) -> None:
         own = getattr(policy, "cost", None)
         self.policy = policy
+        self.device = device
+        """The device whose service this seat's counters keep (:mod:`fairagents.policies.devices`)."""
+        self.models: set[str] = set()
+        """The models of the device: their engines take one order (:meth:`holds`)."""
         self.clock = clock
         """The time the policy is told (``now``): the arbiter's clock, which also dates its requests' arrivals."""
         self.cost: UnifiedTokenCost = cost if cost is not None else (
             own if isinstance(own, UnifiedTokenCost) else UnifiedTokenCost())
-        self.lock = WatchedLock()
-        """Held for every call into :attr:`policy`, by the arbiter and by each engine (re-entrant)."""
+        self.lock = lock if lock is not None else WatchedLock()
+        """Held for every call into :attr:`policy`, by the arbiter and by each engine (re-entrant; one pool's
+        devices share it)."""
         self.watchdog = LockWatchdog(self.lock)
         """Logs a hold of :attr:`lock` past its deadline, with the holder's stack; its arbiter runs it."""
         self.charged: dict[str, float] = {}
@@ -132,6 +138,7 @@ class PoolPolicy:
     def register(self, model: str, profile: ModelProfile) -> None:
         """Price ``model``'s tokens by ``profile`` (in the pool's and the policy's cost models)."""
         with self.lock:
+            self.models.add(model)
             for cost in {id(c): c for c in (self.cost, getattr(self.policy, "cost", None))}.values():
                 if isinstance(cost, UnifiedTokenCost) and model not in cost.profiles:
                     cost.register(model, profile)
@@ -178,6 +185,29 @@ class PoolPolicy:
                     lead = seen[key] = self.lead(head, other)
                 leads.append(lead)
             return leads
+
+    def holds(self, model: str, agent: Agent) -> bool:
+        """Whether ``agent``'s next request on ``model`` waits for its device: a client owed more waits on another engine.
+
+        The device's engines take one order: a client the policy has served beyond a
+        client whose request waits on another engine of the device
+        (:meth:`lead` > 0, at the level where the two differ: apps, or agents of one app)
+        starts nothing new until that client has caught up. The device's least-served
+        waiting client is never held, so some engine always runs it, and an engine holds
+        its head only: the requests behind it in the policy's order are held as well,
+        being no less served. A policy that does not rank clients by service
+        (:attr:`orders_by_service`), and a device of one model, hold nothing.
+        """
+        if len(self.models) < 2 or not self.orders_by_service:
+            return False
+        with self.lock:
+            now = self.clock()
+            for other in self.models:
+                if other != model:
+                    head = self.policy.select(other, now)
+                    if head is not None and (self.lead(head.agent, agent) or 0.0) > 0.0:
+                        return True
+        return False
 
     def input_price(self, model: str, tokens: int, cached: int = 0) -> float:
         """``tokens`` of ``model``'s input, ``cached`` of them from the prefix cache, in the policy's own cost model.

@@ -44,7 +44,8 @@ from fairagents.reply import ImageReply, Reply
 from fairagents.runtime.handles import AgentHandle, AppHandle, Who
 from fairagents.runtime.inputs import Inputs
 from fairagents.runtime.lifecycle import Lifecycle
-from fairagents.runtime.pool import DEFAULT_IN_FLIGHT, Pool, Restart, TokenBudget, check_limit
+from fairagents.runtime.devices import LOCAL, policy_factory
+from fairagents.runtime.pool import DEFAULT_IN_FLIGHT, Pool, Restart, TokenBudget, check_limit, default_device
 from fairagents.runtime.preprocessing import Preprocessor
 from fairagents.runtime.runner import Runner
 from fairagents.runtime.sampling import ChatArgs, SamplingArgs
@@ -125,6 +126,7 @@ class Arbiter:
         check_max_tokens(default_max_tokens)
         if restart is not None and not isinstance(restart, Restart):
             raise InvalidParameterError(f"restart must be a fairagents.Restart or None, got {restart!r}")
+        given = policy
         policy, self.cost = priced_policy(policy, d_base=d_base, w_input=w_input, w_output=w_output,
                                          w_cached=w_cached)
         self.max_in_flight_share = max_in_flight_share
@@ -132,7 +134,8 @@ class Arbiter:
         self.admission = make_admission(admission)
         self.limits = limits or DEFAULT_LIMITS
         self.pool = Pool(in_flight=in_flight, token_budget=token_budget,
-                         policy=PoolPolicy(policy, self.cost, clock=clock))
+                         policy=PoolPolicy(policy, self.cost, clock=clock),
+                         make_policy=policy_factory(given, policy, self.cost))
         self.tenants = Tenants()
         self.counters: SharedCounters | None = None
         """The counters shared with other arbiters, if any (``counters=``)."""
@@ -146,7 +149,8 @@ class Arbiter:
                                               max_pending_per_app=preprocess_queue_per_app, name="fairagents-text")
         if shared is not None:
             shared.lock = self.pool.policy.lock  # type: ignore[union-attr]
-        self.runner = Runner(policy, self.cost, pool=self.pool, tenants=self.tenants, ledger=Ledger(clock=clock),
+        assert self.pool.devices is not None  # an arbiter's pool always has a policy
+        self.runner = Runner(self.pool.devices, self.cost, pool=self.pool, tenants=self.tenants, ledger=Ledger(clock=clock),
                              clock=clock, pool_slots=pool_in_flight, app_share=self._share_of,
                              admission=self.admission, shared=shared)
         """Hands requests to the dispatcher and streams their engines' output."""
@@ -161,28 +165,36 @@ class Arbiter:
     # -- declaring the pool and the tenants ------------------------------------
 
     def add_model(
-        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
+        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False,
+        device: str | None = None,
     ) -> None:
         """Add a model to the pool, served by ``engine`` (started with the arbiter).
 
         ``in_flight`` and ``token_budget`` override the arbiter's for this model
-        (``token_budget=False``: the arbiter's). A running arbiter refuses: ``await``
-        :meth:`start_model` instead.
+        (``token_budget=False``: the arbiter's). ``device`` names the capacity its engine
+        shares with other models' (:mod:`fairagents.runtime.devices`): models of one device
+        are served in one order, with one set of counters, and separate devices keep
+        separate shares. Unset: in-process models share ``"local"``, a remote model is a
+        device of its own (with ``counters=``, every model is on ``"local"``). A running
+        arbiter refuses: ``await`` :meth:`start_model` instead.
         """
         if self.lifecycle.started:
             raise InvalidParameterError(
                 f"the arbiter is running: add model {name!r} with 'await arbiter.start_model(...)'", model=name
             )
-        self.pool.share_policy(name, engine, in_flight)
-        self.pool.add(name, engine, in_flight=in_flight, token_budget=token_budget)
+        device = self._device(name, engine, device)
+        self.pool.share_policy(name, engine, in_flight, device)
+        self.pool.add(name, engine, in_flight=in_flight, token_budget=token_budget, device=device)
 
     async def start_model(
-        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
+        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False,
+        device: str | None = None,
     ) -> None:
-        """Add a model to a running arbiter: start its engine, then open it for requests."""
-        self.pool.share_policy(name, engine, in_flight)
+        """Add a model to a running arbiter: start its engine, then open it for requests (arguments as :meth:`add_model`)."""
+        device = self._device(name, engine, device)
+        self.pool.share_policy(name, engine, in_flight, device)
         self.lifecycle.register(await self.pool.add_started(name, engine, in_flight=in_flight,
-                                                            token_budget=token_budget))
+                                                            token_budget=token_budget, device=device))
         if self.runner.shared is not None:
             self.runner.shared.bind(self.dispatcher, self.lifecycle.shared_models())
 
@@ -412,8 +424,8 @@ class Arbiter:
     @clock.setter
     def clock(self, clock: Callable[[], float]) -> None:
         self.runner.clock = self.runner.ledger.runs.clock = clock
-        if self.pool.policy is not None:
-            self.pool.policy.clock = clock
+        for seat in self.pool.devices or ():
+            seat.clock = clock
 
     @property
     def ledger(self) -> Ledger:
@@ -460,8 +472,30 @@ class Arbiter:
 
     @property
     def policy(self) -> Policy:
-        """The policy that orders waiting requests (fixed at construction)."""
-        return self.runner.dispatcher.policy
+        """The policy that orders waiting requests (fixed at construction), on the pool's first device.
+
+        Each further device has a policy of its own, made alike (:meth:`policy_of`).
+        """
+        return self.pool_policy.policy
+
+    def policy_of(self, model: str) -> Policy:
+        """The policy of ``model``'s device: its counters are that device's."""
+        return self.pool_policy_of(model).policy
+
+    def pool_policy_of(self, model: str) -> PoolPolicy:
+        """The policy's seat on ``model``'s device (:attr:`pool_policy` for the first device)."""
+        self.pool.get(model)  # an unknown model: UnknownModelError
+        seat = self.pool.seat(model)
+        assert seat is not None  # an arbiter's pool always has a policy
+        return seat
+
+    @property
+    def devices(self) -> dict[str, list[str]]:
+        """The pool's devices, each with its models (:mod:`fairagents.runtime.devices`)."""
+        layout: dict[str, list[str]] = {}
+        for m in self.pool.models.values():
+            layout.setdefault(m.device, []).append(m.name)
+        return layout
 
     @property
     def models(self) -> list[str]:
@@ -514,6 +548,16 @@ class Arbiter:
         return self.pool.budget(self.pool.get(model))
 
     # -- internals ------------------------------------------------------------------
+
+    def _device(self, name: str, engine: Engine, device: str | None) -> str:
+        """``device`` if given, else the model's default; with shared counters, the pool's one device."""
+        if self.counters is None:
+            return default_device(name, engine) if device is None else device
+        if device not in (None, LOCAL):
+            raise InvalidParameterError(
+                f"model {name!r}: counters shared with other arbiters are one device's ('local'), not {device!r}",
+                model=name)
+        return LOCAL
 
     def _share_of(self, app: str) -> float | None:
         return self.tenants.share.get(app, self.max_in_flight_share)

@@ -155,6 +155,9 @@ class Lifecycle:
     def register(self, m: PoolModel) -> None:
         """Open a started model for requests, with its limits."""
         caps = capabilities(m.engine)
+        seat = self.pool.seat(m.name)
+        if seat is not None:  # its device's engines take one order: the seat knows each of them
+            seat.register(m.name, m.engine.profile)
         self.runner.dispatcher.add_model(m.name, m.engine.profile, slots=self.pool.limit(m),
                                          token_budget=self.pool.budget(m), max_model_len=m.engine.max_model_len,
                                          block=self.pool.block(m), in_engine=schedules_fairly(m.engine),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,9 +29,11 @@ import tenacity
 
 from fairagents.engines.base import Engine, capabilities
 from fairagents.errors import InvalidParameterError, ModelLoadError, ProtocolError, UnknownModelError
+from fairagents.policies import Policy
 from fairagents.policies.pooled import PoolPolicy
+from fairagents.runtime.devices import LOCAL, Devices, policy_factory
 
-__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "schedules_fairly"]
+__all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "default_device", "schedules_fairly"]
 
 #: Requests a model runs at once when neither the call nor the engine says (``fairagents bench overhead``).
 DEFAULT_IN_FLIGHT = 32
@@ -84,6 +87,8 @@ class PoolModel:
     """Its own in-flight limit (``None``: the pool's)."""
     token_budget: TokenBudget
     """Its token budget setting."""
+    device: str = LOCAL
+    """The device it runs on (:mod:`fairagents.runtime.devices`)."""
     start_time: float | None = None
     """Seconds its engine took to start, last time: the retry hint while it restarts."""
 
@@ -94,7 +99,8 @@ class Pool:
     Args:
         in_flight: the in-flight limit of models added without their own.
         token_budget: the token budget of models added without their own.
-        policy: the pool's policy, which in-engine schedulers share with the arbiter.
+        policy: the seat of the pool's policy for its first device, which in-engine schedulers share with the arbiter.
+        make_policy: makes the policy of each further device (default: devices share ``policy``'s seat).
 
     Examples:
         >>> from fairagents.runtime.pool import Pool
@@ -104,20 +110,33 @@ class Pool:
         fairagents.errors.InvalidParameterError: in-flight limit must be an integer ≥ 1, got 0
     """
 
-    def __init__(self, *, in_flight: int | None, token_budget: TokenBudget, policy: PoolPolicy | None = None) -> None:
+    def __init__(self, *, in_flight: int | None, token_budget: TokenBudget, policy: PoolPolicy | None = None,
+                 make_policy: Callable[[], Policy] | None = None) -> None:
         if in_flight is not None:
             check_limit(in_flight)
         check_budget(token_budget)
         self.in_flight = in_flight
         self.token_budget = token_budget
         self.models: dict[str, PoolModel] = {}
-        self.policy = policy
-        """The pool's policy, shared by the arbiter and the engines that schedule by it (``scheduler="fair"``)."""
+        self.devices: Devices | None = None
+        """Each model's device and each device's seat of the policy (``None``: a pool without a policy)."""
+        if policy is not None:
+            self.devices = Devices(make_policy or policy_factory(policy.policy, policy.policy, policy.cost), policy)
+
+    @property
+    def policy(self) -> PoolPolicy | None:
+        """The seat of the pool's policy on its first device, shared by the arbiter and the engines that schedule by it."""
+        return None if self.devices is None else self.devices.primary
+
+    def seat(self, model: str) -> PoolPolicy | None:
+        """The seat of the policy on ``model``'s device (``None``: a pool without a policy)."""
+        return None if self.devices is None else self.devices.seat(model)
 
     def add(
-        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
+        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False,
+        device: str | None = None,
     ) -> PoolModel:
-        """Add a model (``token_budget=False``: the pool's budget setting)."""
+        """Add a model (``token_budget=False``: the pool's budget setting; ``device``: :func:`default_device`)."""
         if not isinstance(name, str) or not name:
             raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
         if name in self.models:
@@ -126,34 +145,43 @@ class Pool:
             check_limit(in_flight)
         if token_budget is not False:
             check_budget(token_budget)
+        device = default_device(name, engine) if device is None else device
+        if self.devices is not None:
+            self.devices.assign(name, device)
+        elif not isinstance(device, str) or not device:
+            raise InvalidParameterError(f"a device is a non-empty string, got {device!r}", model=name)
         budget = self.token_budget if token_budget is False else token_budget
-        model = self.models[name] = PoolModel(name, engine, in_flight, budget)  # type: ignore[arg-type]
+        model = self.models[name] = PoolModel(name, engine, in_flight, budget, device)  # type: ignore[arg-type]
         return model
 
     async def add_started(
-        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False
+        self, name: str, engine: Engine, *, in_flight: int | None = None, token_budget: TokenBudget | bool = False,
+        device: str | None = None,
     ) -> PoolModel:
         """:meth:`add` a model and start its engine; if the start fails, the model is not added."""
-        m = self.add(name, engine, in_flight=in_flight, token_budget=token_budget)
+        m = self.add(name, engine, in_flight=in_flight, token_budget=token_budget, device=device)
         try:
             await self.start([m])
         except BaseException:
             del self.models[name]
+            if self.devices is not None:
+                self.devices.unassign(name)
             raise
         return m
 
-    def share_policy(self, name: str, engine: Engine, in_flight: int | None = None) -> None:
-        """An engine that schedules by the pool's policy itself takes this pool's, as model ``name``.
+    def share_policy(self, name: str, engine: Engine, in_flight: int | None = None, device: str | None = None) -> None:
+        """An engine that schedules by the pool's policy itself takes the seat of its device's, as model ``name``.
 
         Its batch is capped at the model's in-flight limit when one is set (``in_flight``,
         else the pool's). An engine serving requests under another pool's policy is refused.
         """
-        if not schedules_fairly(engine) or name in self.models or self.policy is None:
+        if not schedules_fairly(engine) or name in self.models or self.devices is None:
             return
+        seat = self.devices.seat_on(default_device(name, engine) if device is None else device)
         caps = capabilities(engine)
         assert caps.share_policy is not None  # an engine with scheduler="fair" binds a policy
         try:
-            caps.share_policy(self.policy, name, in_flight if in_flight is not None else self.in_flight)
+            caps.share_policy(seat, name, in_flight if in_flight is not None else self.in_flight)
         except ProtocolError as err:
             raise InvalidParameterError(
                 f"model {name!r}'s engine is running under another arbiter's policy, serving its requests; add "
@@ -236,6 +264,18 @@ async def _timed_start(m: PoolModel) -> None:
     began = time.perf_counter()
     await m.engine.start()
     m.start_time = time.perf_counter() - began
+
+
+def default_device(model: str, engine: Engine) -> str:
+    """``model``'s device unless told: a remote model's replicas are a device of their own, in-process engines share :data:`~fairagents.runtime.devices.LOCAL`.
+
+    Examples:
+        >>> from fairagents.runtime.pool import default_device
+        >>> from fairagents.testing import FakeEngine
+        >>> default_device("chat", FakeEngine()), default_device("remote", FakeEngine(shared_capacity=True))
+        ('local', 'remote')
+    """
+    return model if capabilities(engine).shared_capacity else LOCAL
 
 
 def schedules_fairly(engine: object) -> bool:

@@ -45,6 +45,9 @@ log = get_logger("fairagents.arbiter")
 # Request ids are unique across every arbiter in the process: arbiters may share an engine,
 # and vLLM merges requests of the same id (an abort meant for one would end the other).
 _request_ids = itertools.count(1)
+#: Seconds before the dispatcher looks again at a model whose head it held for the device (the counters move as
+#: the device's other engines serve; their in-engine progress does not pass through the dispatcher).
+_LOOK_AGAIN = 0.01
 
 
 @dataclass(eq=False)
@@ -99,6 +102,7 @@ class Runner:
         self.calls: dict[str, Call] = {}
         """The calls queued or running, by request id."""
         self._idle = asyncio.Event()
+        self._look_again: asyncio.TimerHandle | None = None
 
     def new_dispatcher(self, policy: Policy) -> Dispatcher:
         """A dispatcher for a run of the arbiter (a new one after each close)."""
@@ -106,7 +110,8 @@ class Runner:
         return Dispatcher(policy, cost, pool_slots=pool_slots, charge=self._charge, is_live=self._is_live,
                           app_share=app_share, queue_bound=self.tenants.max_queued.get, admission=admission,
                           gate=None if self.shared is None else self.shared.gate,
-                          lock=None if self.pool.policy is None else self.pool.policy.lock)
+                          lock=None if self.pool.devices is None else self.pool.devices.lock,
+                          device_hold=None if self.pool.devices is None else self.pool.devices.holds)
 
     # -- admitting and submitting ----------------------------------------------
 
@@ -199,8 +204,9 @@ class Runner:
             self._fail_model(r.model, failure)
             raise failure from err
         finally:
-            if self.pool.policy is not None:
-                self.pool.policy.unexpect(r.model, r.id)  # if its engine never took it
+            seat = self.pool.seat(r.model)
+            if seat is not None:
+                seat.unexpect(r.model, r.id)  # if its engine never took it
             self.apply(self.dispatcher.end(r.id, outcome, self.clock()))
 
     async def stream(self, call: Call) -> AsyncIterator[Delta]:
@@ -278,7 +284,8 @@ class Runner:
         for t in self.dispatcher.tickets():
             (running if t.dispatched is not None else queued)[t.request.agent_key] += 1
         return self.ledger.snapshot({n: a.weight for n, a in self.tenants.apps.items()},
-                                    {k: a.weight for k, a in self.tenants.agents.items()}, queued, running)
+                                    {k: a.weight for k, a in self.tenants.agents.items()}, queued, running,
+                                    devices={name: m.device for name, m in self.pool.models.items()})
 
     def knows(self, app: str, agent: str) -> bool:
         """Whether ``app``'s ``agent`` has any history: a request queued or running, or accounted."""
@@ -293,13 +300,22 @@ class Runner:
         for t in changes.started:
             call = self.calls.get(t.request.id)
             if call is not None and not call.dispatched.done():
-                if self.pool.policy is not None and self.dispatcher.models[t.request.model].in_engine:
-                    self.pool.policy.expect(t.request)  # its engine's scheduler takes this very request
+                seat = self.pool.seat(t.request.model)
+                if seat is not None and self.dispatcher.models[t.request.model].in_engine:
+                    seat.expect(t.request)  # its engine's scheduler takes this very request
                 call.dispatched.set_result(None)
         for t in changes.ended:
             self._ended(t)
         if not self.calls:
             self._idle.set()
+        if self.dispatcher.device_held and self._look_again is None:
+            with contextlib.suppress(RuntimeError):  # no running loop: the next event looks again
+                self._look_again = asyncio.get_running_loop().call_later(_LOOK_AGAIN, self._refill_held)
+
+    def _refill_held(self) -> None:
+        """A model's head was held for its device: the counters have moved since, look again."""
+        self._look_again = None
+        self.refill()
 
     def _ended(self, t: Ticket) -> None:
         r = t.request
@@ -322,7 +338,7 @@ class Runner:
                 await asyncio.wait_for(self._idle.wait(), timeout)
 
     def refill(self) -> None:
-        """The pool's shared view changed (a sync, or the store lost): a held-back dispatch may go now."""
+        """Something outside the dispatcher changed (a shared view's sync, the device's counters): a held dispatch may go now."""
         if self.accepting:
             self.apply(self.dispatcher.refill(self.clock()))
 
@@ -361,7 +377,8 @@ class Runner:
         if self.dispatcher.model(model).down is not None:
             return
         log.error("fairagents.arbiter.engine_failed", model=model, error=str(err))
-        if self.pool.policy is not None and self.dispatcher.model(model).in_engine:
-            self.pool.policy.forget(model)  # what its scheduler held will never end there
+        seat = self.pool.seat(model)
+        if seat is not None and self.dispatcher.model(model).in_engine:
+            seat.forget(model)  # what its scheduler held will never end there
         self.on_engine_death(model)
         self.apply(self.dispatcher.model_down(model, err, self.clock()))

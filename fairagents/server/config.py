@@ -19,6 +19,7 @@ a weight ≤ 0, two apps with one key, keys on but an app without one) is an
     path = "Qwen/Qwen2.5-0.5B-Instruct"
     in_flight = 16
     token_budget = "engine"       # the default: KV tokens reserved at once, from the engine
+    device = "gpu0"               # optional: models of one device take one order (default: in-process share one)
 
     [apps.driving]
     api_key_env = "DRIVING_KEY"   # or api_key = "..."
@@ -245,6 +246,10 @@ class ModelConfig(_Section):
     """A Hugging Face model folder or name; ``None`` serves the embedded tiny model."""
     in_flight: int | None = Field(default=None, ge=1)
     """Requests handed to the engine at once; unset, the engine's batch capacity."""
+    device: str | None = Field(default=None, min_length=1, max_length=128)
+    """The capacity its engine shares with other models' (:mod:`fairagents.runtime.devices`): models of one
+    device are served in one order, with one set of counters. Unset: in-process models share ``"local"``, a
+    remote (``openai``) model is a device of its own."""
     token_budget: Literal["engine", "off"] | Annotated[int, Field(ge=1)] | None = None
     """KV tokens its running requests may reserve (``prompt + max_tokens`` each): ``"engine"``
     (the engine's KV capacity), a number of tokens, or ``"off"`` (admission by request
@@ -733,5 +738,6 @@ def build_arbiter(config: Config, engines: Mapping[str, Engine] | None = None) -
     )
     for name, model in config.models.items():
         budget = {None: False, "off": None}.get(model.token_budget, model.token_budget)  # type: ignore[arg-type]
-        arbiter.add_model(name, engines.get(name) or model.build(name), in_flight=model.in_flight, token_budget=budget)
+        arbiter.add_model(name, engines.get(name) or model.build(name), in_flight=model.in_flight, token_budget=budget,
+                          device=model.device)
     return arbiter

@@ -300,8 +300,10 @@ def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) 
     for c in apps.values():
         c["agents"] = _fold(c["agents"], inputs.max_agents)
     history = _history(inputs, app)
+    devices = _devices(stats)
     if only is not None:
         apps, history = _own(apps, history, only)
+        devices = {d: {**v, "apps": _own_share(v["apps"], only)} for d, v in devices.items()}
     return {
         "object": "fairness",
         "time": inputs.now,
@@ -313,8 +315,28 @@ def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) 
         "pool": inputs.pool,
         "entitlement": {"window_seconds": inputs.window, "tolerance": BELOW_TOLERANCE},
         "apps": apps,
+        "devices": devices,
         "history": history,
     }
+
+
+def _devices(stats: Stats) -> dict[str, Any]:
+    """Each device's service by app, and each app's share of it: a device splits its own service."""
+    out: dict[str, Any] = {}
+    for device, served in stats.devices.items():
+        total = sum(served.values())
+        out[device] = {"service": total, "apps": {
+            app: {"service": s, "share": s / total if total else 0.0} for app, s in sorted(served.items())}}
+    return out
+
+
+def _own_share(apps: dict[str, Any], only: str) -> dict[str, Any]:
+    """An app's own key sees its own service on a device, and the others' summed as :data:`OTHER`."""
+    others = [c for name, c in apps.items() if name != only]
+    mine = {only: apps[only]} if only in apps else {}
+    if others:
+        mine[OTHER] = {k: sum(c[k] for c in others) for k in ("service", "share")}
+    return mine
 
 
 def _recent(inputs: _Inputs) -> tuple[dict[_Key, float] | None, set[_Key]]:

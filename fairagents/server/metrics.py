@@ -1,8 +1,8 @@
 """Prometheus metrics of the server: ``GET /metrics``.
 
 Every name starts with ``fairagents_`` and is in base units (``_seconds``, ``_total``
-for counters, ``_ratio`` for shares); labels are ``app``, ``agent`` and ``model``
-only. The series are bounded whatever names requests bring (:class:`~fairagents.labels.LabelCap`):
+for counters, ``_ratio`` for shares); labels are ``app``, ``agent`` and ``model`` only (and
+``device`` on the device series: one of the pool's devices, set by configuration). The series are bounded whatever names requests bring (:class:`~fairagents.labels.LabelCap`):
 the first ``max_agents`` agents of an app are named, later ones count as ``agent="_other"``,
 apps past ``max_apps`` as ``app="_other"``; histograms have no ``agent`` label.
 
@@ -26,6 +26,8 @@ prometheus_client's global one, so several servers in one process do not collide
 | ``fairagents_service_unified_tokens_total`` | app, agent | service charged, in unified tokens |
 | ``fairagents_{queued,in_flight}_requests`` | app, agent | requests waiting, and running in an engine |
 | ``fairagents_{app,agent}_{service,weight}_share_ratio`` | app (, agent) | share of service vs share of weight (agents: within their app) |
+| ``fairagents_device_service_unified_tokens_total`` | device, app | service charged on a device (its models), in unified tokens |
+| ``fairagents_device_service_share_ratio`` | device, app | an app's share of a device's service (each device splits its own) |
 | ``fairagents_model_{up,in_flight_limit,queued_requests,in_flight_requests}`` | model | per-model health and load |
 | ``fairagents_pool_in_flight_{requests,limit}`` | | requests running across the pool, and its limit (if set) |
 | ``fairagents_draining`` | | 1 while the server drains after SIGTERM |
@@ -334,7 +336,22 @@ class _Live:
             pool.append(GaugeMetricFamily("fairagents_pool_in_flight_limit", "Requests the pool runs at once.",
                                           value=float(self._arbiter.pool_in_flight)))
         draining = GaugeMetricFamily("fairagents_draining", "1 while the server drains after SIGTERM.", value=float(self._draining()))
+        device_service = CounterMetricFamily(
+            "fairagents_device_service_unified_tokens", "Service charged to an app on a device, in unified tokens.",
+            labels=("device", "app"))
+        device_share = GaugeMetricFamily(
+            "fairagents_device_service_share_ratio", "An app's share of a device's service.", labels=("device", "app"))
+        for device, served in stats.devices.items():
+            total = sum(served.values())
+            by_label: dict[str, float] = {}
+            for name, amount in served.items():
+                label = self._cap.app(name)
+                by_label[label] = by_label.get(label, 0.0) + amount
+            for label, amount in by_label.items():
+                device_service.add_metric([device, label], amount)
+                device_share.add_metric([device, label], amount / total if total else 0.0)
         yield from (service, queued, running, agent_share, agent_weight, app_share, app_weight, active_runs)
+        yield from (device_service, device_share)
         yield from (up, limit, model_queued, model_running, *pool, draining)
         counters = self._arbiter.counters
         if counters is not None:

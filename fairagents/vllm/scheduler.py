@@ -276,6 +276,9 @@ class FairQueue(_Following, RequestQueue):
         self._chosen: deque[VllmRequest] = deque()  # dispatched by the policy, put back by vLLM
         self._popped: set[str] = set()  # popped during this step: put back, they were skipped, not preempted
         self._peeked: str | None = None
+        self.held_by_device = False
+        """Set for a step whose head waits for its device (:meth:`~fairagents.policies.pooled.PoolPolicy.holds`):
+        the queue then shows vLLM nothing to admit."""
         binding.seat.forget(binding.model)  # an engine started again: its last queue's requests are gone with it
 
     def new_step(self) -> None:
@@ -375,7 +378,7 @@ class FairQueue(_Following, RequestQueue):
             self.remove_request(request)
 
     def __bool__(self) -> bool:
-        return bool(self._held) or bool(self._chosen)
+        return not self.held_by_device and (bool(self._held) or bool(self._chosen))
 
     def __len__(self) -> int:
         return len(self._held) + len(self._chosen)
@@ -422,6 +425,8 @@ class FairScheduler(_Following, AsyncScheduler):
         self._twins: dict[str, FairRequest] = {}  # request id -> the policy's request, while the engine holds it
         self._outputs: dict[str, int] = {}  # request id -> this step's output tokens, charged at its end
         self._fair_preempted: dict[str, int] = {}  # request id -> times preempted for fairness
+        self.idle = False
+        """Whether the last step scheduled nothing (its waiting requests held, or none): the engine may wait."""
         # vLLM's priority path: when it must preempt for KV space it takes the running request of highest
         # `priority`, which _rank_victims sets from the policy's counters, and leaves `running` in its order.
         self.policy = SchedulingPolicy.PRIORITY
@@ -623,6 +628,8 @@ class FairScheduler(_Following, AsyncScheduler):
         """
         head = next((r for r in self.kv_holding_waiting if self.schedulable(r)), None)
         if head is None:
+            if self.waiting.held_by_device:
+                return  # its client is ahead of one waiting elsewhere on the device: no room to make
             try:
                 head = self.waiting.peek_request()
             except IndexError:
@@ -648,6 +655,9 @@ class FairScheduler(_Following, AsyncScheduler):
         cap = self.binding.max_running
         self._max_active = self._engine_max_active if cap is None else min(cap, self._engine_max_active)
         self.max_num_active_reqs = self._max_active  # what vLLM admits into its batch, up to its max_num_seqs
+        self.waiting.held_by_device = False
+        if len(self.seat.models) > 1 and self.waiting:
+            self.waiting.held_by_device = self._held_by_device()
         if self.running and self.seat.orders_by_service:
             with self.seat.lock:
                 if self.preempt and (self.waiting or self.kv_holding_waiting):
@@ -657,9 +667,20 @@ class FairScheduler(_Following, AsyncScheduler):
         try:
             output = super().schedule(*args, **kwargs)
             self._admit(output)
+            self.idle = not output.total_num_scheduled_tokens
             return output
         finally:
             self.waiting.new_step()  # only a step pops: what comes back between steps was not popped in one
+
+    def _held_by_device(self) -> bool:
+        """Whether the policy's next choice waits for the device: a client owed more waits on another of its engines."""
+        seat = self.seat
+        with seat.lock:
+            try:
+                head = self.waiting.peek_request()
+            except IndexError:
+                return False
+            return seat.holds(self.model, self._agent_of(head))
 
     def _admit(self, output: Any) -> None:
         """Charge the input of the requests this step took into its batch (``output``: vLLM's ``SchedulerOutput``).

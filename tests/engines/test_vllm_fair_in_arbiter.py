@@ -143,3 +143,40 @@ async def test_an_agent_resending_its_history_pays_for_what_the_engine_computes(
     seat = arbiter.pool_policy  # the engine charged the policy the same
     assert seat.charged == pytest.approx({"notes": first.usage.unified_tokens + second.usage.unified_tokens})
     assert seat.tally("chat").cached == hits
+
+
+async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another_engine_of_its_device(text_engine):
+    """One device, one order: vLLM's batch takes no new request of an app ahead while one behind waits elsewhere."""
+    from fairagents.testing import FakeEngine
+
+    image = FakeEngine(manual=True)  # a model of the same device, one request at a time, released by hand
+    arbiter = fa.Arbiter(policy="hmfs")
+    arbiter.add_model("chat", text_engine)
+    arbiter.add_model("image", image, in_flight=1)
+    assert arbiter.devices == {"local": ["chat", "image"]}
+    ahead, behind = arbiter.app("ahead").agent("t"), arbiter.app("behind").agent("t")
+
+    async def until(condition):
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    async with arbiter:
+        running = asyncio.create_task(behind.chat("image", MSG, max_tokens=4))
+        await until(lambda: len(image.running) == 1)
+        waiting = asyncio.create_task(behind.chat("image", MSG, max_tokens=4))  # waits on the image model
+        await ahead.chat("chat", MSG, max_tokens=16, ignore_eos=True)  # 'ahead' is now served beyond 'behind'
+        served = arbiter.ledger.service_of("ahead")
+        held = asyncio.create_task(ahead.chat("chat", MSG, max_tokens=4, ignore_eos=True))
+        await asyncio.sleep(0.5)  # the engine looks again every few milliseconds: it does not take the request
+        assert not held.done() and arbiter.ledger.service_of("ahead") == served
+        assert arbiter.pool_policy.holds("chat", fa.Agent("t", fa.App("ahead")))
+        first = next(iter(image.running))
+        image.emit(first, 1, finish="stop")  # the image model frees its slot: 'behind' runs and catches up
+        await until(lambda: len(image.running) == 1 and first not in image.running)
+        image.emit(next(iter(image.running)), 40, finish="stop")
+        await asyncio.gather(running, waiting)
+        reply = await asyncio.wait_for(held, 30)
+    assert reply.usage.completion_tokens == 4

@@ -301,7 +301,8 @@ async def test_models_fairness_metrics_health_and_dashboard():
     assert all(name.startswith("fairagents_") for name in families)
     for family in families.values():
         for sample in family.samples:
-            assert set(sample.labels) <= {"app", "agent", "model", "le"}, sample
+            assert set(sample.labels) <= {"app", "agent", "model", "le"} or (
+                family.name.startswith("fairagents_device_") and set(sample.labels) == {"device", "app"}), sample
     assert _samples(metrics, "fairagents_requests_finished_total") == {("driving", "planner", "chat"): 3, ("studio", "writer", "chat"): 1}
     assert _samples(metrics, "fairagents_completion_tokens_total")[("driving", "planner", "chat")] == 12
     assert _samples(metrics, "fairagents_service_unified_tokens_total") == {("driving", "planner"): 33, ("studio", "writer"): 9}

@@ -181,6 +181,19 @@ async def test_token_budgets_come_from_the_engine_a_number_or_are_off():
         assert [arbiter.token_budget_of(m) for m in "abc"] == [512, 128, None]
 
 
+def test_a_models_device_is_configured_or_its_default():
+    from fairagents.testing import FakeEngine
+
+    config = Config.model_validate({"server": {"auth": False}, "models": {
+        "chat": {}, "vision": {}, "image": {"device": "gpu1"}, "remote": {}}})
+    engines = {"chat": FakeEngine(), "vision": FakeEngine(), "image": FakeEngine(),
+               "remote": FakeEngine(shared_capacity=True)}
+    arbiter = build_arbiter(config, engines=engines)
+    assert arbiter.devices == {"local": ["chat", "vision"], "gpu1": ["image"], "remote": ["remote"]}
+    with pytest.raises(ValidationError, match="device"):
+        Config.model_validate({"models": {"chat": {"device": ""}}})
+
+
 def test_a_model_on_remote_replicas():
     from fairagents.engines.remote import OpenAIEngine
 

@@ -94,3 +94,24 @@ def test_an_app_without_runs_shows_none():
     runs = FairnessView(arbiter).snapshot()["apps"]["a"]["runs"]
     assert runs == {"completed": 0, "active": 0, "duration_seconds": {"mean": None, "p95": None}, "calls_mean": None,
                     "service_mean": None, "recent": []}
+
+
+def test_each_device_shows_its_service_by_app_and_an_app_sees_only_its_own():
+    from fairagents.testing import FakeEngine
+
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", FakeEngine())
+    arbiter.add_model("remote", FakeEngine(shared_capacity=True))  # a device of its own
+    for app in ("a", "b", "c"):
+        arbiter.app(app).agent("bot")
+    for i, (app, model, amount) in enumerate([("a", "chat", 30.0), ("b", "chat", 10.0), ("a", "remote", 5.0),
+                                              ("c", "remote", 15.0)]):
+        arbiter.ledger.charge(1.0, app, "bot", amount, fa.Request(f"r{i}", fa.Agent("bot", fa.App(app)), model, 1, 1, 0.0))
+    devices = FairnessView(arbiter, max_age=0).snapshot()["devices"]
+    assert devices == {
+        "local": {"service": 40.0, "apps": {"a": {"service": 30.0, "share": 0.75}, "b": {"service": 10.0, "share": 0.25}}},
+        "remote": {"service": 20.0, "apps": {"a": {"service": 5.0, "share": 0.25}, "c": {"service": 15.0, "share": 0.75}}},
+    }
+    own = FairnessView(arbiter, max_age=0).snapshot(only="b")["devices"]
+    assert own["local"]["apps"] == {"b": {"service": 10.0, "share": 0.25}, "_other": {"service": 30.0, "share": 0.75}}
+    assert own["remote"]["apps"] == {"_other": {"service": 20.0, "share": 1.0}}

@@ -206,6 +206,9 @@ async def test_an_app_whose_agents_are_all_forgotten_stays_in_the_views():
     shares = {s.labels["app"]: s.value for f in text_string_to_metric_families(metrics)
               if f.name == "fairagents_app_service_share_ratio" for s in f.samples}
     assert set(shares) == {"driving", "studio"} and shares["studio"] > 0
+    device = {s.labels["app"]: s.value for f in text_string_to_metric_families(metrics)
+              if f.name == "fairagents_device_service_share_ratio" for s in f.samples if s.labels["device"] == "local"}
+    assert "studio" in device and sum(device.values()) == pytest.approx(1.0)
     assert 'agent="writer"' not in metrics
 
 
