@@ -145,8 +145,10 @@ async def test_an_agent_resending_its_history_pays_for_what_the_engine_computes(
     assert seat.tally("chat").cached == hits
 
 
-async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another_engine_of_its_device(text_engine):
-    """One device, one order: vLLM's batch takes no new request of an app ahead while one behind waits elsewhere."""
+@pytest.mark.parametrize("level", ["apps", "agents of one app"])
+async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another_engine_of_its_device(
+        text_engine, level):
+    """One device, one order: vLLM's batch takes no new request of a client ahead while one behind waits elsewhere."""
     from fairagents.testing import FakeEngine
 
     image = FakeEngine(manual=True)  # a model of the same device, one request at a time, released by hand
@@ -154,7 +156,11 @@ async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another
     arbiter.add_model("chat", text_engine)
     arbiter.add_model("image", image, in_flight=1)
     assert arbiter.devices == {"local": ["chat", "image"]}
-    ahead, behind = arbiter.app("ahead").agent("t"), arbiter.app("behind").agent("t")
+    if level == "apps":
+        ahead, behind = arbiter.app("ahead").agent("t"), arbiter.app("behind").agent("t")
+    else:  # a writer on the LLM and an illustrator on the image model, of one app
+        ahead, behind = arbiter.app("studio").agent("writer"), arbiter.app("studio").agent("illustrator")
+    ahead_app = "ahead" if level == "apps" else "studio"
 
     async def until(condition):
         for _ in range(500):
@@ -168,11 +174,12 @@ async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another
         await until(lambda: len(image.running) == 1)
         waiting = asyncio.create_task(behind.chat("image", MSG, max_tokens=4))  # waits on the image model
         await ahead.chat("chat", MSG, max_tokens=16, ignore_eos=True)  # 'ahead' is now served beyond 'behind'
-        served = arbiter.ledger.service_of("ahead")
+        who = arbiter.tenants.resolve(ahead)
+        served = arbiter.ledger.service_of(ahead_app, who.name)
         held = asyncio.create_task(ahead.chat("chat", MSG, max_tokens=4, ignore_eos=True))
         await asyncio.sleep(0.5)  # the engine looks again every few milliseconds: it does not take the request
-        assert not held.done() and arbiter.ledger.service_of("ahead") == served
-        assert arbiter.pool_policy.holds("chat", fa.Agent("t", fa.App("ahead")))
+        assert not held.done() and arbiter.ledger.service_of(ahead_app, who.name) == served
+        assert arbiter.pool_policy.holds("chat", who)
         first = next(iter(image.running))
         image.emit(first, 1, finish="stop")  # the image model frees its slot: 'behind' runs and catches up
         await until(lambda: len(image.running) == 1 and first not in image.running)

@@ -52,23 +52,17 @@ def test_an_engine_holds_a_client_ahead_while_one_behind_waits_on_another_engine
     assert not seat.holds("image", fa.Agent("t", fa.App("new")))  # a client with nothing served is behind everyone
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "rr", "edf"])
-def test_a_policy_that_does_not_rank_by_service_holds_nothing(policy):
-    seat = seat_of(policy)
+@pytest.mark.parametrize(("policy", "models"), [
+    ("fcfs", ("chat", "image")), ("rr", ("chat", "image")), ("edf", ("chat", "image")),  # no ranking by service
+    ("hmfs", ("chat",)),  # a device of one model
+])
+def test_a_policy_that_does_not_rank_by_service_and_a_device_of_one_model_hold_nothing(policy, models):
+    seat = seat_of(policy, models)
     ahead, behind = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
-    seat.engine_arrive(request("a1", ahead, "image"))
-    seat.engine_dispatch("image", "a1")
+    seat.engine_arrive(request("a1", ahead, models[-1]))
+    seat.engine_dispatch(models[-1], "a1")
     seat.engine_arrive(request("b1", behind, "chat"))
-    assert not seat.holds("image", ahead)
-
-
-def test_a_device_of_one_model_holds_nothing():
-    seat = seat_of(models=("chat",))
-    ahead, behind = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
-    seat.engine_arrive(request("a1", ahead, "chat"))
-    seat.engine_dispatch("chat", "a1")
-    seat.engine_arrive(request("b1", behind, "chat"))
-    assert not seat.holds("chat", ahead)
+    assert not seat.holds(models[-1], ahead)
 
 
 def test_devices_give_each_device_its_own_counters_and_refuse_a_bad_name():
