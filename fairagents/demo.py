@@ -7,7 +7,7 @@ on diffusers. The two vLLM engines schedule inside themselves by the policy (the
 default path), the arbiter dispatches the image model by it, and a denoising step, an
 image token and an LLM token are charged in one currency (unified tokens).
 
-Which models share hardware decides what is fair (:mod:`fairagents.runtime.devices`).
+Which models share hardware decides what is fair (:mod:`fairagents.policies.devices`).
 Here the three run on one CPU: by default the demo puts them on **one device**, whose
 engines take one order with one set of counters, so ``studio``'s images count in its
 share of the device and its illustrator waits while an app owed more waits for the LLM.

@@ -52,6 +52,8 @@ from fairagents.errors import (
 from fairagents.identity import Agent, App
 from fairagents.metrics import Charge, ClientSnapshot, client_stats, jain_index, max_service_gap
 from fairagents.policies import Policy, make_policy
+from fairagents.policies.devices import Devices, policy_factory
+from fairagents.policies.pooled import PoolPolicy
 from fairagents.records import Changes, RequestRecord
 from fairagents.request import Request
 
@@ -460,6 +462,7 @@ def simulate(
     admission: str | Statera | None = None,
     max_queued: Mapping[str, int] | None = None,
     workflows: Workflows | None = None,
+    devices: Mapping[str, str] | None = None,
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
 
@@ -486,6 +489,12 @@ def simulate(
             :attr:`SimResult.rejected`. Apps not named are unbounded.
         workflows: runs of agent workflows played beside ``workload``
             (:func:`simulate_workflows`); each run is recorded in :attr:`SimResult.runs`.
+        devices: model name → its device (:mod:`fairagents.policies.devices`), as
+            ``Arbiter.add_model(..., device=...)``: the engines of one device take one
+            order with one set of counters (an engine holds back a client that is ahead
+            while one owed more waits on another engine of the device; it looks again
+            after every step), separate devices keep separate policies. ``None``: each
+            engine is a device of its own.
 
     Raises:
         BadInputError: a bad workload (an unknown model or app, a request that does not
@@ -505,6 +514,15 @@ def simulate(
         raise InvalidParameterError(f"pool_running must be an integer ≥ 1 or None, got {pool_running!r}")
     cost = UnifiedTokenCost({m: e.profile for m, e in engines.items()}, **({"d_base": d_base} if d_base else {}))
     policy_obj = make_policy(policy, cost)
+    layout = None
+    if devices is not None:
+        if set(devices) != set(engines):
+            raise InvalidParameterError(f"devices must name the device of every model and no other: got "
+                                        f"{sorted(devices)} for {sorted(engines)}")
+        layout = Devices(policy_factory(policy, policy_obj, cost), PoolPolicy(policy_obj, cost), cost)
+        for model, device in devices.items():
+            layout.assign(model, device)
+            layout.seat(model).register(model, engines[model].profile)
     controller = make_admission(admission)
     if controller is not None:
         reserving = sorted(m for m, e in engines.items() if e.kv != "paged")
@@ -518,7 +536,7 @@ def simulate(
             raise InvalidParameterError(f"max_queued must be an integer ≥ 1, got {bound!r}", app=app)
     requests = _validate(workload, engines, apps)
     flows = _Flows(workflows, engines, apps) if workflows is not None else None
-    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds)
+    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds, layout)
     return run.play(requests, flows)
 
 
@@ -569,16 +587,18 @@ class _Run:
     def __init__(
         self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None,
         admission: Statera | None = None, max_queued: Mapping[str, int] | None = None,
+        devices: Devices | None = None,
     ) -> None:
-        self.policy = policy
+        self.policy: Policy = policy if devices is None else devices  # type: ignore[assignment]
         self.engines = engines
         self.cost = cost
         self.pool = pool
         self.charges: list[Charge] = []
         self._add_charge = self.charges.append
         self.admission = admission
-        self.dispatcher = Dispatcher(policy, cost, pool_slots=pool, charge=self._charge, admission=admission,
-                                     queue_bound=max_queued.get if max_queued else None)
+        self.dispatcher = Dispatcher(self.policy, cost, pool_slots=pool, charge=self._charge, admission=admission,
+                                     queue_bound=max_queued.get if max_queued else None,
+                                     device_hold=None if devices is None else devices.holds)
         for model, engine in engines.items():
             # The engine's batch and KV capacity are the dispatcher's slots and token budget.
             self.dispatcher.add_model(model, engine.profile, slots=engine.max_running,
@@ -672,8 +692,9 @@ class _Run:
             end = engine.start_step(now)
             if end is not None:
                 self.push(end, self._STEP, model)
-            elif self.policy.queued(model) and (self.pool is None or self.dispatcher.pool_running < self.pool):
-                self.idle_with_backlog += 1
+            elif (self.policy.queued(model) and model not in self.dispatcher.device_held
+                  and (self.pool is None or self.dispatcher.pool_running < self.pool)):
+                self.idle_with_backlog += 1  # idle with a request it may run (one held for its device may not)
 
     def _step_done(self, model: str, now: float) -> None:
         # One token for every request of the step, in batch order; a request's end (and the
@@ -683,6 +704,8 @@ class _Run:
             progress(state.request.id, 1, now)
             if state.generated >= state.output_tokens:
                 self._apply(finish(state.request.id, now), now)
+        if self.dispatcher.device_held:  # the step moved the counters: a model held for its device looks again
+            self._apply(self.dispatcher.refill(now), now)
 
     def _cancel(self, req: Request, now: float) -> None:
         if self.dispatcher.ticket(req.id) is None:
@@ -693,7 +716,7 @@ class _Run:
 
     def _charge(self, now: float, req: Request, amount: float) -> None:
         agent = req.agent
-        self._add_charge(Charge(now, agent.app.name, agent.name, amount))
+        self._add_charge(Charge(now, agent.app.name, agent.name, amount, req.model))
         if req.run is not None and self.flows is not None:
             self.flows.charge(req.run, amount)
 

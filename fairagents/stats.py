@@ -42,7 +42,7 @@ class Stats:
     runs: dict[str, RunStats] = field(default_factory=dict)
     """Per app with runs (requests naming a run): completed and active runs, durations, calls, service."""
     devices: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per device (:mod:`fairagents.runtime.devices`), each app's service there, in unified tokens; a device
+    """Per device (:mod:`fairagents.policies.devices`), each app's service there, in unified tokens; a device
     splits its own service, so shares are read within one."""
 
 

@@ -314,3 +314,57 @@ def test_apps_share_by_weight_while_their_runs_keep_them_backlogged(policy):
 
     shares = {app: s["share"] for app, s in run_scenario("weighted", policy, seconds=20.0)["apps"].items()}
     assert shares["gold"] == pytest.approx(2 / 3, abs=0.03) and shares["silver"] == pytest.approx(1 / 3, abs=0.03)
+
+
+# -- devices: several engines of one device take one order ---------------------------------------------------------
+
+
+def _two_engine_load(devices):
+    """App a keeps 'chat' and 'image' busy, app b only 'chat' (one request at a time each): service by (app, model)."""
+    engines = {m: SimEngine(fa.ModelProfile(d_model=4096, n_layers=1), max_running=1, kv_capacity=400)
+               for m in ("chat", "image")}
+    a, b = fa.Agent("t", fa.App("a")), fa.Agent("t", fa.App("b"))
+    work = Workload(seed=1)
+    work.burst(a, "chat", n=200, prompt=20, output=10).burst(a, "image", n=200, prompt=20, output=10)
+    work.burst(b, "chat", n=200, prompt=20, output=10)
+    result = simulate(work, "hmfs", engines, devices=devices)
+    until = 0.5 * result.end  # all three bursts still backlogged
+    served = {}
+    for c in result.charges:
+        if c.time <= until:
+            served[(c.app, c.model)] = served.get((c.app, c.model), 0.0) + c.amount
+    return result, served
+
+
+def test_engines_of_one_device_take_one_order_and_separate_devices_do_not_interfere():
+    one, served = _two_engine_load({"chat": "gpu", "image": "gpu"})
+    a = served[("a", "chat")] + served.get(("a", "image"), 0.0)
+    assert a == pytest.approx(served[("b", "chat")], rel=0.02)  # a's images count in its share of the device
+    apart, served = _two_engine_load({"chat": "gpu0", "image": "gpu1"})
+    assert served[("a", "chat")] == pytest.approx(served[("b", "chat")], rel=0.02)  # images cost a nothing on chat
+    chat = served[("a", "chat")] + served[("b", "chat")]
+    assert served[("a", "image")] == pytest.approx(chat, rel=0.05)  # the image engine never idles, as the LLM
+    assert one.idle_with_backlog == apart.idle_with_backlog == 0 and len(one.records) == len(apart.records) == 600
+    with pytest.raises(fa.InvalidParameterError, match="devices must name the device of every model"):
+        _two_engine_load({"chat": "gpu"})
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    demand=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["m0", "m1", "m2"]),
+                              st.integers(1, 60), st.integers(1, 20)),
+                    min_size=2, max_size=6, unique_by=lambda d: (d[0], d[1])),
+    slots=st.lists(st.integers(1, 3), min_size=3, max_size=3),
+)
+def test_a_device_of_several_engines_keeps_backlogged_apps_within_2U(demand, slots):
+    from fairagents.metrics import max_service_gap
+
+    engines = {f"m{i}": SimEngine(fa.ModelProfile(d_model=2048, n_layers=2), max_running=n, kv_capacity=400)
+               for i, n in enumerate(slots)}
+    work = Workload(seed=3)
+    for app, model, prompt, output in demand:
+        work.burst(fa.Agent("t", fa.App(app)), model, n=30, prompt=prompt, output=output)
+    result = simulate(work, "hmfs", engines, devices=dict.fromkeys(engines, "gpu"))
+    assert result.idle_with_backlog == 0 and len(result.records) == len(work)  # no idle engine holds a runnable one
+    weights = result.app_weights()
+    assert max_service_gap(result.records, result.charges, weights, "app") <= 2 * result.bound * (1 + 1e-9)

@@ -44,7 +44,7 @@ from fairagents.reply import ImageReply, Reply
 from fairagents.runtime.handles import AgentHandle, AppHandle, Who
 from fairagents.runtime.inputs import Inputs
 from fairagents.runtime.lifecycle import Lifecycle
-from fairagents.runtime.devices import LOCAL, policy_factory
+from fairagents.policies.devices import LOCAL, policy_factory
 from fairagents.runtime.pool import DEFAULT_IN_FLIGHT, Pool, Restart, TokenBudget, check_limit, default_device
 from fairagents.runtime.preprocessing import Preprocessor
 from fairagents.runtime.runner import Runner
@@ -172,7 +172,7 @@ class Arbiter:
 
         ``in_flight`` and ``token_budget`` override the arbiter's for this model
         (``token_budget=False``: the arbiter's). ``device`` names the capacity its engine
-        shares with other models' (:mod:`fairagents.runtime.devices`): models of one device
+        shares with other models' (:mod:`fairagents.policies.devices`): models of one device
         are served in one order, with one set of counters, and separate devices keep
         separate shares. Unset: in-process models share ``"local"``, a remote model is a
         device of its own (with ``counters=``, every model is on ``"local"``). A running
@@ -491,7 +491,7 @@ class Arbiter:
 
     @property
     def devices(self) -> dict[str, list[str]]:
-        """The pool's devices, each with its models (:mod:`fairagents.runtime.devices`)."""
+        """The pool's devices, each with its models (:mod:`fairagents.policies.devices`)."""
         layout: dict[str, list[str]] = {}
         for m in self.pool.models.values():
             layout.setdefault(m.device, []).append(m.name)

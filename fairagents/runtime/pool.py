@@ -31,7 +31,7 @@ from fairagents.engines.base import Engine, capabilities
 from fairagents.errors import InvalidParameterError, ModelLoadError, ProtocolError, UnknownModelError
 from fairagents.policies import Policy
 from fairagents.policies.pooled import PoolPolicy
-from fairagents.runtime.devices import LOCAL, Devices, policy_factory
+from fairagents.policies.devices import LOCAL, Devices, policy_factory
 
 __all__ = ["DEFAULT_IN_FLIGHT", "Pool", "PoolModel", "Restart", "TokenBudget", "default_device", "schedules_fairly"]
 
@@ -88,7 +88,7 @@ class PoolModel:
     token_budget: TokenBudget
     """Its token budget setting."""
     device: str = LOCAL
-    """The device it runs on (:mod:`fairagents.runtime.devices`)."""
+    """The device it runs on (:mod:`fairagents.policies.devices`)."""
     start_time: float | None = None
     """Seconds its engine took to start, last time: the retry hint while it restarts."""
 
@@ -267,7 +267,7 @@ async def _timed_start(m: PoolModel) -> None:
 
 
 def default_device(model: str, engine: Engine) -> str:
-    """``model``'s device unless told: a remote model's replicas are a device of their own, in-process engines share :data:`~fairagents.runtime.devices.LOCAL`.
+    """``model``'s device unless told: a remote model's replicas are a device of their own, in-process engines share :data:`~fairagents.policies.devices.LOCAL`.
 
     Examples:
         >>> from fairagents.runtime.pool import default_device

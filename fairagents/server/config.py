@@ -247,7 +247,7 @@ class ModelConfig(_Section):
     in_flight: int | None = Field(default=None, ge=1)
     """Requests handed to the engine at once; unset, the engine's batch capacity."""
     device: str | None = Field(default=None, min_length=1, max_length=128)
-    """The capacity its engine shares with other models' (:mod:`fairagents.runtime.devices`): models of one
+    """The capacity its engine shares with other models' (:mod:`fairagents.policies.devices`): models of one
     device are served in one order, with one set of counters. Unset: in-process models share ``"local"``, a
     remote (``openai``) model is a device of its own."""
     token_budget: Literal["engine", "off"] | Annotated[int, Field(ge=1)] | None = None

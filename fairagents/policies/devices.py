@@ -23,7 +23,7 @@ call goes to the policy of its model's device.
 
 Examples:
     >>> import fairagents as fa
-    >>> from fairagents.runtime.devices import Devices
+    >>> from fairagents.policies.devices import Devices
     >>> devices = Devices(lambda: fa.policies.make_policy("hmfs"))
     >>> devices.assign("chat", "gpu0"), devices.assign("image", "gpu0"), devices.assign("remote", "remote")
     ('gpu0', 'gpu0', 'remote')
@@ -59,7 +59,7 @@ def policy_factory(policy: str | Policy, made: Policy, cost: UnifiedTokenCost) -
 
     Examples:
         >>> import fairagents as fa
-        >>> from fairagents.runtime.devices import policy_factory
+        >>> from fairagents.policies.devices import policy_factory
         >>> cost = fa.UnifiedTokenCost()
         >>> policy = fa.policies.HMFS(cost)
         >>> again = policy_factory(policy, policy, cost)()

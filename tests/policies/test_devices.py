@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import fairagents as fa
 from fairagents.errors import InvalidParameterError
 from fairagents.policies.pooled import PoolPolicy
-from fairagents.runtime.devices import Devices
+from fairagents.policies.devices import Devices
 from fairagents.testing import FakeEngine
 
 PROFILE = fa.ModelProfile(d_model=4096, n_layers=1)
