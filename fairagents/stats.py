@@ -104,6 +104,10 @@ class Ledger:
         """Whether the agent was ever charged or ended a request."""
         return (app, agent) in self._service or (app, agent) in self._outcomes
 
+    def service_by_model(self) -> dict[tuple[str, str], float]:
+        """Unified tokens charged so far per ``(model, app)`` (a copy)."""
+        return dict(self._by_model)
+
     def service_of(self, app: str, agent: str | None = None) -> float:
         """Unified tokens charged to an app (or one of its agents) so far."""
         if agent is not None:

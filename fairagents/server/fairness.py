@@ -61,6 +61,7 @@ HISTORY_POINTS = 300
 
 _Key = tuple[str, str]
 _Sample = tuple[float, dict[_Key, float] | None, frozenset[_Key], dict[str, float]]
+_DeviceSample = tuple[float, dict[tuple[str, str], float], frozenset[tuple[str, str]]]
 
 #: Past the entitlement window, one sample in this many keeps each agent's service (the others only each app's).
 KEEP_AGENTS_EVERY = 10
@@ -116,6 +117,9 @@ class FairnessView:
 
         Past the ``window``, only one sample in :data:`KEEP_AGENTS_EVERY` keeps its
         per-agent figures (the others ``None``): memory grows with the agents far less."""
+        self.device_samples: deque[_DeviceSample] = deque(maxlen=int(window / interval) + 2)
+        """``(time, cumulative service by (device, app), the (device, app) pairs with requests queued)``, over the
+        ``window``: each device's entitlements are shared among its active apps."""
         self._taken = 0
         self._clients = clients or (lambda: [tuple(k.split("/", 1)) for k in self.stats().agents])  # type: ignore[misc]
         self._extra = extra or dict
@@ -158,7 +162,17 @@ class FairnessView:
             by_app[a] = by_app.get(a, 0.0) + v
             if (a, t) not in self.hidden:
                 served[(a, t)] = v
-        self.samples.append((self.clock(), served, waiting, by_app))
+        now = self.clock()
+        self.samples.append((now, served, waiting, by_app))
+        device_of = {name: m.device for name, m in self.arbiter.pool.models.items()}
+        on_device: dict[tuple[str, str], float] = {}
+        for (model, app), v in ledger.service_by_model().items():
+            if model in device_of:
+                key = (device_of[model], app)
+                on_device[key] = on_device.get(key, 0.0) + v
+        queued = frozenset((device_of[t.request.model], t.request.app) for t in self.arbiter.dispatcher.tickets()
+                           if t.dispatched is None and t.request.model in device_of)
+        self.device_samples.append((now, on_device, queued))
         self._taken += 1
         aged = len(self.samples) - 2 - int(self.window / self.interval)  # the sample that just left the window
         number = self._taken - len(self.samples) + aged
@@ -250,7 +264,7 @@ class FairnessView:
             window=self.window, policy=self.arbiter.policy.name, draining=draining, models=self._models(),
             pool={"in_flight": self.arbiter.pool_running, "in_flight_limit": self.arbiter.pool_in_flight},
             samples=samples, shown=[s for s in samples if history is None or s[0] >= now - history],
-            hidden=frozenset(self.hidden), max_agents=self.max_agents,
+            hidden=frozenset(self.hidden), max_agents=self.max_agents, device_samples=list(self.device_samples),
         )
 
 
@@ -274,6 +288,7 @@ class _Inputs:
     """The samples within ``history``."""
     hidden: frozenset[_Key]
     max_agents: int
+    device_samples: list[_DeviceSample]
 
 
 def _dumps(inputs: _Inputs, app: str | None, only: str | None) -> bytes:
@@ -300,7 +315,7 @@ def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) 
     for c in apps.values():
         c["agents"] = _fold(c["agents"], inputs.max_agents)
     history = _history(inputs, app)
-    devices = _devices(stats)
+    devices = _devices(inputs)
     if only is not None:
         apps, history = _own(apps, history, only)
         devices = {d: {**v, "apps": _own_share(v["apps"], only)} for d, v in devices.items()}
@@ -320,13 +335,39 @@ def _build(inputs: _Inputs, *, app: str | None = None, only: str | None = None) 
     }
 
 
-def _devices(stats: Stats) -> dict[str, Any]:
-    """Each device's service by app, and each app's share of it: a device splits its own service."""
+def _devices(inputs: _Inputs) -> dict[str, Any]:
+    """Each device's service by app: its share, and over the ``window`` its recent share and entitlement.
+
+    A device splits its own service: an app is active on it when it had requests queued
+    for one of its models, or was served there, in the window; the active apps' weights
+    share the device (``entitled_share``), as the apps' section shares the pool.
+    """
+    stats, start = inputs.stats, inputs.now - inputs.window
+    base: dict[tuple[str, str], float] | None = None
+    waited: set[tuple[str, str]] = set()
+    for t, served, queued in inputs.device_samples:
+        if t <= start or base is None:
+            base = served
+        if t >= start:
+            waited |= queued
+    devices = sorted(set(stats.devices) | {device for device, _ in waited})
     out: dict[str, Any] = {}
-    for device, served in stats.devices.items():
+    for device in devices:
+        served = dict(stats.devices.get(device, {}))
+        for d, app in waited:
+            if d == device:
+                served.setdefault(app, 0.0)
         total = sum(served.values())
-        out[device] = {"service": total, "apps": {
-            app: {"service": s, "share": s / total if total else 0.0} for app, s in sorted(served.items())}}
+        recent = None if base is None else {app: max(0.0, s - base.get((device, app), 0.0)) for app, s in served.items()}
+        recent_total = sum(recent.values()) if recent is not None else 0.0
+        active = {app for app in served if (device, app) in waited or (recent is not None and recent[app] > 0)}
+        weights = {app: stats.apps[app].weight if app in stats.apps else 1.0 for app in served}
+        active_weight = sum(weights[app] for app in active)
+        out[device] = {"service": total, "apps": {app: {
+            "service": s, "share": s / total if total else 0.0, "active": app in active,
+            "entitled_share": weights[app] / active_weight if app in active else None,
+            "recent_share": recent[app] / recent_total if recent is not None and recent_total > 0 else None,
+        } for app, s in sorted(served.items())}}
     return out
 
 
@@ -335,7 +376,11 @@ def _own_share(apps: dict[str, Any], only: str) -> dict[str, Any]:
     others = [c for name, c in apps.items() if name != only]
     mine = {only: apps[only]} if only in apps else {}
     if others:
-        mine[OTHER] = {k: sum(c[k] for c in others) for k in ("service", "share")}
+        mine[OTHER] = {**{k: sum(c[k] for c in others) for k in ("service", "share")},
+                       "active": any(c["active"] for c in others)}
+        for k in ("entitled_share", "recent_share"):
+            values = [c[k] for c in others if c[k] is not None]
+            mine[OTHER][k] = sum(values) if values else None
     return mine
 
 

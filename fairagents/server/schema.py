@@ -202,6 +202,11 @@ _RESPONSES: dict[str, dict[str, Any]] = {
          "entitlement": _object({"window_seconds": _NUMBER, "tolerance": _NUMBER}),
          "apps": {"type": "object", "additionalProperties": {"allOf": [
              _CLIENT, _object({"agents": {"type": "object", "additionalProperties": _CLIENT}})]}},
+         "devices": {"type": "object", "description": "Each device's service by app: a device splits its own.",
+                     "additionalProperties": _object({"service": _NUMBER, "apps": {
+                         "type": "object", "additionalProperties": _object({
+                             "service": _NUMBER, "share": _NUMBER, "active": {"type": "boolean"},
+                             "entitled_share": _nullable(_NUMBER), "recent_share": _nullable(_NUMBER)})}})},
          "history": _object({
              "interval_seconds": _NUMBER,
              "time": {"type": "array", "items": _NUMBER},

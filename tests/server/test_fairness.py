@@ -96,22 +96,32 @@ def test_an_app_without_runs_shows_none():
                     "service_mean": None, "recent": []}
 
 
-def test_each_device_shows_its_service_by_app_and_an_app_sees_only_its_own():
+def test_each_device_shows_its_apps_service_share_and_entitlement_and_an_app_sees_only_its_own():
     from fairagents.testing import FakeEngine
 
     arbiter = fa.Arbiter()
     arbiter.add_model("chat", FakeEngine())
     arbiter.add_model("remote", FakeEngine(shared_capacity=True))  # a device of its own
-    for app in ("a", "b", "c"):
+    arbiter.app("a", weight=3.0).agent("bot")
+    for app in ("b", "c"):
         arbiter.app(app).agent("bot")
+    now = [0.0]
+    view = FairnessView(arbiter, window=30.0, max_age=0, clock=lambda: now[0])
+    view.sample()
     for i, (app, model, amount) in enumerate([("a", "chat", 30.0), ("b", "chat", 10.0), ("a", "remote", 5.0),
                                               ("c", "remote", 15.0)]):
         arbiter.ledger.charge(1.0, app, "bot", amount, fa.Request(f"r{i}", fa.Agent("bot", fa.App(app)), model, 1, 1, 0.0))
-    devices = FairnessView(arbiter, max_age=0).snapshot()["devices"]
-    assert devices == {
-        "local": {"service": 40.0, "apps": {"a": {"service": 30.0, "share": 0.75}, "b": {"service": 10.0, "share": 0.25}}},
-        "remote": {"service": 20.0, "apps": {"a": {"service": 5.0, "share": 0.25}, "c": {"service": 15.0, "share": 0.75}}},
-    }
-    own = FairnessView(arbiter, max_age=0).snapshot(only="b")["devices"]
-    assert own["local"]["apps"] == {"b": {"service": 10.0, "share": 0.25}, "_other": {"service": 30.0, "share": 0.75}}
-    assert own["remote"]["apps"] == {"_other": {"service": 20.0, "share": 1.0}}
+    now[0] = 2.0
+    view.sample()
+    devices = view.snapshot()["devices"]
+    assert devices["local"] == {"service": 40.0, "apps": {
+        "a": {"service": 30.0, "share": 0.75, "active": True, "entitled_share": 0.75, "recent_share": 0.75},
+        "b": {"service": 10.0, "share": 0.25, "active": True, "entitled_share": 0.25, "recent_share": 0.25}}}
+    remote = devices["remote"]["apps"]  # a's weight 3 against c's 1, on this device alone
+    assert (remote["a"]["entitled_share"], remote["c"]["entitled_share"], remote["c"]["share"]) == (0.75, 0.25, 0.75)
+    own = view.snapshot(only="b")["devices"]
+    assert set(own["local"]["apps"]) == {"b", "_other"} and own["local"]["apps"]["_other"]["service"] == 30.0
+    assert set(own["remote"]["apps"]) == {"_other"} and '"c"' not in json.dumps(own)
+    now[0] = 40.0  # a window later, nobody was served or waited: no one is active, nothing is owed
+    view.sample()
+    assert all(a["entitled_share"] is None for d in view.snapshot()["devices"].values() for a in d["apps"].values())
