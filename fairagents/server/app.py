@@ -376,7 +376,7 @@ class Gateway:
     # -- the pool ------------------------------------------------------------------
 
     def models(self) -> dict[str, dict[str, Any]]:
-        """Per model: healthy, in flight (handed to the engine), its limit, and queued."""
+        """Per model: healthy, in flight (handed to the engine), its limit, queued, and its device."""
         out = {}
         for name in self.arbiter.models:
             queued = self.arbiter.queued(name)
@@ -386,6 +386,7 @@ class Gateway:
                 "in_flight": max(0, self.active[name] - queued),
                 "in_flight_limit": self.arbiter.in_flight_limit(name),
                 "queued": queued,
+                "device": self.arbiter.pool.get(name).device,
             }
         return out
 

@@ -114,6 +114,12 @@ _PAGE = r"""<!doctype html>
     <table id="table"></table>
   </section>
   <section class="card full">
+    <h2>Devices</h2>
+    <p class="sub">each device splits its own service: every app's share of it in the last 30 s vs its entitlement among
+      the apps active there, and since start</p>
+    <table id="devices"></table>
+  </section>
+  <section class="card full">
     <h2>Runs</h2>
     <p class="sub">runs of agent workflows (requests that name a run), first arrival to last end · over recent completed runs</p>
     <table id="runs"></table>
@@ -258,6 +264,23 @@ function drawTable(data) {
   $("table").innerHTML = `<thead><tr>${head.map((x) => `<th>${x}</th>`).join("")}</tr></thead><tbody>${body}</tbody>`;
 }
 
+function drawDevices(data) {
+  const head = ["", "models", "share 30 s", "entitled", "since start", "service"];
+  let body = "";
+  for (const [device, d] of Object.entries(data.devices || {}).sort(([a], [b]) => a.localeCompare(b))) {
+    const models = Object.keys(data.models).filter((m) => data.models[m].device === device).sort();
+    body += `<tr class="app"><td>${esc(device)}</td><td>${esc(models.join(", "))}</td><td></td><td></td><td></td>` +
+      `<td>${num(d.service)}</td></tr>`;
+    for (const [app, s] of Object.entries(d.apps).sort(([a], [b]) => a.localeCompare(b))) {
+      body += `<tr class="agent device-app" data-device="${esc(device)}" data-app="${esc(app)}"><td>${esc(app)}</td>` +
+        `<td></td><td>${pct(s.recent_share)}</td><td>${pct(s.entitled_share)}</td><td>${pct(s.share)}</td>` +
+        `<td>${num(s.service)}</td></tr>`;
+    }
+  }
+  $("devices").innerHTML = body ? `<thead><tr>${head.map((x) => `<th>${x}</th>`).join("")}</tr></thead><tbody>${body}</tbody>`
+    : `<tbody><tr><td class="empty">no service yet</td></tr></tbody>`;
+}
+
 function drawRuns(data) {
   const head = ["", "completed", "active", "duration mean", "duration p95", "calls mean", "service mean"];
   const fixed = (x) => x == null ? "–" : x.toFixed(1);
@@ -292,7 +315,7 @@ async function tick() {
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const data = await response.json();
     $("tolerance").textContent = (100 * data.entitlement.tolerance).toFixed(0) + " %";
-    drawHeader(data); drawShares(data); drawTimeline(data); drawAgents(data); drawTable(data); drawRuns(data);
+    drawHeader(data); drawShares(data); drawTimeline(data); drawAgents(data); drawTable(data); drawDevices(data); drawRuns(data);
     status(true, "updated " + new Date().toLocaleTimeString());
     document.body.dataset.ready = "1";
   } catch (err) {

@@ -124,7 +124,7 @@ _CLIENT = _object(
 )
 _RESTARTING = {"restarting": {"type": "boolean", "description": "the model is down and being restarted"}}
 _MODEL_STATE = _object({"healthy": {"type": "boolean"}, "in_flight": _INT, "in_flight_limit": _nullable(_INT), "queued": _INT},
-                       _RESTARTING)
+                       {**_RESTARTING, "device": _STRING})
 
 _RESPONSES: dict[str, dict[str, Any]] = {
     "ErrorResponse": _object(

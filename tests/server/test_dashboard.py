@@ -91,6 +91,8 @@ async def test_the_dashboard_shows_each_app_s_share_after_traffic(tmp_path):
     assert set(shares) == {"driving", "flood"} and all(0 < float(s) < 1 for s in shares.values())
     assert abs(sum(map(float, shares.values())) - 1) < 1e-3
     assert re.findall(r'class="bar" data-app="(\w+)" data-share="[\d.]+" data-demand="met"', dom) == ["driving", "flood"]  # all ended
+    assert re.findall(r'class="agent device-app" data-device="(\w+)" data-app="(\w+)"', dom) == [
+        ("local", "driving"), ("local", "flood")]  # the one device, and each app's share of it
     image = Image.open(shot).convert("RGB")
     assert image.size == (1400, 1000)
     counts = dict.fromkeys(COLORS, 0)
@@ -148,6 +150,13 @@ async def test_the_dashboard_marks_an_app_whose_demand_is_met(tmp_path):
     rows = re.findall(r'<tr class="app"><td>(\w+)</td>.*?<td class="(\w+)" title="[^"]*">([^<]+)</td>', dom)
     assert rows == [
         ("driving", "met", "demand met"), ("flood", "under", "▼ below entitlement"), ("spare", "idle", "idle")]
+
+
+def test_the_page_has_a_devices_table():
+    from fairagents.server.dashboard import page
+
+    html = page()
+    assert 'id="devices"' in html and "drawDevices(data)" in html and "s.entitled_share" in html
 
 
 def test_the_page_has_a_runs_table():
