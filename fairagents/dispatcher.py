@@ -657,7 +657,10 @@ class Dispatcher:
         if self._closed:
             return []
         if self.pool_slots is None:
-            return self._fill_model(touched, now)
+            # a model held for its device first: it has waited for this turn, the touched one has just had one
+            held = [t for name in sorted(self.device_held) if name != touched.name
+                    for t in self._fill_model(self._models[name], now)]
+            return held + self._fill_model(touched, now)
         return self._fill_pool(now)
 
     def _fill_model(self, m: ModelState, now: float) -> list[Ticket]:
