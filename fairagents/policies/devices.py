@@ -41,15 +41,11 @@ from typing import Any
 from fairagents.cost import UnifiedTokenCost
 from fairagents.errors import InvalidParameterError
 from fairagents.policies import Policy
-from fairagents.policies.pooled import PoolPolicy
+from fairagents.policies.pooled import LOCAL, PoolPolicy
 from fairagents.policies.watched_lock import WatchedLock
 from fairagents.request import Outcome, Request
 
-__all__ = ["LOCAL", "Devices", "policy_factory"]
-
-#: The device of an arbiter's in-process models, unless told otherwise.
-LOCAL = "local"
-
+__all__ = ["Devices", "LOCAL", "policy_factory"]
 
 def policy_factory(policy: str | Policy, made: Policy, cost: UnifiedTokenCost) -> Callable[[], Policy]:
     """How to make the policy of each further device: by its name again, or as a copy of ``made`` before its first use.

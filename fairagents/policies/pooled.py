@@ -54,9 +54,12 @@ from fairagents.policies.base import BasePolicy, DefersInput, Policy
 from fairagents.policies.watched_lock import LockWatchdog, WatchedLock
 from fairagents.request import Outcome, Request
 
-__all__ = ["EngineTally", "PoolPolicy"]
+__all__ = ["EngineTally", "LOCAL", "PoolPolicy"]
 
 log = get_logger("fairagents.policy")
+
+#: The device of an arbiter's in-process models, unless told otherwise (:mod:`fairagents.policies.devices`).
+LOCAL = "local"
 
 _UNSEEN: Any = object()
 # waiting in the policy; taken by the engine, its prompt not charged yet; in the batch, charged
@@ -101,7 +104,7 @@ class PoolPolicy:
     """
 
     def __init__(self, policy: Policy, cost: UnifiedTokenCost | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, device: str = "local",
+                 clock: Callable[[], float] = time.monotonic, device: str = LOCAL,
                  lock: WatchedLock | None = None) -> None:
         own = getattr(policy, "cost", None)
         self.policy = policy
