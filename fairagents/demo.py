@@ -53,7 +53,8 @@ from fairagents.request import Outcome
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.stats import Stats
 
-__all__ = ["AGENTS", "APPS", "LAYOUTS", "DemoRun", "Row", "main", "run", "run_async", "standings"]
+__all__ = ["AGENTS", "APPS", "BACKLOGGED", "CHAT_BATCH", "DemoRun", "LAYOUTS", "Row", "main", "plot", "run", "run_async",
+           "standings", "table", "worst_gap"]
 
 #: app → weight.
 APPS = {"driving": 2.0, "studio": 1.0, "flood": 1.0}
