@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fairagents.engines.base import Engine
+from fairagents.errors import InvalidParameterError
 from fairagents.images import to_png
 from fairagents.metrics import backlog_intervals, entitlements, percentile
 from fairagents.policies.pooled import EngineTally
@@ -115,7 +116,7 @@ async def run(engines: Mapping[str, Engine], policy: str, seconds: float, layout
     CPU); ``"separate"`` gives each a device of its own, as three GPUs would be.
     """
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        raise InvalidParameterError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     arbiter = Arbiter(policy=policy)
     for name, engine in engines.items():
         arbiter.add_model(name, engine, device="local" if layout == "one" else name,
@@ -326,7 +327,7 @@ async def run_async(
     from fairagents.engines import embedded_pool
 
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        raise InvalidParameterError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if engines is None:
         pool = embedded_pool(model)
         engines = {"chat": pool["text"], "vision": pool["vision"], "image": pool["image"]}
