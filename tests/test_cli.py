@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+import fairagents as fa
 from fairagents.cli import main
 
 from ._shared import SharedEngine
@@ -118,3 +119,10 @@ def test_serve_with_a_policy_that_does_not_load_is_one_line_and_exit_2(capsys, o
     assert main(["serve", *options]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"fairagents serve: {why}"), line
+
+
+async def test_the_demo_refuses_an_unknown_layout_before_starting_anything():
+    from fairagents import demo
+
+    with pytest.raises(fa.InvalidParameterError, match="layout must be one of one, separate"):
+        await demo.run({}, "hmfs", 1.0, layout="three")
