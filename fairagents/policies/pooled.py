@@ -3,9 +3,10 @@
 An arbiter orders the requests of the models it dispatches itself (an image
 generator, remote replicas, a vLLM engine with ``scheduler="vllm"``); an in-process
 vLLM engine orders its own waiting queue and picks its own preemption victims
-(:class:`~fairagents.vllm.FairScheduler`). Both ask the *same* policy object, so an
-app's service on one model counts on every other, whatever the policy:
-:class:`PoolPolicy` is that object's seat.
+(:class:`~fairagents.vllm.FairScheduler`). The models of one device
+(:mod:`fairagents.policies.devices`) ask the *same* policy object, so an app's service on
+one of them counts on every other, whatever the policy: :class:`PoolPolicy` is that
+object's seat, one per device; and its engines take one order (:meth:`PoolPolicy.holds`).
 
 **Consistency.** Every call into the policy, from the arbiter's event loop (through
 the dispatcher) or from an engine's thread (through :meth:`PoolPolicy.engine_arrive`,
