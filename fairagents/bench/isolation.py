@@ -158,8 +158,11 @@ async def _one(engine: Engine, share: float | None, mode: str | None, *, seconds
             if mode is not None:
                 flood = await _spawn("flood", url, str(flood_clients), str(flood_tokens), mode)
                 await _tell(flood)
-                await asyncio.sleep(2.0)  # the flood fills the model first
-            victim = await _spawn("victim", url, str(seconds), str(victim_tokens), calls)
+                # the flood fills the model first, while the victim's process starts (it waits for its go)
+                victim, _ = await asyncio.gather(_spawn("victim", url, str(seconds), str(victim_tokens), calls),
+                                                 asyncio.sleep(min(2.0, seconds)))
+            else:
+                victim = await _spawn("victim", url, str(seconds), str(victim_tokens), calls)
             await _tell(victim)
             out, _ = await victim.communicate()
             measured = json.loads(out)
