@@ -104,9 +104,15 @@ class Ledger:
         """Whether the agent was ever charged or ended a request."""
         return (app, agent) in self._service or (app, agent) in self._outcomes
 
-    def service_by_model(self) -> dict[tuple[str, str], float]:
-        """Unified tokens charged so far per ``(model, app)`` (a copy)."""
-        return dict(self._by_model)
+    def service_by_device(self, devices: Mapping[str, str]) -> dict[str, dict[str, float]]:
+        """Unified tokens charged so far per device and app, ``devices`` giving each model's (others left out)."""
+        by_device: dict[str, dict[str, float]] = {}
+        for (model, app), amount in list(self._by_model.items()):
+            device = devices.get(model)
+            if device is not None:
+                on = by_device.setdefault(device, {})
+                on[app] = on.get(app, 0.0) + amount
+        return by_device
 
     def service_of(self, app: str, agent: str | None = None) -> float:
         """Unified tokens charged to an app (or one of its agents) so far."""
@@ -181,10 +187,5 @@ class Ledger:
             app_weight = sum(agent_weights[k] for k in keys)
             for k in keys:
                 agents[f"{k[0]}/{k[1]}"] = snap(f"{k[0]}/{k[1]}", [k], agent_weights[k], app_weight, app_service)
-        by_device: dict[str, dict[str, float]] = {}
-        for (model, app), amount in list(self._by_model.items()):
-            device = (devices or {}).get(model)
-            if device is not None:
-                on = by_device.setdefault(device, {})
-                on[app] = on.get(app, 0.0) + amount
-        return Stats(apps=apps, agents=agents, runs=self.runs.summary(now), devices=by_device)
+        return Stats(apps=apps, agents=agents, runs=self.runs.summary(now),
+                     devices=self.service_by_device(devices or {}))

@@ -165,11 +165,8 @@ class FairnessView:
         now = self.clock()
         self.samples.append((now, served, waiting, by_app))
         device_of = {name: m.device for name, m in self.arbiter.pool.models.items()}
-        on_device: dict[tuple[str, str], float] = {}
-        for (model, app), v in ledger.service_by_model().items():
-            if model in device_of:
-                key = (device_of[model], app)
-                on_device[key] = on_device.get(key, 0.0) + v
+        on_device = {(device, app): v for device, served in ledger.service_by_device(device_of).items()
+                     for app, v in served.items()}
         queued = frozenset((device_of[t.request.model], t.request.app) for t in self.arbiter.dispatcher.tickets()
                            if t.dispatched is None and t.request.model in device_of)
         self.device_samples.append((now, on_device, queued))
