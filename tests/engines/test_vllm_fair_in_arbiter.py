@@ -145,9 +145,14 @@ async def test_an_agent_resending_its_history_pays_for_what_the_engine_computes(
     assert seat.tally("chat").cached == hits
 
 
-@pytest.mark.parametrize("level", ["apps", "agents of one app"])
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": CITY}}]
+
+
+@pytest.mark.parametrize(("level", "calls"), [("apps", "chat"), ("agents of one app", "chat"),
+                                              ("agents of one app", "tool call")])
 async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another_engine_of_its_device(
-        text_engine, level):
+        text_engine, level, calls):
     """One device, one order: vLLM's batch takes no new request of a client ahead while one behind waits elsewhere."""
     from fairagents.testing import FakeEngine
 
@@ -176,7 +181,9 @@ async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another
         await ahead.chat("chat", MSG, max_tokens=16, ignore_eos=True)  # 'ahead' is now served beyond 'behind'
         who = arbiter.tenants.resolve(ahead)
         served = arbiter.ledger.service_of(ahead_app, who.name)
-        held = asyncio.create_task(ahead.chat("chat", MSG, max_tokens=4, ignore_eos=True))
+        ask = {"max_tokens": 4, "ignore_eos": True} if calls == "chat" else {
+            "max_tokens": 64, "tools": WEATHER, "tool_choice": "required", "parallel_tool_calls": False}
+        held = asyncio.create_task(ahead.chat("chat", MSG, **ask))
         await asyncio.sleep(0.5)  # the engine looks again every few milliseconds: it does not take the request
         assert not held.done() and arbiter.ledger.service_of(ahead_app, who.name) == served
         assert arbiter.pool_policy.holds("chat", who)
@@ -186,4 +193,8 @@ async def test_the_engine_holds_a_client_ahead_while_one_behind_waits_on_another
         image.emit(next(iter(image.running)), 40, finish="stop")
         await asyncio.gather(running, waiting)
         reply = await asyncio.wait_for(held, 30)
-    assert reply.usage.completion_tokens == 4
+    if calls == "chat":
+        assert reply.usage.completion_tokens == 4
+    else:  # its grammar compiled while it was held: the call comes out whole once the client has caught up
+        [call] = reply.tool_calls
+        assert call.name == "weather" and reply.finish_reason == "tool_calls"
