@@ -407,11 +407,15 @@ class SimResult:
     end: float
     """Virtual time of the last event."""
     idle_with_backlog: int
-    """Times a model was left with an empty batch while a request for it waited (0 is work-conserving)."""
+    """Times a model was left with an empty batch while a request for it waited and was not held for its device
+    (0 is work-conserving)."""
     dispatch_order: dict[str, list[str]] = field(default_factory=dict)
-    """Request ids per model, in dispatch order."""
+    """Request ids per model, in dispatch order (an engine with ``scheduler="fair"`` is handed each as it arrives)."""
     preemptions: int = 0
-    """Requests the engines preempted (only ``kv="paged"`` engines preempt, when admission overcommits)."""
+    """Requests the engines preempted (``kv="paged"`` engines, when the cache overflows; ``scheduler="fair"``
+    engines, also for a client owed service)."""
+    fair_preemptions: int = 0
+    """Of :attr:`preemptions`, those for a client owed service (``scheduler="fair"`` engines)."""
     admission: Statera | None = None
     """The admission controller of the run, if any (its ``states``, ``covered`` and ``calibrated`` after the run)."""
     rejected: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -473,7 +477,7 @@ def simulate(
         apps: if given, the only apps (and their agents, as :class:`Agent` objects in
             the workload) allowed; otherwise every app in the workload is allowed.
         d_base: ``d_base`` of the unified-token cost (default 4096).
-        pool_running: most requests running across all engines at once (the models
+        pool_running: most requests running across all ``"vllm"`` engines at once (the models
             share hardware), as :class:`~fairagents.Arbiter`'s ``pool_in_flight``: a
             slot freed on any engine goes to the policy's choice among every model
             with room (:meth:`~fairagents.policies.Policy.select_among`). A request
@@ -493,8 +497,16 @@ def simulate(
             ``Arbiter.add_model(..., device=...)``: the engines of one device take one
             order with one set of counters (an engine holds back a client that is ahead
             while one owed more waits on another engine of the device; it looks again
-            after every step), separate devices keep separate policies. ``None``: each
-            engine is a device of its own.
+            after every step), and they time-share it: one step of one of them runs at
+            a time, the engines with work taking turns. Separate devices keep separate
+            policies and step in parallel. ``None``: each engine is a device of its own.
+
+    Engines with ``scheduler="fair"`` (:class:`~fairagents.engines.SimEngine`) model the
+    default serving path: each request is handed to its engine as it arrives (within
+    its app's share), and the engine orders, admits and preempts by its device's seat
+    of the policy. With ``"vllm"`` engines, the dispatcher decides what each engine
+    runs, as the arbiter does for ``VLLMEngine(scheduler="vllm")`` and for engines that
+    do not schedule themselves (diffusers, remote replicas).
 
     Raises:
         BadInputError: a bad workload (an unknown model or app, a request that does not
@@ -514,14 +526,19 @@ def simulate(
         raise InvalidParameterError(f"pool_running must be an integer ≥ 1 or None, got {pool_running!r}")
     cost = UnifiedTokenCost({m: e.profile for m, e in engines.items()}, **({"d_base": d_base} if d_base else {}))
     policy_obj = make_policy(policy, cost)
-    layout = None
-    if devices is not None:
-        if set(devices) != set(engines):
+    fair = sorted(m for m, e in engines.items() if e.scheduler == "fair")
+    if fair and (pool_running is not None or admission is not None):
+        raise InvalidParameterError(
+            f"pool_running and admission shape the dispatcher's admission; the engines of {', '.join(fair)} "
+            "(scheduler='fair') admit by the policy themselves: use scheduler='vllm' engines with them")
+    layout, clock = None, _Clock()
+    if devices is not None or fair:
+        if devices is not None and set(devices) != set(engines):
             raise InvalidParameterError(f"devices must name the device of every model and no other: got "
                                         f"{sorted(devices)} for {sorted(engines)}")
-        layout = Devices(policy_factory(policy, policy_obj, cost), PoolPolicy(policy_obj, cost), cost)
-        for model, device in devices.items():
-            layout.assign(model, device)
+        layout = Devices(policy_factory(policy, policy_obj, cost), PoolPolicy(policy_obj, cost, clock=clock), cost)
+        for model in engines:
+            layout.assign(model, model if devices is None else devices[model])
             layout.seat(model).register(model, engines[model].profile)
     controller = make_admission(admission)
     if controller is not None:
@@ -536,8 +553,20 @@ def simulate(
             raise InvalidParameterError(f"max_queued must be an integer ≥ 1, got {bound!r}", app=app)
     requests = _validate(workload, engines, apps)
     flows = _Flows(workflows, engines, apps) if workflows is not None else None
-    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds, layout)
+    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds, layout, clock, shared=devices is not None)
     return run.play(requests, flows)
+
+
+class _Clock:
+    """The virtual clock the engines' seats of the policy read (``PoolPolicy(clock=...)``)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def simulate_workflows(
@@ -587,9 +616,10 @@ class _Run:
     def __init__(
         self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None,
         admission: Statera | None = None, max_queued: Mapping[str, int] | None = None,
-        devices: Devices | None = None,
+        devices: Devices | None = None, clock: _Clock | None = None, shared: bool = False,
     ) -> None:
         self.policy: Policy = policy if devices is None else devices  # type: ignore[assignment]
+        self.clock = clock if clock is not None else _Clock()
         self.engines = engines
         self.cost = cost
         self.pool = pool
@@ -600,9 +630,23 @@ class _Run:
                                      queue_bound=max_queued.get if max_queued else None,
                                      device_hold=None if devices is None else devices.holds)
         for model, engine in engines.items():
+            if engine.scheduler == "fair":  # handed every request at once; it orders them by its device's seat
+                assert devices is not None
+                engine.bind(devices.seat(model), model)
+                self.dispatcher.add_model(model, engine.profile, slots=engine.max_running, token_budget=None,
+                                          max_model_len=engine.max_model_len, in_engine=True,
+                                          kv_tokens=engine.kv_capacity)
+                continue
             # The engine's batch and KV capacity are the dispatcher's slots and token budget.
             self.dispatcher.add_model(model, engine.profile, slots=engine.max_running,
                                       token_budget=engine.kv_capacity, max_model_len=engine.max_model_len)
+        # The engines of a device step one at a time (they time-share it), taking turns; without a layout each
+        # engine is a device of its own.
+        by_device: dict[str, list[str]] = {}
+        for model in engines:
+            by_device.setdefault(devices.device_of[model] if shared and devices is not None else model, []).append(model)
+        self.device_engines = list(by_device.values())
+        self.turn = [0] * len(self.device_engines)
         self.joining: dict[str, list[Request]] = {m: [] for m in engines}  # dispatched; join at the next step
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = itertools.count()
@@ -631,8 +675,10 @@ class _Run:
             if item.cancel_at is not None:
                 self.push(max(item.cancel_at, item.at), self._CANCEL, req)
         now = 0.0
+        clock = self.clock
         while self.events:
             now, kind, _, payload = heapq.heappop(self.events)
+            clock.now = now
             if kind == self._ARRIVAL:
                 self._arrive(payload, now)  # type: ignore[arg-type]
             elif kind == self._STEP:
@@ -652,6 +698,7 @@ class _Run:
             idle_with_backlog=self.idle_with_backlog,
             dispatch_order=self.order,
             preemptions=sum(e.preemptions for e in self.engines.values()),
+            fair_preemptions=sum(e.fair_preemptions for e in self.engines.values()),
             admission=self.admission,
             rejected=self.rejected,
             runs=flows.done if flows is not None else [],
@@ -679,22 +726,40 @@ class _Run:
                     self.flows.ended(ticket.request, now)
 
     def _start_steps(self, now: float) -> None:
-        """Every idle engine admits what was dispatched to it and starts a step (continuous batching)."""
-        for model, engine in self.engines.items():
-            if engine.busy:
-                continue
-            joining = self.joining[model]
-            if joining:
-                output = self.output
-                for req in joining:
-                    engine.admit(req, output[req.id])
-                joining.clear()
-            end = engine.start_step(now)
-            if end is not None:
-                self.push(end, self._STEP, model)
-            elif (self.policy.queued(model) and model not in self.dispatcher.device_held
-                  and (self.pool is None or self.dispatcher.pool_running < self.pool)):
-                self.idle_with_backlog += 1  # idle with a request it may run (one held for its device may not)
+        """Every idle device's engines admit what was handed to them, and the next in turn with work starts a step.
+
+        (Continuous batching; a device runs one engine's step at a time, its engines taking turns.)
+        """
+        engines = self.engines
+        for i, models in enumerate(self.device_engines):
+            if len(models) > 1 and any(engines[m].busy for m in models):
+                continue  # the device is busy: its other engines wait for it
+            n, turn = len(models), self.turn[i]
+            for k in range(n):
+                model = models[(turn + k) % n]
+                engine = engines[model]
+                if engine.busy:
+                    continue
+                joining = self.joining[model]
+                if joining:
+                    output = self.output
+                    for req in joining:
+                        engine.admit(req, output[req.id])
+                    joining.clear()
+                end = engine.start_step(now)
+                if end is not None:
+                    self.push(end, self._STEP, model)
+                    if n > 1:
+                        self.turn[i] = (turn + k + 1) % n
+                        break
+                elif self._backlogged(model, engine):
+                    self.idle_with_backlog += 1  # idle with a request it may run (one held for its device may not)
+
+    def _backlogged(self, model: str, engine: SimEngine) -> bool:
+        if engine.scheduler == "fair":
+            return engine.waiting > 0 and not engine.held_by_device
+        return bool(self.policy.queued(model) and model not in self.dispatcher.device_held
+                    and (self.pool is None or self.dispatcher.pool_running < self.pool))
 
     def _step_done(self, model: str, now: float) -> None:
         # One token for every request of the step, in batch order; a request's end (and the

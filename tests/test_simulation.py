@@ -340,8 +340,8 @@ def test_engines_of_one_device_take_one_order_and_separate_devices_do_not_interf
     one, served = _two_engine_load({"chat": "gpu", "image": "gpu"})
     a = served[("a", "chat")] + served.get(("a", "image"), 0.0)
     assert a == pytest.approx(served[("b", "chat")], rel=0.02)  # a's images count in its share of the device
-    assert served[("b", "chat")] == pytest.approx(2 * served[("a", "chat")], rel=0.05)  # and a's turns go to both
     apart, served = _two_engine_load({"chat": "gpu0", "image": "gpu1"})
+    assert one.end > 1.4 * apart.end  # one device runs one engine's step at a time; two run theirs in parallel
     assert served[("a", "chat")] == pytest.approx(served[("b", "chat")], rel=0.02)  # images cost a nothing on chat
     chat = served[("a", "chat")] + served[("b", "chat")]
     assert served[("a", "image")] == pytest.approx(chat, rel=0.05)  # the image engine never idles, as the LLM

@@ -27,6 +27,25 @@ The KV cache is managed one of two ways (``kv=``):
   the head of the queue, and on rejoining is prefilled again over its prompt and the
   tokens it had generated (which it keeps). This lets a scheduler that admits more
   than the worst case be simulated honestly, preemption cost included.
+
+Who joins the batch is decided one of two ways (``scheduler=``):
+
+- ``"vllm"`` (the default): the engine serves what it is handed, first come first
+  served, as vLLM's own scheduler does behind the arbiter's dispatcher
+  (``VLLMEngine(scheduler="vllm")``): the simulator's dispatcher decides what to hand it;
+- ``"fair"``, the default serving path (``VLLMEngine()``'s in-engine scheduler,
+  :class:`~fairagents.vllm.scheduler.FairScheduler`): the engine takes every request
+  as it arrives and keeps its waiting requests in its device's seat of the policy
+  (:meth:`SimEngine.bind`); at each step boundary it holds its head back while a
+  client owed more waits on another engine of its device
+  (:meth:`~fairagents.policies.pooled.PoolPolicy.holds`), preempts at most one running
+  request for a waiting client the policy owes (by the rules of
+  :meth:`~fairagents.vllm.scheduler.FairScheduler.fair_victim`: a lead beyond the
+  head's prompt charge, beyond the victim's recompute for a resuming head, at most
+  :data:`MAX_FAIR_PREEMPTIONS` times per request), fills the batch in the policy's
+  order, and, paged, preempts the most served client's request when the cache
+  overflows (vLLM's priority path, ranked by the policy's counters). Prompts are
+  charged as they join the batch, output per step, as the engine's scheduler charges.
 """
 
 from __future__ import annotations
@@ -34,13 +53,19 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fairagents.cost import ModelProfile
 from fairagents.errors import ContextLengthError, InvalidParameterError, ProtocolError
-from fairagents.request import Request
+from fairagents.request import Outcome, Request
 
-__all__ = ["SimEngine", "SimProgress", "SimState"]
+if TYPE_CHECKING:
+    from fairagents.policies.pooled import PoolPolicy
+
+__all__ = ["MAX_FAIR_PREEMPTIONS", "SimEngine", "SimProgress", "SimState"]
+
+#: With ``scheduler="fair"``: the most times one request is preempted for fairness (as the real engine's).
+MAX_FAIR_PREEMPTIONS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +121,10 @@ class SimEngine:
             refuses what does not fit; ``"paged"`` holds ``prompt + generated``,
             queues what does not fit, and preempts the most recently joined request
             when the batch outgrows the cache (see the module docs).
+        scheduler: ``"vllm"`` serves what it is handed, first come first served;
+            ``"fair"`` schedules by its device's seat of the policy, as the default
+            serving path does (see the module docs; :meth:`bind` gives it the seat).
+        preempt: with ``scheduler="fair"``, whether it preempts for a client owed service.
 
     Examples:
         >>> import fairagents as fa
@@ -149,6 +178,8 @@ class SimEngine:
         jitter: float = 0.0,
         seed: int = 0,
         kv: Literal["reserve", "paged"] = "reserve",
+        scheduler: Literal["vllm", "fair"] = "vllm",
+        preempt: bool = True,
     ) -> None:
         for what, value in (("max_running", max_running), ("kv_capacity", kv_capacity)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -166,6 +197,8 @@ class SimEngine:
             raise InvalidParameterError(f"jitter must be in [0, 1), got {jitter!r}")
         if kv not in ("reserve", "paged"):
             raise InvalidParameterError(f"kv must be 'reserve' or 'paged', got {kv!r}")
+        if scheduler not in ("vllm", "fair"):
+            raise InvalidParameterError(f"scheduler must be 'vllm' or 'fair', got {scheduler!r}")
         self.profile = profile
         self.max_running = max_running
         self.kv_capacity = kv_capacity
@@ -184,6 +217,18 @@ class SimEngine:
         self._waiting: OrderedDict[str, SimState] = OrderedDict()  # next to join first
         self._kv_used = 0
         self._step_end: float | None = None
+        self.scheduler = scheduler
+        self.preempt = preempt
+        self.fair_preemptions = 0
+        """With ``scheduler="fair"``: requests preempted for a client owed service (counted in :attr:`preemptions` too)."""
+        self.held_by_device = False
+        """With ``scheduler="fair"``: whether the last step boundary held the head back for its device."""
+        self._fair = scheduler == "fair"
+        self._seat: PoolPolicy | None = None
+        self._model = ""
+        self._held: dict[str, SimState] = {}  # fair: waiting in the seat's policy, by id
+        self._resumed: set[str] = set()  # fair: preempted at least once (it pays no prompt again)
+        self._fair_preempted: dict[str, int] = {}
 
     @property
     def running(self) -> int:
@@ -197,13 +242,31 @@ class SimEngine:
 
     @property
     def waiting(self) -> int:
-        """Number of requests admitted but waiting to join the batch (always 0 with ``kv="reserve"``)."""
-        return len(self._waiting)
+        """Number of requests admitted but waiting to join the batch (always 0 with ``kv="reserve"`` and ``"vllm"``)."""
+        return len(self._held) if self._fair else len(self._waiting)
 
     @property
     def waiting_ids(self) -> list[str]:
-        """Ids of the waiting requests, the next to join first."""
-        return list(self._waiting)
+        """Ids of the waiting requests: the next to join first (with ``scheduler="fair"``, in arrival order)."""
+        return list(self._held) if self._fair else list(self._waiting)
+
+    def bind(self, seat: PoolPolicy, model: str) -> None:
+        """With ``scheduler="fair"``: schedule by ``seat`` (its device's seat of the pool's policy) as model ``model``.
+
+        What an engine held under an earlier binding is dropped (as a restarted engine's queue is).
+        """
+        if not self._fair:
+            raise ProtocolError("only an engine with scheduler='fair' schedules by the pool's policy")
+        if self._step_end is not None:
+            raise ProtocolError("an engine is bound between steps, not during one")
+        self._seat, self._model = seat, model
+        seat.forget(model)
+        self._running.clear()
+        self._joined.clear()
+        self._held.clear()
+        self._resumed.clear()
+        self._fair_preempted.clear()
+        self._kv_used = 0
 
     @property
     def kv_used(self) -> int:
@@ -253,8 +316,14 @@ class SimEngine:
         self.check(req)
         if not 1 <= output_tokens <= req.max_tokens:
             raise InvalidParameterError(f"output_tokens must be in [1, {req.max_tokens}], got {output_tokens!r}")
-        if req.id in self._running or req.id in self._waiting:
+        if req.id in self._running or req.id in self._waiting or req.id in self._held:
             raise ProtocolError(f"request {req.id!r} is already in the engine")
+        if self._fair:
+            if self._seat is None:
+                raise ProtocolError("an engine with scheduler='fair' schedules by a pool's policy: bind() it first")
+            self._seat.engine_arrive(req)  # it waits in the policy; the next step boundary decides
+            self._held[req.id] = SimState(req, output_tokens)
+            return
         if self._paged:
             self._waiting[req.id] = SimState(req, output_tokens)
             self._fill()
@@ -266,13 +335,15 @@ class SimEngine:
 
     def abort(self, request_id: str) -> bool:
         """Drop a running or waiting request, freeing its slot and KV; whether it was in the engine."""
-        if self._waiting.pop(request_id, None) is not None:
+        if self._waiting.pop(request_id, None) is not None or self._held.pop(request_id, None) is not None:
+            self._end(request_id, Outcome.CANCELLED)
             return True  # a waiting request holds no KV
         state = self._running.pop(request_id, None)
         if state is None:
             return False
         self._joined.pop(request_id, None)
-        self._kv_used -= self._held(state)
+        self._kv_used -= self._holds(state)
+        self._end(request_id, Outcome.CANCELLED)
         return True
 
     def start_step(self, now: float) -> float | None:
@@ -283,7 +354,9 @@ class SimEngine:
         """
         if self._step_end is not None:
             raise ProtocolError("a step is already in progress")
-        if self._paged:
+        if self._fair:
+            self._schedule_fairly()
+        elif self._paged:
             self._fill()
             self._preempt()
         running = len(self._running)
@@ -329,14 +402,23 @@ class SimEngine:
                 finished.append(state)
         if self._paged:
             self._kv_used += len(batch)  # one more token held by each
+        if self._seat is not None:  # the engine's scheduler charges the step's output
+            self._seat.engine_progress(self._model, [(state.request.id, 1) for state in batch])
         if finished:
             running = self._running
             for state in finished:
                 del running[state.request.id]
-                self._kv_used -= self._held(state)
+                self._kv_used -= self._holds(state)
+                self._end(state.request.id, Outcome.FINISHED)
         return batch
 
-    def _held(self, state: SimState) -> int:
+    def _end(self, request_id: str, outcome: Outcome) -> None:
+        if self._seat is not None:
+            self._seat.engine_end(self._model, request_id, outcome)
+            self._resumed.discard(request_id)
+            self._fair_preempted.pop(request_id, None)
+
+    def _holds(self, state: SimState) -> int:
         """KV tokens a running request holds."""
         return state.request.prompt_tokens + (state.generated if self._paged else state.request.max_tokens)
 
@@ -364,7 +446,103 @@ class SimEngine:
         while len(self._running) > 1 and self._kv_used + len(self._running) > self.kv_capacity:
             rid, state = self._running.popitem()
             self._joined.pop(rid, None)  # if it had not been prefilled yet; it will be again on rejoining
-            self._kv_used -= self._held(state)
+            self._kv_used -= self._holds(state)
             self._waiting[rid] = state
             self._waiting.move_to_end(rid, last=False)
             self.preemptions += 1
+
+    # -- scheduler="fair": the default path's in-engine scheduler ---------------------------
+
+    def _schedule_fairly(self) -> None:
+        """A step boundary: hold for the device, preempt at most one for fairness, fill in the policy's order."""
+        seat, model = self._seat, self._model
+        assert seat is not None
+        self.held_by_device = False
+        head = self._head()
+        if head is not None and len(seat.models) > 1:
+            self.held_by_device = seat.holds(model, head.request.agent)
+        if head is not None and not self.held_by_device:
+            if self.preempt and self._running and seat.orders_by_service:
+                victim = self._fair_victim(head)
+                if victim is not None:
+                    self._fair_preempted[victim.request.id] = self._fair_preempted.get(victim.request.id, 0) + 1
+                    self.fair_preemptions += 1
+                    self._requeue(victim)
+            while (head := self._head()) is not None and self._fits(head):
+                del self._held[head.request.id]
+                self._join(head)
+                seat.engine_take(model, head.request.id)
+                seat.engine_admit(model, head.request.id)
+        while self._paged and len(self._running) > 1 and self._kv_used + len(self._running) > self.kv_capacity:
+            self._requeue(max(self._running.values(), key=self._rank))  # vLLM's victim: the most served client's
+
+    def _head(self) -> SimState | None:
+        """The policy's choice among this engine's waiting requests."""
+        if not self._held:
+            return None
+        twin = self._seat.engine_select(self._model)  # type: ignore[union-attr]
+        if twin is None or twin.id not in self._held:
+            raise ProtocolError(f"the policy chose {twin and twin.id!r}, not a request waiting in model {self._model!r}")
+        return self._held[twin.id]
+
+    def _need(self, state: SimState) -> int:
+        """KV tokens ``state`` takes on joining: its prompt and output so far (paged), or its whole reservation."""
+        req = state.request
+        return req.prompt_tokens + (state.generated if self._paged else req.max_tokens)
+
+    def _fits(self, state: SimState) -> bool:
+        if self._paged:
+            return self._room(self._need(state))
+        return len(self._running) < self.max_running and self._kv_used + self._need(state) <= self.kv_capacity
+
+    def _lacking(self, state: SimState) -> int:
+        """KV tokens the batch lacks for ``state``."""
+        growth = len(self._running) + 1 if self._paged else 0  # each running request's next token, and its first
+        return max(self._kv_used + growth + self._need(state) - self.kv_capacity, 0)
+
+    def _join(self, state: SimState) -> None:
+        self._running[state.request.id] = self._joined[state.request.id] = state
+        self._kv_used += self._need(state)
+
+    def _rank(self, state: SimState) -> tuple[float, ...]:
+        """vLLM's preemption rank, from the policy's counters: the highest is the most served client's."""
+        req = state.request
+        return (*self._seat.served(req.agent), req.id in self._joined, req.arrival)  # type: ignore[union-attr]
+
+    def _requeue(self, state: SimState) -> None:
+        """Preempt ``state``: it gives back its KV and waits again in the policy, its prompt not charged again."""
+        rid = state.request.id
+        del self._running[rid]
+        self._joined.pop(rid, None)
+        self._kv_used -= self._holds(state)
+        self._seat.engine_arrive(state.request, requeued=True)  # type: ignore[union-attr]
+        self._held[rid] = state
+        self._resumed.add(rid)
+        self.preemptions += 1
+
+    def _fair_victim(self, head: SimState) -> SimState | None:
+        """The running request to preempt for ``head``, by the rules of the real engine's ``fair_victim``."""
+        full, lacking = len(self._running) >= self.max_running, self._lacking(head)
+        if not full and not lacking:
+            return None
+        seat, model, req = self._seat, self._model, head.request
+        assert seat is not None
+        charge = seat.input_price(model, req.prompt_tokens)
+        resuming = req.id in self._resumed
+        running = list(self._running.values())
+        best: tuple[tuple[float, int], SimState] | None = None
+        for state, lead in zip(running, seat.leads(req.agent, [s.request.agent for s in running]), strict=True):
+            if lead is None or lead <= charge:
+                continue
+            computed = state.request.prompt_tokens + state.generated
+            key = (lead, -computed)
+            if best is not None and key <= best[0]:
+                continue
+            if self._fair_preempted.get(state.request.id, 0) >= MAX_FAIR_PREEMPTIONS:
+                continue
+            if resuming and lead <= seat.input_price(model, computed):
+                continue
+            if lacking and self._holds(state) < lacking:
+                continue
+            best = (key, state)
+        return None if best is None else best[1]
