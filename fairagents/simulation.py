@@ -467,6 +467,7 @@ def simulate(
     max_queued: Mapping[str, int] | None = None,
     workflows: Workflows | None = None,
     devices: Mapping[str, str] | None = None,
+    serial: Mapping[str, str] | None = None,
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on ``engines`` (one per model) to the end.
 
@@ -500,6 +501,10 @@ def simulate(
             after every step), and they time-share it: one step of one of them runs at
             a time, the engines with work taking turns. Separate devices keep separate
             policies and step in parallel. ``None``: each engine is a device of its own.
+        serial: model name → a group name: the engines of one group step one at a time
+            (default: those of one device). The hardware may differ from the accounting:
+            on one CPU, vLLM's in-process engines step one at a time (vLLM's forward
+            context is global to the process) while a diffusion engine runs beside them.
 
     Engines with ``scheduler="fair"`` (:class:`~fairagents.engines.SimEngine`) model the
     default serving path: each request is handed to its engine as it arrives (within
@@ -540,6 +545,10 @@ def simulate(
         for model in engines:
             layout.assign(model, model if devices is None else devices[model])
             layout.seat(model).register(model, engines[model].profile)
+    if serial is not None and set(serial) != set(engines):
+        raise InvalidParameterError(f"serial must name the group of every model and no other: got {sorted(serial)} "
+                                    f"for {sorted(engines)}")
+    groups = dict(serial) if serial is not None else dict(devices) if devices is not None else {m: m for m in engines}
     controller = make_admission(admission)
     if controller is not None:
         reserving = sorted(m for m, e in engines.items() if e.kv != "paged")
@@ -553,7 +562,7 @@ def simulate(
             raise InvalidParameterError(f"max_queued must be an integer ≥ 1, got {bound!r}", app=app)
     requests = _validate(workload, engines, apps)
     flows = _Flows(workflows, engines, apps) if workflows is not None else None
-    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds, layout, clock, shared=devices is not None)
+    run = _Run(policy_obj, engines, cost, pool_running, controller, bounds, layout, clock, groups)
     return run.play(requests, flows)
 
 
@@ -616,7 +625,7 @@ class _Run:
     def __init__(
         self, policy: Policy, engines: Mapping[str, SimEngine], cost: UnifiedTokenCost, pool: int | None,
         admission: Statera | None = None, max_queued: Mapping[str, int] | None = None,
-        devices: Devices | None = None, clock: _Clock | None = None, shared: bool = False,
+        devices: Devices | None = None, clock: _Clock | None = None, serial: Mapping[str, str] | None = None,
     ) -> None:
         self.policy: Policy = policy if devices is None else devices  # type: ignore[assignment]
         self.clock = clock if clock is not None else _Clock()
@@ -640,11 +649,10 @@ class _Run:
             # The engine's batch and KV capacity are the dispatcher's slots and token budget.
             self.dispatcher.add_model(model, engine.profile, slots=engine.max_running,
                                       token_budget=engine.kv_capacity, max_model_len=engine.max_model_len)
-        # The engines of a device step one at a time (they time-share it), taking turns; without a layout each
-        # engine is a device of its own.
+        # The engines of a group (by default, a device) step one at a time, taking turns.
         by_device: dict[str, list[str]] = {}
         for model in engines:
-            by_device.setdefault(devices.device_of[model] if shared and devices is not None else model, []).append(model)
+            by_device.setdefault(serial[model] if serial is not None else model, []).append(model)
         self.device_engines = list(by_device.values())
         self.turn = [0] * len(self.device_engines)
         self.joining: dict[str, list[Request]] = {m: [] for m in engines}  # dispatched; join at the next step

@@ -369,3 +369,82 @@ def test_a_device_of_several_engines_keeps_backlogged_apps_within_2U(demand, slo
     assert result.idle_with_backlog == 0 and len(result.records) == len(work)  # no idle engine holds a runnable one
     weights = result.app_weights()
     assert max_service_gap(result.records, result.charges, weights, "app") <= 2 * result.bound * (1 + 1e-9)
+
+
+# -- the default path: engines that schedule by their device's seat of the policy ---------------------------------
+
+
+def _fair_engines(slots, kv="reserve"):
+    return {f"m{i}": SimEngine(fa.ModelProfile(d_model=2048, n_layers=2), max_running=n, kv_capacity=400,
+                               scheduler="fair", kv=kv)
+            for i, n in enumerate(slots)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    demand=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["x", "y"]),
+                              st.sampled_from(["m0", "m1", "m2"]), st.integers(1, 60), st.integers(1, 20)),
+                    min_size=2, max_size=8, unique_by=lambda d: (d[0], d[1], d[2])),
+    slots=st.lists(st.integers(1, 3), min_size=3, max_size=3),
+    kv=st.sampled_from(["reserve", "paged"]),
+)
+def test_in_engine_schedulers_of_one_device_keep_apps_and_agents_within_2U_and_never_idle(demand, slots, kv):
+    """The default path on one device of three engines: both levels of the hierarchy, and work conservation."""
+    from fairagents.metrics import max_service_gap
+
+    engines = _fair_engines(slots, kv)
+    work = Workload(seed=3)
+    for app, agent, model, prompt, output in demand:
+        work.burst(fa.Agent(agent, fa.App(app)), model, n=30, prompt=prompt, output=output)
+    result = simulate(work, "hmfs", engines, devices=dict.fromkeys(engines, "gpu"))
+    assert result.idle_with_backlog == 0  # no engine idles holding a request it may run
+    assert len(result.records) == len(work) and all(r.outcome is fa.Outcome.FINISHED for r in result.records)
+    bound = 2 * result.bound * (1 + 1e-9)
+    assert max_service_gap(result.records, result.charges, result.app_weights(), "app") <= bound
+    assert max_service_gap(result.records, result.charges, result.agent_weights(), "agent") <= bound
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    mine=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 40), st.integers(1, 12)), min_size=1,
+                  max_size=4),
+    theirs=st.lists(st.tuples(st.sampled_from(["a", "c"]), st.integers(1, 40), st.integers(1, 12)), min_size=1,
+                    max_size=4),
+    scheduler=st.sampled_from(["fair", "vllm"]),
+)
+def test_separate_devices_are_independent(mine, theirs, scheduler):
+    """What one device serves, and when, does not change with the load on another device (apps in both included)."""
+
+    def run(with_theirs):
+        engines = {m: SimEngine(fa.ModelProfile(d_model=2048, n_layers=2), max_running=2, kv_capacity=300,
+                                scheduler=scheduler) for m in ("chat", "image")}
+        work = Workload(seed=5)
+        for app, prompt, output in mine:
+            work.burst(fa.Agent("t", fa.App(app)), "chat", n=10, prompt=prompt, output=output)
+        if with_theirs:
+            for app, prompt, output in theirs:
+                work.burst(fa.Agent("t", fa.App(app)), "image", n=10, prompt=prompt, output=output, at=0.01)
+        result = simulate(work, "hmfs", engines, devices={"chat": "gpu0", "image": "gpu1"})
+        return [(c.time, c.app, c.amount) for c in result.charges if c.model == "chat"]
+
+    assert run(True) == run(False)
+
+
+def test_the_default_path_preempts_for_a_client_owed_service_and_the_dispatcher_path_does_not():
+    flood, late = fa.Agent("t", fa.App("flood")), fa.Agent("t", fa.App("late"))
+    work = Workload(seed=1).burst(flood, "m", n=40, prompt=16, output=200).burst(late, "m", n=4, prompt=16, output=4,
+                                                                                 at=0.05)
+    first = {}
+    for scheduler in ("fair", "vllm"):
+        result = simulate(work, "hmfs", {"m": SimEngine(PROFILE, max_running=4, scheduler=scheduler)})
+        first[scheduler] = min(r.first_token for r in result.records if r.app == "late")
+        assert (result.fair_preemptions > 0) == (scheduler == "fair")
+        assert len(result.records) == 44 and result.idle_with_backlog == 0
+    assert first["fair"] < 0.1 < first["vllm"]  # the late app does not wait for a flood's request to end
+
+
+def test_engines_that_schedule_themselves_refuse_the_dispatchers_admission_options():
+    work = Workload().burst(WHO, "m", n=1, prompt=1, output=1)
+    for option in ({"pool_running": 2}, {"admission": "statera"}):
+        with pytest.raises(fa.InvalidParameterError, match="scheduler='fair'"):
+            simulate(work, "hmfs", engines(scheduler="fair", kv="paged"), **option)

@@ -45,7 +45,9 @@ Who joins the batch is decided one of two ways (``scheduler=``):
   :data:`MAX_FAIR_PREEMPTIONS` times per request), fills the batch in the policy's
   order, and, paged, preempts the most served client's request when the cache
   overflows (vLLM's priority path, ranked by the policy's counters). Prompts are
-  charged as they join the batch, output per step, as the engine's scheduler charges.
+  charged as they join the batch, output per step, and preemptions are tallied in the
+  seat (:meth:`~fairagents.policies.pooled.PoolPolicy.tally`), as the real engine's
+  scheduler does.
 """
 
 from __future__ import annotations
@@ -467,6 +469,7 @@ class SimEngine:
                 if victim is not None:
                     self._fair_preempted[victim.request.id] = self._fair_preempted.get(victim.request.id, 0) + 1
                     self.fair_preemptions += 1
+                    seat.tally(model).fair_preemptions += 1
                     self._requeue(victim)
             while (head := self._head()) is not None and self._fits(head):
                 del self._held[head.request.id]
@@ -474,7 +477,8 @@ class SimEngine:
                 seat.engine_take(model, head.request.id)
                 seat.engine_admit(model, head.request.id)
         while self._paged and len(self._running) > 1 and self._kv_used + len(self._running) > self.kv_capacity:
-            self._requeue(max(self._running.values(), key=self._rank))  # vLLM's victim: the most served client's
+            # vLLM's victim: the most served client's; among equals, the last to join
+            self._requeue(max(enumerate(self._running.values()), key=self._rank)[1])
 
     def _head(self) -> SimState | None:
         """The policy's choice among this engine's waiting requests."""
@@ -504,10 +508,14 @@ class SimEngine:
         self._running[state.request.id] = self._joined[state.request.id] = state
         self._kv_used += self._need(state)
 
-    def _rank(self, state: SimState) -> tuple[float, ...]:
-        """vLLM's preemption rank, from the policy's counters: the highest is the most served client's."""
+    def _rank(self, entry: tuple[int, SimState]) -> tuple[float, ...]:
+        """vLLM's preemption rank of the ``(join order, state)`` of a running request: the highest goes first.
+
+        The most served client's (the policy's counters); then one not prefilled yet; then the latest.
+        """
+        order, state = entry
         req = state.request
-        return (*self._seat.served(req.agent), req.id in self._joined, req.arrival)  # type: ignore[union-attr]
+        return (*self._seat.served(req.agent), req.id in self._joined, req.arrival, order)  # type: ignore[union-attr]
 
     def _requeue(self, state: SimState) -> None:
         """Preempt ``state``: it gives back its KV and waits again in the policy, its prompt not charged again."""
@@ -515,6 +523,9 @@ class SimEngine:
         del self._running[rid]
         self._joined.pop(rid, None)
         self._kv_used -= self._holds(state)
+        tally = self._seat.tally(self._model)  # type: ignore[union-attr]
+        tally.preemptions += 1
+        tally.recomputed += state.request.prompt_tokens + state.generated
         self._seat.engine_arrive(state.request, requeued=True)  # type: ignore[union-attr]
         self._held[rid] = state
         self._resumed.add(rid)

@@ -347,3 +347,83 @@ def test_the_simulator_runs_on_a_paged_engine():
     result = simulate(work, "fcfs", engines)
     assert len(result.records) == 30
     assert engines["m"].kv_used == 0 and engines["m"].waiting == 0
+
+
+# -- scheduler="fair": the default path's in-engine scheduler ----------------------------------------------------
+
+
+def fair_engine(**kwargs):
+    from fairagents.policies.pooled import PoolPolicy
+
+    engine = SimEngine(PROFILE, scheduler="fair", decode_base=0.01, decode_per_seq=0.0, prefill_per_token=0.0,
+                       **kwargs)
+    seat = PoolPolicy(fa.policies.make_policy("hmfs", fa.UnifiedTokenCost()), clock=lambda: 0.0)
+    seat.register("m", PROFILE)
+    engine.bind(seat, "m")
+    return engine, seat
+
+
+def ask(i, app, prompt=10, max_tokens=5, agent="t"):
+    return fa.Request(f"{app}{i}", fa.Agent(agent, fa.App(app)), "m", prompt, max_tokens, 0.0)
+
+
+def test_a_fair_engine_must_be_bound_and_only_a_fair_engine_binds():
+    with pytest.raises(ProtocolError, match="bind"):
+        SimEngine(PROFILE, scheduler="fair").admit(request(1), output_tokens=1)
+    with pytest.raises(ProtocolError, match="scheduler='fair'"):
+        SimEngine(PROFILE).bind(object(), "m")
+    with pytest.raises(fa.InvalidParameterError, match="scheduler"):
+        SimEngine(PROFILE, scheduler="edf")
+
+
+def test_a_fair_engine_fills_its_batch_in_the_policys_order_and_charges_as_requests_join():
+    engine, seat = fair_engine(max_running=2)
+    for i in range(3):
+        engine.admit(ask(i, "a"), output_tokens=5)
+    engine.admit(ask(0, "b"), output_tokens=5)
+    engine.start_step(0.0)
+    assert engine.running_ids == ["a0", "b0"] and engine.waiting_ids == ["a1", "a2"]  # b is owed a turn before a's 2nd
+    assert seat.charged == {"a": 10 * 64 / 4096, "b": 10 * 64 / 4096}  # the prompts, as they joined
+    engine.finish_step(0.01)
+    assert seat.charged["a"] == pytest.approx(10 * 64 / 4096 + seat.cost.output_cost("m", 1))  # and each step's output
+
+
+def test_a_fair_engine_preempts_for_a_client_owed_service_at_most_twice_per_request():
+    from fairagents.engines.sim import MAX_FAIR_PREEMPTIONS
+
+    engine, seat = fair_engine(max_running=1)
+    engine.admit(ask(0, "a", max_tokens=400), output_tokens=400)
+    now = 0.0
+    for _ in range(50):
+        now = engine.start_step(now)
+        engine.finish_step(now)
+    for i in range(6):  # b asks again and again, each a little: a's one request is thrown away only so often
+        engine.admit(ask(i, "b", prompt=1, max_tokens=1), output_tokens=1)
+        now = engine.start_step(now)
+        engine.finish_step(now)
+    assert engine.fair_preemptions == MAX_FAIR_PREEMPTIONS == engine.preemptions
+    tally = seat.tally("m")  # as the real engine tallies them
+    assert (tally.preemptions, tally.fair_preemptions) == (2, 2) and tally.recomputed > 2 * (10 + 50)
+
+
+def test_a_fair_engine_that_overflows_its_cache_preempts_the_most_served_clients_request():
+    engine, seat = fair_engine(max_running=3, kv="paged", kv_capacity=60)
+    engine.admit(ask(0, "a", prompt=10, max_tokens=40), output_tokens=40)
+    engine.admit(ask(1, "a", prompt=10, max_tokens=40), output_tokens=40)
+    engine.admit(ask(0, "b", prompt=10, max_tokens=40), output_tokens=40)
+    now = 0.0
+    while engine.preemptions == 0:
+        now = engine.start_step(now)
+        engine.finish_step(now)
+    assert engine.running_ids == ["a0", "b0"] and engine.waiting_ids == ["a1"]  # a is ahead: its latest goes
+
+
+def test_an_aborted_request_ends_in_the_policy_waiting_or_running():
+    engine, seat = fair_engine(max_running=1)
+    engine.admit(ask(0, "a"), output_tokens=5)
+    engine.admit(ask(1, "a"), output_tokens=5)
+    engine.start_step(0.0)
+    engine.finish_step(0.01)
+    assert seat.held("m") == 2
+    assert engine.abort("a1") and engine.abort("a0") and not engine.abort("a0")
+    assert seat.held("m") == 0 and engine.start_step(0.01) is None
