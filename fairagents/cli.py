@@ -84,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     Examples:
         >>> from fairagents.cli import build_parser
-        >>> args = build_parser().parse_args(["demo", "--simulated", "--seed", "3"])
-        >>> args.command, args.simulated, args.seed, args.verbose
-        ('demo', True, 3, False)
+        >>> args = build_parser().parse_args(["demo", "--simulated", "--devices", "separate"])
+        >>> args.command, args.simulated, args.devices, args.verbose
+        ('demo', True, 'separate', False)
     """
     from fairagents import __version__
     from fairagents.policies import POLICIES
@@ -103,18 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo = _command(
         commands, "demo", "run several apps on a shared real pool and show who got what",
         "Run three apps on a shared real text, vision and image pool (the embedded tiny models) under each "
-        "policy, print who got what, and write a plot. --simulated runs a three-model scenario on the "
-        "simulator instead.")
-    demo.add_argument("--policy", action="append", help="policy to compare (repeatable; default: fcfs and hmfs, "
-                                                        "simulated: fcfs, vtc and hmfs)")
-    demo.add_argument("--seconds", type=float, default=12.0, help="load duration per policy (real engines)")
-    demo.add_argument("--out", default="fairagents-demo.png", help="where to write the plot (real engines)")
+        "policy, print who got what, and write a plot. --simulated plays the same load on the simulator "
+        "instead.")
+    demo.add_argument("--policy", action="append", help="policy to compare (repeatable; default: fcfs and hmfs)")
+    demo.add_argument("--seconds", type=float, default=12.0, help="load duration per policy")
+    demo.add_argument("--out", default="fairagents-demo.png", help="where to write the plot")
     demo.add_argument("--model", help="model folder or name to serve as the text model instead of the embedded one")
     demo.add_argument("--devices", choices=("one", "separate"), default="one",
-                      help="the models' devices (real engines): one device, as here (one CPU), or one each, as on "
-                           "three GPUs")
-    demo.add_argument("--simulated", action="store_true", help="run the three-model scenario on the simulator instead")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the simulated scenario")
+                      help="the models' devices: one device, as here (one CPU), or one each, as on three GPUs")
+    demo.add_argument("--simulated", action="store_true",
+                      help="play the same load on the simulator (engines timed as on a 2-core CPU) instead")
 
     serve = _command(
         commands, "serve", "serve the pool over an OpenAI-compatible HTTP API with a live fairness view",
@@ -455,13 +453,12 @@ def _check_extra(command: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     _check_extra(args.command)
     if args.command == "demo":
+        from fairagents import demo
+
         if args.simulated:
-            from fairagents import scenarios
-
-            scenarios.main(_console(), policies=args.policy or ["fcfs", "vtc", "hmfs"], seed=args.seed)
+            demo.simulated_main(_console(), policies=args.policy or ["fcfs", "hmfs"], seconds=args.seconds,
+                                out=args.out, layout=args.devices)
         else:
-            from fairagents import demo
-
             demo.main(_console(), policies=args.policy or ["fcfs", "hmfs"], seconds=args.seconds, out=args.out,
                       model=args.model, layout=args.devices)
         return 0

@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fairagents.engines.base import Engine
+from fairagents.engines.sim import SimEngine
 from fairagents.errors import InvalidParameterError
 from fairagents.images import to_png
 from fairagents.metrics import backlog_intervals, entitlements, percentile
@@ -54,8 +55,9 @@ from fairagents.request import Outcome
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.stats import Stats
 
-__all__ = ["AGENTS", "APPS", "BACKLOGGED", "CHAT_BATCH", "DemoRun", "LAYOUTS", "Row", "main", "plot", "run", "run_async",
-           "standings", "table", "worst_gap"]
+__all__ = ["AGENTS", "APPS", "BACKLOGGED", "CHAT_BATCH", "DemoRun", "IMAGE_STEP_TOKENS", "LAYOUTS", "PROMPT_TOKENS",
+           "Row", "SERIAL", "disagreement", "main", "plot", "run", "run_async", "sim_engines", "simulated",
+           "simulated_main", "standings", "table", "worst_gap"]
 
 #: app → weight.
 APPS = {"driving": 2.0, "studio": 1.0, "flood": 1.0}
@@ -98,7 +100,8 @@ class DemoRun:
     """What one policy's run measured (times in seconds since the load started)."""
 
     policy: str
-    stats: Stats
+    stats: Stats | None
+    """The arbiter's stats after the run (``None`` for a simulated run)."""
     charges: list[tuple[float, str, str, float, str]]
     """Every charge: (time, app, agent, unified tokens, model)."""
     records: list[RequestRecord]
@@ -107,6 +110,8 @@ class DemoRun:
     """Each model's device."""
     tallies: dict[str, EngineTally]
     """What each in-engine model preempted."""
+    simulated: bool = False
+    """Whether the load ran on the simulator (:func:`simulated`)."""
 
 
 async def run(engines: Mapping[str, Engine], policy: str, seconds: float, layout: str = "one") -> DemoRun:
@@ -148,7 +153,74 @@ async def run(engines: Mapping[str, Engine], policy: str, seconds: float, layout
     charges = [(c.time - start, c.app, c.agent, c.amount, c.model or "") for c in arbiter.ledger.charges]
     records = [_shifted(r, start) for r in arbiter.ledger.records]
     devices = {m: d for d, models in arbiter.devices.items() for m in models}
-    return DemoRun(policy, arbiter.stats(), charges, records, devices, dict(arbiter.pool_policy.tallies))
+    tallies = {m: tally for m in engines if (tally := arbiter.pool_policy_of(m).tallies.get(m)) is not None}
+    return DemoRun(policy, arbiter.stats(), charges, records, devices, tallies)
+
+
+#: Prompt tokens of each agent's request as the embedded models count them (the chat template; for ``perception``,
+#: the camera frame's image tokens too; for ``illustrator``, the caption as the image model's text encoder keeps it).
+PROMPT_TOKENS = {("driving", "planner"): 53, ("driving", "perception"): 71, ("studio", "writer"): 47,
+                 ("studio", "illustrator"): 32, ("flood", "chatty"): 32}
+#: Latent tokens a denoising step of one demo image produces (the image model charges them per step).
+IMAGE_STEP_TOKENS = 256
+#: Which engines step one at a time on this machine's CPU: vLLM's in-process engines do (their forward context is
+#: global to the process); the diffusion engine runs beside them.
+SERIAL = {"chat": "vllm", "vision": "vllm", "image": "diffusers"}
+
+
+def sim_engines() -> dict[str, SimEngine]:
+    """The demo's engines as the simulator models them: the default path, timed as measured on a 2-core CPU.
+
+    ``chat`` and ``vision`` schedule by the policy themselves (``scheduler="fair"``), their
+    batches capped as the demo caps them; ``image`` runs one request at a time, which the
+    arbiter dispatches. Step times were fitted to one run of the real demo under ``hmfs``
+    on one device (this repository's CI machine: 2 cores, no GPU): a ``chat`` step of 30
+    sequences took 9.1 ms on average, a ``vision`` step of 5.4 took 6.5 ms, and a denoising
+    step of a 64×64 image about 26 ms, which the simulator spreads over its latent tokens.
+    On other hardware, measure and pass engines of your own to :func:`simulated`.
+    """
+    from fairagents.cost import ModelProfile
+    from fairagents.identity import Modality
+
+    return {
+        "chat": SimEngine(ModelProfile(d_model=128, n_layers=2), max_running=CHAT_BATCH, kv_capacity=32_768,
+                          max_model_len=1024, scheduler="fair", decode_base=0.0015, decode_per_seq=0.0002,
+                          prefill_per_token=4e-5),
+        "vision": SimEngine(ModelProfile(d_model=128, n_layers=2, modality=Modality.VISION), max_running=8,
+                            kv_capacity=32_768, max_model_len=1024, scheduler="fair", decode_base=0.0037,
+                            decode_per_seq=0.0002, prefill_per_token=1e-4),
+        "image": SimEngine(ModelProfile(d_model=64, n_layers=2, modality=Modality.IMAGE), max_running=1,
+                           kv_capacity=IMAGE_STEPS * IMAGE_STEP_TOKENS + 64,
+                           decode_base=0.026 / IMAGE_STEP_TOKENS, decode_per_seq=0.0, prefill_per_token=0.0),
+    }
+
+
+def simulated(policy: str, seconds: float = 12.0, layout: str = "one",
+              engines: Mapping[str, SimEngine] | None = None) -> DemoRun:
+    """The demo's load played on the simulator, on the default path (:func:`sim_engines` unless ``engines``).
+
+    The same apps, agents, weights and callers as :func:`run`: each caller asks again as
+    soon as its request ends, until ``seconds``; the same devices by ``layout``. What it
+    reports is what the simulator predicts the real demo serves; ``fairagents demo
+    --simulated`` prints it beside nothing real.
+    """
+    from fairagents.identity import Agent, App
+    from fairagents.simulation import Shape, Workflows, simulate_workflows
+
+    if layout not in LAYOUTS:
+        raise InvalidParameterError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    engines = dict(sim_engines() if engines is None else engines)
+    apps = {name: App(name, weight=w) for name, w in APPS.items()}
+    flows = Workflows()
+    for app, agent, weight, n, model, max_tokens, _ in AGENTS:
+        who = Agent(agent, apps[app], weight=weight)
+        output = IMAGE_STEPS * IMAGE_STEP_TOKENS if model == "image" else max_tokens
+        flows.users(Shape.chain(who, model, prompt=PROMPT_TOKENS[(app, agent)], output=output), n=n, until=seconds,
+                    name=f"{app}.{agent}")
+    devices = {m: "local" if layout == "one" else m for m in engines}
+    result = simulate_workflows(flows, policy, engines, devices=devices, serial=SERIAL)
+    charges = [(c.time, c.app, c.agent, c.amount, c.model or "") for c in result.charges]
+    return DemoRun(policy, None, charges, result.records, devices, dict(result.tallies), simulated=True)
 
 
 def _shifted(r: RequestRecord, start: float) -> RequestRecord:
@@ -229,6 +301,24 @@ def _row(name: str, weight: float, entitled: float, served: float, backlogged: b
                [r.first_token - r.arrival for r in done if r.first_token is not None])
 
 
+def disagreement(rows: dict[str, list[Row]], predicted: dict[str, list[Row]]) -> tuple[float, str]:
+    """The largest difference between two runs' shares, over every app and agent of every device, and whose it is.
+
+    Shares are fractions (an agent's, of its app's); a client served in one run and not
+    the other differs by its whole share.
+    """
+    def shares(standing: dict[str, list[Row]]) -> dict[str, float]:
+        out = {}
+        for device, apps in standing.items():
+            for app in apps:
+                out[f"{device}: {app.name}"] = app.served
+                out.update({f"{device}: {app.name}/{agent.name}": agent.served for agent in app.agents})
+        return out
+
+    a, b = shares(rows), shares(predicted)
+    return max(((abs(a.get(k, 0.0) - b.get(k, 0.0)), k) for k in a.keys() | b.keys()), default=(0.0, ""))
+
+
 def worst_gap(rows: dict[str, list[Row]]) -> float:
     """The largest gap between a share and its entitlement, over every app and agent of every device."""
     return max((r.gap for device in rows.values() for app in device for r in (app, *app.agents)), default=0.0)
@@ -242,7 +332,8 @@ def table(result: DemoRun, seconds: float, device: str, rows: list[Row]) -> Tabl
     """
     models = {f"{app}/{agent}": model for app, agent, _, _, model, *_ in AGENTS}
     on_device = sorted(m for m, d in result.devices.items() if d == device)
-    t = Table(title=f"policy {result.policy} — device {device!r} ({', '.join(on_device)})")
+    t = Table(title=f"{'SIMULATED ' if result.simulated else ''}policy {result.policy} — device {device!r} "
+                    f"({', '.join(on_device)})")
     for column in ("app / agent", "weight", "entitled", "served", "done", "wait p50", "wait p99", "TTFT p50",
                    "TTFT p99"):
         t.add_column(column, justify="left" if column == "app / agent" else "right")
@@ -346,8 +437,14 @@ async def run_async(
     try:
         for policy in policies:
             result = runs[policy] = await run(engines, policy, seconds, layout)
-            for device, rows in standings(result, seconds).items():
-                console.print(table(result, seconds, device, rows))
+            rows = standings(result, seconds)
+            for device, device_rows in rows.items():
+                console.print(table(result, seconds, device, device_rows))
+            if model is None and set(engines) == set(SERIAL):
+                off, whose = disagreement(rows, standings(simulated(policy, seconds, layout), seconds))
+                console.print(f"[dim]the simulator's prediction of this run (fairagents demo --simulated, timed on a "
+                              f"2-core CPU): every share within {off:.1%} of these (the largest difference: "
+                              f"{whose})[/]")
     finally:
         await asyncio.gather(*(e.stop() for e in engines.values()), return_exceptions=True)
     console.print(f"weight: the share the weights give between clients that all want more. entitled: weighted "
@@ -355,6 +452,23 @@ async def run_async(
                   f"got, and the others split the rest by weight. served: the share received while the load ran "
                   f"(unified tokens on the device's models; an agent's, of its app's). Each app's share of the LLM's "
                   f"device over time: {plot(runs, seconds, Path(out))}")
+    return runs
+
+
+def simulated_main(console: Console, policies: Sequence[str] = ("fcfs", "hmfs"), seconds: float = 12.0,
+                   out: str | Path = "fairagents-demo.png", layout: str = "one") -> dict[str, DemoRun]:
+    """The demo's load on the simulator (:func:`simulated`) under each policy: the same tables and plot, said to be simulated."""
+    console.print(
+        f"[bold yellow]SIMULATED[/]: the demo's load ({len(APPS)} apps, {len(AGENTS)} agents, {seconds:g} s per "
+        f"policy, devices: {layout}) played on SimEngine, a discrete-event simulator on a virtual clock, with "
+        f"engines that schedule by the policy as the real default path does, timed as measured on a 2-core CPU. "
+        f"Nothing is served.")
+    runs: dict[str, DemoRun] = {}
+    for policy in policies:
+        result = runs[policy] = simulated(policy, seconds, layout)
+        for device, rows in standings(result, seconds).items():
+            console.print(table(result, seconds, device, rows))
+    console.print(f"Each app's share of the LLM's device over time (simulated): {plot(runs, seconds, Path(out))}")
     return runs
 
 

@@ -53,7 +53,7 @@ from fairagents.identity import Agent, App
 from fairagents.metrics import Charge, ClientSnapshot, client_stats, jain_index, max_service_gap
 from fairagents.policies import Policy, make_policy
 from fairagents.policies.devices import Devices, policy_factory
-from fairagents.policies.pooled import PoolPolicy
+from fairagents.policies.pooled import EngineTally, PoolPolicy
 from fairagents.records import Changes, RequestRecord
 from fairagents.request import Request
 
@@ -423,6 +423,8 @@ class SimResult:
     :meth:`app_stats` and :meth:`agent_stats` report them per app and per agent."""
     runs: list[SimRun] = field(default_factory=list)
     """The workflow runs played (:func:`simulate_workflows`), in the order they completed."""
+    tallies: dict[str, EngineTally] = field(default_factory=dict)
+    """What each ``scheduler="fair"`` engine prefilled, recomputed and preempted, by model (as its seat tallied it)."""
 
     def app_weights(self) -> dict[str, float]:
         return {name: app.weight for name, app in self.apps.items()}
@@ -628,6 +630,7 @@ class _Run:
         devices: Devices | None = None, clock: _Clock | None = None, serial: Mapping[str, str] | None = None,
     ) -> None:
         self.policy: Policy = policy if devices is None else devices  # type: ignore[assignment]
+        self.devices = devices
         self.clock = clock if clock is not None else _Clock()
         self.engines = engines
         self.cost = cost
@@ -710,6 +713,8 @@ class _Run:
             admission=self.admission,
             rejected=self.rejected,
             runs=flows.done if flows is not None else [],
+            tallies={m: self.devices.seat(m).tally(m) for m, e in self.engines.items()
+                     if e.scheduler == "fair" and self.devices is not None},
         )
 
     def _arrive(self, req: Request, now: float) -> None:

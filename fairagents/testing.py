@@ -381,6 +381,11 @@ def replay_on_arbiter(
         >>> [r.output_tokens for r in result.records], result.idle_with_backlog
         ([2, 2, 2], 0)
     """
+    fair = sorted(m for m, e in engines.items() if e.scheduler == "fair")
+    if fair:
+        raise InvalidParameterError(
+            f"replay_on_arbiter replays the arbiter's dispatching on engines that do not schedule themselves; "
+            f"{', '.join(fair)} (scheduler='fair') would schedule in the engine: use scheduler='vllm' twins")
     replay = _Replay(workload, policy, engines, pool_running, settle_rounds)
     try:
         asyncio.get_running_loop()

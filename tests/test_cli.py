@@ -10,13 +10,24 @@ from fairagents.cli import main
 from ._shared import SharedEngine
 
 
-def test_simulated_demo_says_so_and_compares_policies(capsys):
-    assert main(["demo", "--simulated", "--policy", "fcfs", "--policy", "hmfs"]) == 0
-    out = capsys.readouterr().out
-    assert "SIMULATED" in out
-    assert "policy fcfs" in out and "policy hmfs" in out
-    for app in ("driving", "studio", "flood"):
-        assert app in out
+def test_simulated_demo_says_so_and_plays_the_demos_load(capsys, tmp_path):
+    out = tmp_path / "sim.png"
+    assert main(["demo", "--simulated", "--policy", "fcfs", "--policy", "hmfs", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED" in text and "Nothing is served" in text and out.stat().st_size > 0
+    assert "SIMULATED policy fcfs" in text and "SIMULATED policy hmfs" in text
+    for agent, model in [("perception", "vision"), ("illustrator", "image"), ("planner", "chat"), ("chatty", "chat")]:
+        assert f"{agent} ({model})" in text
+
+
+@pytest.mark.parametrize("layout", ["one", "separate"])
+def test_the_simulated_demo_holds_every_share_within_10_percent_of_its_entitlement_under_hmfs_only(layout):
+    from fairagents import demo
+
+    fair, fcfs = (demo.standings(demo.simulated(policy, 12.0, layout), 12.0) for policy in ("hmfs", "fcfs"))
+    assert demo.worst_gap(fair) < 0.1 < 1.0 < demo.worst_gap(fcfs)
+    studio = next(app for app in fair["local" if layout == "one" else "chat"] if app.name == "studio")
+    assert next(agent for agent in studio.agents if agent.name == "writer").done > 30  # the writer is served
 
 
 @pytest.mark.engine

@@ -19,7 +19,7 @@ FLOORS: list[list[str]] = [
     ["dispatcher", "admission"],
     ["vllm", "models"],
     ["engines"],
-    ["shared", "simulation", "scenarios"],
+    ["shared", "simulation"],
     ["runtime"],
     ["openai_request", "http_errors", "testing"],
     ["server", "bench", "cli", "demo", "__main__", ""],
