@@ -443,8 +443,8 @@ async def run_async(
             if model is None and set(engines) == set(SERIAL):
                 off, whose = disagreement(rows, standings(simulated(policy, seconds, layout), seconds))
                 console.print(f"[dim]the simulator's prediction of this run (fairagents demo --simulated, timed on a "
-                              f"2-core CPU): every share within {off:.1%} of these (the largest difference: "
-                              f"{whose})[/]")
+                              f"2-core CPU): every share within {100 * off:.1f} points of these (the largest "
+                              f"difference: {whose})[/]")
     finally:
         await asyncio.gather(*(e.stop() for e in engines.values()), return_exceptions=True)
     console.print(f"weight: the share the weights give between clients that all want more. entitled: weighted "

@@ -374,10 +374,10 @@ def test_a_device_of_several_engines_keeps_backlogged_apps_within_2U(demand, slo
 # -- the default path: engines that schedule by their device's seat of the policy ---------------------------------
 
 
-def _fair_engines(slots, kv="reserve"):
+def _fair_engines(slots, kv="reserve", schedulers=("fair", "fair", "fair")):
     return {f"m{i}": SimEngine(fa.ModelProfile(d_model=2048, n_layers=2), max_running=n, kv_capacity=400,
-                               scheduler="fair", kv=kv)
-            for i, n in enumerate(slots)}
+                               scheduler=scheduler, kv=kv if scheduler == "fair" else "reserve")
+            for i, (n, scheduler) in enumerate(zip(slots, schedulers, strict=True))}
 
 
 @settings(max_examples=30, deadline=None)
@@ -387,12 +387,17 @@ def _fair_engines(slots, kv="reserve"):
                     min_size=2, max_size=8, unique_by=lambda d: (d[0], d[1], d[2])),
     slots=st.lists(st.integers(1, 3), min_size=3, max_size=3),
     kv=st.sampled_from(["reserve", "paged"]),
+    schedulers=st.lists(st.sampled_from(["fair", "fair", "vllm"]), min_size=3, max_size=3),
 )
-def test_in_engine_schedulers_of_one_device_keep_apps_and_agents_within_2U_and_never_idle(demand, slots, kv):
-    """The default path on one device of three engines: both levels of the hierarchy, and work conservation."""
+def test_in_engine_schedulers_of_one_device_keep_apps_and_agents_within_2U_and_never_idle(demand, slots, kv,
+                                                                                          schedulers):
+    """The default path on one device of three engines: both levels of the hierarchy, and work conservation.
+
+    Engines that schedule themselves beside ones the dispatcher feeds (as the image engine is), in one order.
+    """
     from fairagents.metrics import max_service_gap
 
-    engines = _fair_engines(slots, kv)
+    engines = _fair_engines(slots, kv, schedulers)
     work = Workload(seed=3)
     for app, agent, model, prompt, output in demand:
         work.burst(fa.Agent(agent, fa.App(app)), model, n=30, prompt=prompt, output=output)
