@@ -244,7 +244,7 @@ class SimEngine:
 
     @property
     def waiting(self) -> int:
-        """Number of requests admitted but waiting to join the batch (always 0 with ``kv="reserve"`` and ``"vllm"``)."""
+        """Number of requests admitted but waiting to join the batch (always 0 for a ``"vllm"`` engine with ``kv="reserve"``)."""
         return len(self._held) if self._fair else len(self._waiting)
 
     @property

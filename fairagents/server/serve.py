@@ -42,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from fairagents._logging import get_logger
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.constants import HEADER_APP
-from fairagents.errors import InvalidParameterError
+from fairagents.errors import InvalidParameterError, ModelLoadError
 from fairagents.server.app import ABORT_EXTENSION, create_app
 from fairagents.server.config import Config, ServerSettings, build_arbiter, load_config
 
@@ -361,6 +361,7 @@ def main(
         sys.path.insert(0, os.getcwd())  # "module:Class" policies import from here, as uvicorn's apps do
     settings = with_options(load_config(config) if config is not None else Config.default(),
                             host=host, port=port, policy=policy, model=model)
+    check_local_models(settings)
     arbiter = build_arbiter(settings)
 
     def ready(url: str) -> None:
@@ -374,6 +375,35 @@ def main(
 
     asyncio.run(serve(arbiter, settings, ready=ready))
     return 0
+
+
+def check_local_models(config: Config) -> None:
+    """Raise :class:`~fairagents.errors.ModelLoadError` for a model whose ``path`` is a local one that cannot load.
+
+    Before any engine is built (or vLLM imported): a missing folder, a file, a folder
+    without a model's config fail in a moment, naming the model. A Hugging Face name
+    is left to its engine, which looks it up in the cache or on the Hub.
+
+    Examples:
+        >>> from fairagents.server import Config
+        >>> from fairagents.server.serve import check_local_models
+        >>> check_local_models(Config.model_validate({"server": {"auth": False}, "models": {"chat": {"path": "./x"}}}))
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.ModelLoadError: model 'chat': no folder './x' (a Hugging Face name has the form 'org/model')
+    """
+    from pathlib import Path
+
+    from fairagents.models import check_model_source
+
+    for name, model in config.models.items():
+        path = model.path
+        if path is None or not (path.startswith(("/", ".", "~")) or Path(path).expanduser().exists()):
+            continue
+        try:
+            check_model_source(path)
+        except ModelLoadError as err:
+            raise ModelLoadError(f"model {name!r}: {err}", model=name) from None
 
 
 def with_options(
