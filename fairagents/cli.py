@@ -262,15 +262,17 @@ def build_parser() -> argparse.ArgumentParser:
     moda.add_argument("--json", action="store_true", help=json_help)
 
     flows = _command(benches, "workflows",
-                    "runs of agent workflows (chains, fan-out/join, mixed, weighted, flood, shared node): run completion time, "
-                    "runs/s, app shares (simulator, or --real)")
-    flows.add_argument("--scenarios", nargs="+", choices=["chains", "fanout", "mixed", "weighted", "flood", "shared"],
+                    "runs of agent workflows (chains, fan-out/join, mixed, weighted, flood, shared node; open-loop "
+                    "streams and bursts of runs): run completion time, runs/s, app shares (simulator, or --real)")
+    flows.add_argument("--scenarios", nargs="+", choices=["chains", "fanout", "mixed", "weighted", "flood", "shared",
+                                                          "stream", "bursts"],
                        help="scenarios to run (default: all)")
     flows.add_argument("--policies", nargs="+", metavar="NAME",
                        help="policies beside fcfs and hmfs, space- or comma-separated (default: every built-in "
                             "policy named for runs)")
     flows.add_argument("--seconds", type=float, help="seconds users start runs (default 60 simulated, 20 real)")
-    flows.add_argument("--users", type=float, help="factor on every scenario's users (default 1 simulated, 0.25 real)")
+    flows.add_argument("--users", type=float,
+                       help="factor on every scenario's users and arrival rates (default 1 simulated, 0.25 real)")
     flows.add_argument("--seed", type=int, default=0, help="seed of the runs")
     flows.add_argument("--real", action="store_true",
                        help="the embedded engine through the arbiter, in real time, instead of the simulator")

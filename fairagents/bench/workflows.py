@@ -2,8 +2,10 @@
 
 What the user of an agent graph feels is how long a *run* takes (one invocation: a
 chain of model calls, often fanning out and joining at a barrier), so this measures
-runs, not requests. Every scenario is closed-loop: each app has users that start a run,
-wait for it to complete and start the next, for ``seconds``. A run is stages of calls
+runs, not requests. In the closed-loop scenarios each app has users that start a run,
+wait for it to complete and start the next, for ``seconds``; in the open-loop ones an
+app's runs arrive as a stream (Poisson, or in bursts) whether or not the last has ended,
+as the requests of many independent users do. A run is stages of calls
 (:class:`~fairagents.simulation.Shape`); a stage's calls arrive together when the
 previous stage has fully finished, and every call carries the run's id. The scenarios:
 
@@ -12,7 +14,13 @@ previous stage has fully finished, and every call carries the run's id. The scen
   (12 users), next to an app of long requests;
 - ``mixed``: short single calls, 3-call chains and long fan-outs in one app, next to long requests;
 - ``weighted``: two apps of weights 2 and 1, both running single calls, chains and fan-outs;
-- ``flood``: one app with 48 users of fan-outs and single calls next to a quiet app of 3 users.
+- ``flood``: one app with 48 users of fan-outs and single calls next to a quiet app of 3 users;
+- ``shared``: one node of one app serving single questions (8 users) and maps over 96 documents (2 users);
+- ``stream`` (open loop): runs of a plan node that sends K parallel calls to a worker node
+  (70 % K = 1, 30 % K = 16) arriving as a Poisson stream, next to a backlogged app of long requests;
+- ``bursts`` (open loop): the same runs arriving in bursts (a burst every 5 s), next to the same app.
+
+``users`` scales every scenario's load: closed-loop users, and open-loop arrival rates.
 
 Per scenario and policy it reports, by run class (``app/label``), the runs completed and
 their completion time (mean and p95); the runs completed per second within ``seconds``;
@@ -20,8 +28,9 @@ each app's share of the service while every app was backlogged (a call of it wai
 the queue) and while every app had a run in progress, against its weight; and Jain's
 index over the apps' weight-normalised service while backlogged. It runs on the
 simulator (:func:`~fairagents.simulation.simulate_workflows`, deterministic for a seed,
-the same runs under every policy) or, with ``real=True``, on the embedded engine through
-the arbiter in real time, each call sent with ``run=`` its run id.
+the same runs under every policy; its engine schedules by the policy as the default
+serving path's does) or, with ``real=True``, on the embedded engine through the arbiter
+in real time, each call sent with ``run=`` its run id.
 
 Examples:
     >>> from fairagents.bench import workflows
@@ -57,17 +66,23 @@ from fairagents.identity import Agent, App
 from fairagents.metrics import Charge, backlog_intervals, jain_index, percentile
 from fairagents.policies import POLICIES
 from fairagents.records import RequestRecord
-from fairagents.simulation import Shape, SimResult, SimRun, Workflows, simulate_workflows
+from fairagents.simulation import Call, Shape, SimResult, SimRun, Workflows, simulate_workflows
 
 if TYPE_CHECKING:
     from fairagents.engines.base import Engine
 
-__all__ = ["MODEL", "SCENARIOS", "default_policies", "render", "run", "run_scenario", "scenario", "summarize"]
+__all__ = ["MODEL", "OPEN_LOOP", "SCENARIOS", "STREAM_RATE", "default_policies", "render", "run", "run_scenario",
+           "scenario", "summarize"]
 
 #: The one model of every scenario.
 MODEL = "chat"
 #: Prompt and output lengths (tokens) of a short call, and of a long one.
 SHORT, LONG = ((64, 256), (16, 64)), ((256, 512), (256, 512))
+
+
+def _n(users: int, scale: float) -> int:
+    """``users`` scaled by the load factor (at least one)."""
+    return max(1, round(users * scale))
 
 
 def _short(agent: Agent, n: int = 1, label: str | None = None) -> Shape:
@@ -85,51 +100,81 @@ def _batch(flows: Workflows, n: int, until: float) -> None:
     flows.users(Shape.chain(job, MODEL, prompt=LONG[0], output=LONG[1], label="long"), n=n, until=until, name="batch")
 
 
-def _chains(flows: Workflows, users: Callable[[int], int], until: float) -> None:
+def _chains(flows: Workflows, scale: float, until: float) -> None:
     bot = Agent("bot", App("agents"))
-    flows.users([(0.5, _short(bot)), (0.5, _short(bot, 6))], n=users(12), until=until, name="agents")
-    _batch(flows, users(4), until)
+    flows.users([(0.5, _short(bot)), (0.5, _short(bot, 6))], n=_n(12, scale), until=until, name="agents")
+    _batch(flows, _n(4, scale), until)
 
 
-def _fanout(flows: Workflows, users: Callable[[int], int], until: float) -> None:
+def _fanout(flows: Workflows, scale: float, until: float) -> None:
     news = App("news")
-    flows.users([(0.7, _short(Agent("entry", news))), (0.3, _fan(news, 16))], n=users(12), until=until, name="news")
-    _batch(flows, users(4), until)
+    flows.users([(0.7, _short(Agent("entry", news))), (0.3, _fan(news, 16))], n=_n(12, scale), until=until, name="news")
+    _batch(flows, _n(4, scale), until)
 
 
-def _mixed(flows: Workflows, users: Callable[[int], int], until: float) -> None:
+def _mixed(flows: Workflows, scale: float, until: float) -> None:
     app = App("assistant")
     bot = Agent("bot", app)
     deep = _fan(app, 4, long=True, label="deep")
-    flows.users([(0.6, _short(bot, label="short")), (0.25, _short(bot, 3)), (0.15, deep)], n=users(12), until=until,
+    flows.users([(0.6, _short(bot, label="short")), (0.25, _short(bot, 3)), (0.15, deep)], n=_n(12, scale), until=until,
                 name="assistant")
-    _batch(flows, users(4), until)
+    _batch(flows, _n(4, scale), until)
 
 
-def _weighted(flows: Workflows, users: Callable[[int], int], until: float) -> None:
+def _weighted(flows: Workflows, scale: float, until: float) -> None:
     for name, weight in (("gold", 2.0), ("silver", 1.0)):
         app = App(name, weight=weight)
         mix = [(0.6, _short(Agent("bot", app))), (0.2, _short(Agent("bot", app), 3)), (0.2, _fan(app, 8))]
-        flows.users(mix, n=users(8), until=until, name=name)
+        flows.users(mix, n=_n(8, scale), until=until, name=name)
 
 
-def _flood(flows: Workflows, users: Callable[[int], int], until: float) -> None:
+def _flood(flows: Workflows, scale: float, until: float) -> None:
     flood, quiet = App("flood"), App("quiet")
-    flows.users([(0.5, _short(Agent("bot", flood))), (0.5, _fan(flood, 8))], n=users(48), until=until, name="flood")
-    flows.users([(0.7, _short(Agent("bot", quiet))), (0.3, _short(Agent("bot", quiet), 3))], n=users(3), until=until,
+    flows.users([(0.5, _short(Agent("bot", flood))), (0.5, _fan(flood, 8))], n=_n(48, scale), until=until, name="flood")
+    flows.users([(0.7, _short(Agent("bot", quiet))), (0.3, _short(Agent("bot", quiet), 3))], n=_n(3, scale), until=until,
                 name="quiet")
 
 
-def _shared(flows: Workflows, users: Callable[[int], int], until: float) -> None:
+def _shared(flows: Workflows, scale: float, until: float) -> None:
     app = App("research")
     worker = Agent("worker", app)  # one node: answers questions, and maps over documents for digests
     wide = Shape.fanout(worker, Agent("join", app), MODEL, 96, prompt=SHORT[0], output=SHORT[1], label="map96")
-    flows.users(_short(worker, label="question"), n=users(8), until=until, name="askers")
-    flows.users(wide, n=users(2), until=until, name="digests")
+    flows.users(_short(worker, label="question"), n=_n(8, scale), until=until, name="askers")
+    flows.users(wide, n=_n(2, scale), until=until, name="digests")
+
+
+#: Runs per second of the open-loop scenarios at ``users=1`` (on the simulator's engine, about a third of its
+#: service; scaled with ``users``).
+STREAM_RATE = 0.4
+
+
+def _plan(app: App, k: int) -> Shape:
+    """A plan call, then ``k`` parallel calls of one worker node: ``"k<k>"``."""
+    plan, worker = Agent("plan", app), Agent("worker", app)
+    return Shape(f"k{k}", ((Call(plan, MODEL, *SHORT),), (Call(worker, MODEL, *SHORT),) * k))
+
+
+def _plans(app: App) -> list[tuple[float, Shape]]:
+    return [(0.7, _plan(app, 1)), (0.3, _plan(app, 16))]
+
+
+def _stream(flows: Workflows, scale: float, until: float) -> None:
+    flows.poisson(_plans(App("research")), rate=STREAM_RATE * scale, until=until)
+    _batch(flows, _n(4, scale), until)
+
+
+def _bursts(flows: Workflows, scale: float, until: float) -> None:
+    mix, every = _plans(App("research")), 5.0
+    size, t = max(1, round(STREAM_RATE * every * scale)), 0.5
+    while t < until:
+        for _ in range(size):
+            flows.run(mix, at=t)
+        t += every
+    _batch(flows, _n(4, scale), until)
 
 
 #: Scenario name → (one-line description, builder adding its users to a :class:`~fairagents.simulation.Workflows`).
-SCENARIOS: dict[str, tuple[str, Callable[[Workflows, Callable[[int], int], float], None]]] = {
+SCENARIOS: dict[str, tuple[str, Callable[[Workflows, float, float], None]]] = {
     "chains": ("runs of 1 or 6 chained calls (12 users) next to long requests (4 users)", _chains),
     "fanout": ("70 % single calls, 30 % fan-out of 16 then a join (12 users) next to long requests (4 users)", _fanout),
     "mixed": ("short calls, 3-call chains and long fan-outs in one app (12 users) next to long requests", _mixed),
@@ -137,11 +182,16 @@ SCENARIOS: dict[str, tuple[str, Callable[[Workflows, Callable[[int], int], float
     "flood": ("an app of 48 users (fan-outs of 8, single calls) next to a quiet app of 3 users", _flood),
     "shared": ("one node serving single questions (8 users) and maps over 96 documents (2 users) in one app",
                _shared),
+    "stream": ("open loop: plan → 1 (70 %) or 16 (30 %) worker calls, a Poisson stream of runs, next to long "
+               "requests (4 users)", _stream),
+    "bursts": ("open loop: the same runs in a burst every 5 s, next to long requests (4 users)", _bursts),
 }
+#: The scenarios whose runs arrive as a stream rather than from users waiting for their last run.
+OPEN_LOOP = ("stream", "bursts")
 
 
 def scenario(name: str, seconds: float = 60.0, *, users: float = 1.0, seed: int = 0) -> Workflows:
-    """The runs of scenario ``name``: users start runs back to back for ``seconds``; ``users`` scales their number.
+    """The runs of scenario ``name`` over ``seconds``; ``users`` scales their users (and open-loop arrival rates).
 
     Examples:
         >>> from fairagents.bench.workflows import scenario
@@ -155,18 +205,20 @@ def scenario(name: str, seconds: float = 60.0, *, users: float = 1.0, seed: int 
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
         raise InvalidParameterError(f"seconds must be a finite number > 0, got {seconds!r}")
     flows = Workflows(seed=seed)
-    SCENARIOS[name][1](flows, lambda n: max(1, round(n * users)), float(seconds))
+    SCENARIOS[name][1](flows, float(users), float(seconds))
     return flows
 
 
 def engines(seed: int = 0) -> dict[str, SimEngine]:
-    """The simulated engine of every scenario: a batch of 8, 4,096 tokens of KV (reserved), ±5 % step jitter.
+    """The simulated engine of every scenario: a batch of 8, 4,096 tokens of paged KV, ±5 % step jitter.
 
     Small on purpose, as a small GPU (or the embedded engine's 4 MiB KV cache) is: every
-    scenario keeps it busy, so the order in which calls are served decides run times.
+    scenario keeps it busy, so the order in which calls are served decides run times. It
+    schedules by the policy itself, as the default serving path's engines do
+    (``SimEngine(scheduler="fair")``: ordering, admission and fair preemption in the engine).
     """
     return {MODEL: SimEngine(ModelProfile(d_model=4096, n_layers=32), max_running=8, kv_capacity=4096, jitter=0.05,
-                             seed=seed)}
+                             seed=seed, kv="paged", scheduler="fair")}
 
 
 def default_policies() -> list[str]:
@@ -191,6 +243,7 @@ def summarize(result: SimResult, seconds: float) -> dict[str, Any]:
     """What a policy did with runs over ``[0, seconds]``: completion times by class, runs per second, app shares.
 
     - ``classes``: ``app/label`` → ``{"runs", "mean", "p95"}`` (seconds; every run played; ``None``: no run);
+    - ``by_app``: app → the same over its runs;
     - ``runs``, ``mean``, ``p95``: the same over every run;
     - ``runs_per_s``: app (and ``"total"``) → runs completed by ``seconds``, per second;
     - ``apps``: app → ``{"weight", "share", "share_active"}``: its fraction of the service
@@ -215,6 +268,7 @@ def summarize(result: SimResult, seconds: float) -> dict[str, Any]:
     jain_of = served if sum(served) > 0 else served_active
     return {
         "classes": {c: _times(d) for c, d in sorted(by_class.items())},
+        "by_app": {a: _times([r.duration for r in runs if r.app == a]) for a in apps},
         **_times([r.duration for r in runs]),
         "runs_per_s": {"total": sum(r.end <= seconds for r in runs) / seconds,
                        **{a: sum(r.end <= seconds for r in runs if r.app == a) / seconds for a in apps}},
@@ -372,10 +426,14 @@ def render(result: dict[str, Any]) -> list[Table]:
         for p in policies:
             table.add_column(p, justify="right")
         classes = sorted({c for p in policies for c in cell["results"][p]["classes"]})
-        for c in [*classes, "all"]:
+        apps = sorted({a for p in policies for a, t in cell["results"][p]["by_app"].items()
+                       if sum(c.startswith(f"{a}/") for c in classes) > 1})  # an app of several classes: its runs
+        for c in [*classes, *(f"{a}/*" for a in apps), "all"]:
             row = []
             for p in policies:
-                stats = cell["results"][p] if c == "all" else cell["results"][p]["classes"].get(c)
+                cell_p = cell["results"][p]
+                stats = cell_p if c == "all" else cell_p["by_app"].get(c[:-2]) if c.endswith("/*") else \
+                    cell_p["classes"].get(c)
                 row.append(f"{stats['mean']:.2f} / {stats['p95']:.2f} s ({stats['runs']})" if stats and stats["runs"]
                            else "")
             table.add_row(c, *row)
@@ -419,7 +477,7 @@ async def _real(flows: Workflows, policies: list[str], seconds: float, engine: E
 
 
 async def _play_real(flows: Workflows, policy: str, seconds: float, engine: Engine) -> SimResult:
-    """Every closed-loop user as a task: each run's stages sent as concurrent calls carrying ``run=`` its id."""
+    """Every closed-loop user and open-loop run as a task: each run's stages sent as concurrent calls carrying ``run=``."""
     from fairagents.runtime.arbiter import Arbiter
     from fairagents.stats import Ledger
 
@@ -453,17 +511,24 @@ async def _play_real(flows: Workflows, policy: str, seconds: float, engine: Engi
         except (EngineError, OverloadedError):
             pass  # the ledger has it as failed; the run goes on
 
+    async def play(run_id: str, mix: Any, user: str | None) -> None:
+        start = clock()
+        shape, stages = flows.draw(run_id, mix)
+        rng = random.Random(f"{run_id}/{policy}")  # prompt ids: no prefix-cache hits between runs or policies
+        for stage in stages:
+            await asyncio.gather(*(send(call, p, o, rng, run_id) for call, p, o in stage))
+        done.append(SimRun(run_id, shape.app.name, shape.label, start, clock(), len(shape.calls), 0.0, user))
+
+    async def arriving(index: int, at: float, mix: Any) -> None:
+        await asyncio.sleep(max(0.0, at - clock()))
+        await play(f"o{index}", mix, None)
+
     async def user(index: int) -> None:
         group, name = flows.user_names()[index]
         await asyncio.sleep(max(0.0, flows.first_start(index) - clock()))
         k = 0
-        while (start := clock()) < group.until:
-            run_id = f"u{index}.{k}"
-            shape, stages = flows.draw(run_id, group.mix)
-            rng = random.Random(f"{run_id}/{policy}")  # prompt ids: no prefix-cache hits between runs or policies
-            for stage in stages:
-                await asyncio.gather(*(send(call, p, o, rng, run_id) for call, p, o in stage))
-            done.append(SimRun(run_id, shape.app.name, shape.label, start, clock(), len(shape.calls), 0.0, name))
+        while clock() < group.until:
+            await play(f"u{index}.{k}", group.mix, name)
             k += 1
             if group.think:
                 await asyncio.sleep(group.think)
@@ -471,7 +536,8 @@ async def _play_real(flows: Workflows, policy: str, seconds: float, engine: Engi
     await arbiter.start()
     origin = time.monotonic()  # the clock starts once the arbiter is up
     try:
-        await asyncio.gather(*(user(i) for i in range(len(flows.user_names()))))
+        await asyncio.gather(*(user(i) for i in range(len(flows.user_names()))),
+                             *(arriving(i, at, mix) for i, (at, mix) in enumerate(flows.open)))
     finally:
         await arbiter.close(stop_engines=False)
     records: list[RequestRecord] = list(arbiter.ledger.records)

@@ -18,8 +18,9 @@ def test_every_scenario_scales_its_users():
     for name in workflows.SCENARIOS:
         full, half = workflows.scenario(name), workflows.scenario(name, users=0.5)
         assert [g.n for g in half.closed] == [max(1, round(g.n / 2)) for g in full.closed]
-        apps = 1 if name == "shared" else 2  # two apps share the engine; "shared": one node of one app
-        assert len({g.mix[0][1].app.name for g in full.closed}) == apps
+        apps = {g.mix[0][1].app.name for g in full.closed} | {mix[0][1].app.name for _, mix in full.open}
+        assert len(apps) == (1 if name == "shared" else 2)  # two apps share the engine; "shared": one node of one app
+        assert bool(full.open) == (name in workflows.OPEN_LOOP)
     weights = {g.name: g.mix[0][1].app.weight for g in workflows.scenario("weighted").closed}
     assert weights == {"gold": 2.0, "silver": 1.0}
     labels = {s.label for _, s in workflows.scenario("fanout").closed[0].mix}
@@ -86,3 +87,30 @@ def test_the_real_path_sends_every_call_with_its_run():
     summary = workflows.run(scenarios=["chains"], policies=None, seconds=0.3, users=0.1, real=True,
                             engine=FakeEngine(token_time=0.001))
     assert summary["engine"] == "real" and summary["scenarios"][0]["results"]["fcfs"]["runs"] > 0
+
+
+@pytest.mark.parametrize("name", workflows.OPEN_LOOP)
+def test_open_loop_runs_arrive_at_a_rate_the_load_scales_whether_or_not_the_last_has_ended(name):
+    full, half = (workflows.scenario(name, 60.0, users=users) for users in (1.0, 0.5))
+    rate = len(full.open) / 60.0
+    assert rate == pytest.approx(workflows.STREAM_RATE, rel=0.35) and len(half.open) < 0.7 * len(full.open)
+    result = simulate_workflows(full, "hmfs", workflows.engines())
+    research = sorted((r for r in result.runs if r.app == "research"), key=lambda r: r.start)
+    assert {r.label for r in research} == {"k1", "k16"} and all(r.id.startswith("o") for r in research)
+    assert len(research) == len(full.open)  # every run that arrived completed
+    assert any(b.start < a.end for a, b in zip(research, research[1:], strict=False))  # none waits for the last
+    assert {r.calls for r in research} == {2, 17}
+    summary = workflows.summarize(result, 60.0)
+    assert summary["by_app"]["research"]["runs"] == len(research)
+    tables = workflows.render({"policies": ["hmfs"], "engine": "sim", "seconds": 60.0,
+                               "scenarios": [{"name": name, "description": "", "results": {"hmfs": summary}}]})
+    assert "research/*" in [str(c) for c in tables[0].columns[0]._cells]  # the app's runs, over its classes
+
+
+def test_the_real_path_plays_open_loop_runs_as_they_arrive():
+    flows = workflows.scenario("stream", 2.0, users=5.0)
+    result = workflows._run_real(flows, ["fcfs"], 2.0, FakeEngine(token_time=0.001))["fcfs"]
+    opened = [r for r in result.runs if r.app == "research"]
+    assert len(opened) == len(flows.open) >= 2 and {r.calls for r in opened} <= {2, 17}
+    assert all(r.user is None and r.id.startswith("o") for r in opened)
+    assert min(r.start for r in opened) >= min(at for at, _ in flows.open) - 0.05  # each started at its arrival
