@@ -77,7 +77,7 @@ def test_cli_runs_a_tiny_configuration_and_writes_json(tmp_path, capsys):
 
 def test_the_real_path_sends_every_call_with_its_run():
     flows = workflows.scenario("fanout", 0.4, users=0.2)
-    results = workflows._run_real(flows, ["fcfs"], 0.4, FakeEngine(token_time=0.001))
+    results = workflows.run_real(flows, ["fcfs"], 0.4, FakeEngine(token_time=0.001))
     result = results["fcfs"]
     assert result.runs and {r.label for r in result.runs} <= {"single", "fanout16", "long"}
     assert len(result.records) == sum(r.calls for r in result.runs)
@@ -109,7 +109,7 @@ def test_open_loop_runs_arrive_at_a_rate_the_load_scales_whether_or_not_the_last
 
 def test_the_real_path_plays_open_loop_runs_as_they_arrive():
     flows = workflows.scenario("stream", 2.0, users=5.0)
-    result = workflows._run_real(flows, ["fcfs"], 2.0, FakeEngine(token_time=0.001))["fcfs"]
+    result = workflows.run_real(flows, ["fcfs"], 2.0, FakeEngine(token_time=0.001))["fcfs"]
     opened = [r for r in result.runs if r.app == "research"]
     assert len(opened) == len(flows.open) >= 2 and {r.calls for r in opened} <= {2, 17}
     assert all(r.user is None and r.id.startswith("o") for r in opened)
