@@ -56,7 +56,8 @@ def _schedulers(running: int, clients: int, policy: str) -> tuple[Any, Any]:
     from fairagents.models import ensure_default_models
     from fairagents.policies import make_policy
     from fairagents.policies.pooled import PoolPolicy
-    from fairagents.vllm.scheduler import Binding, FairScheduler
+    from fairagents.vllm.queue import Binding
+    from fairagents.vllm.scheduler import FairScheduler
 
     args = EngineArgs(model=str(ensure_default_models(["text"])["text"]), max_model_len=1024, max_num_seqs=running,
                       max_num_batched_tokens=max(2048, running * (PROMPT + 1)), dtype="float32", enforce_eager=True,

@@ -59,13 +59,15 @@ DECISION_APPS = (10, 100, 1_000, 10_000)
 
 
 def decision_cost(apps: int, decisions: int = 20_000) -> float:
-    """Microseconds for one pop and one add on a :class:`~fairagents.vllm.scheduler.FairQueue` of ``apps`` apps."""
+    """Microseconds for one pop and one add on a :class:`~fairagents.vllm.queue.FairQueue` of ``apps`` apps."""
     from vllm import SamplingParams
     from vllm.v1.request import Request as VllmRequest
 
     from fairagents.cost import ModelProfile
     from fairagents.request import Outcome, Request
-    from fairagents.vllm.scheduler import Binding, FairQueue, identity, own_policy
+    from fairagents.vllm.args import identity
+    from fairagents.vllm.queue import Binding, FairQueue
+    from fairagents.vllm.scheduler import own_policy
 
     seat = own_policy()
     seat.register("engine", ModelProfile(d_model=4096, n_layers=1))

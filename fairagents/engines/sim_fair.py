@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from fairagents.errors import ProtocolError
 from fairagents.request import Request
 
 if TYPE_CHECKING:

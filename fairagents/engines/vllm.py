@@ -237,7 +237,7 @@ class VLLMEngine(ThreadedEngine):
         """
         binding = self._binding
         if binding is None or self._thread is None:
-            from fairagents.vllm.scheduler import Binding
+            from fairagents.vllm.queue import Binding
 
             self._binding = Binding(policy, name, max_running)
             return
@@ -395,7 +395,8 @@ class VLLMEngine(ThreadedEngine):
 
             args = self.engine_args()
             if self.scheduler == "fair":
-                from fairagents.vllm.scheduler import Binding, FairScheduler, own_policy
+                from fairagents.vllm.queue import Binding
+                from fairagents.vllm.scheduler import FairScheduler, own_policy
 
                 if self._binding is None:
                     self._binding = Binding(own_policy(), "engine")

@@ -28,14 +28,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fairagents.vllm.args import FairArgsValidator
+from fairagents.vllm.args import CONFIG_ENV, FairArgsValidator, Weights, identity
 
 if TYPE_CHECKING:
-    from fairagents.vllm.scheduler import CONFIG_ENV, FairScheduler, Weights, identity
+    from fairagents.vllm.scheduler import FairScheduler
 
 __all__ = ["CONFIG_ENV", "FairArgsValidator", "FairScheduler", "Weights", "identity"]
 
-_SCHEDULER = frozenset({"CONFIG_ENV", "FairScheduler", "Weights", "identity"})
+_SCHEDULER = frozenset({"FairScheduler"})
 
 
 def __getattr__(name: str) -> Any:

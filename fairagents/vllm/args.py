@@ -28,19 +28,26 @@ Examples:
 
 from __future__ import annotations
 
+import json
+import os
+import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
+from fairagents._logging import get_logger
 from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT, XARG_RUN
 from fairagents.errors import InvalidParameterError
-from fairagents.identity import check_run
+from fairagents.identity import Agent, App, check_run
 from fairagents.identity import check_weight as _check_weight
 
-__all__ = ["MAX_NAME", "FairArgsValidator", "check_args", "check_weight"]
+__all__ = ["CONFIG_ENV", "MAX_NAME", "FairArgsValidator", "Weights", "check_args", "check_weight", "identity", "run_of"]
+
+log = get_logger("fairagents.vllm.scheduler")  # the scheduler's: it reads a request's arguments as it arrives
 
 #: Longest app or agent name a request may send (names become metric labels and counters).
 MAX_NAME = 128
@@ -140,3 +147,97 @@ class FairArgsValidator(V1LogitsProcessor, V2LogitsProcessor):
 
     def apply(self, logits: Any, ctx: Any = None) -> Any:
         return logits
+
+
+# -- what the arguments mean: the client, its weights and its run ----------------------------
+
+#: Environment variable naming the weights file (TOML or JSON) of :class:`~fairagents.vllm.scheduler.FairScheduler`.
+CONFIG_ENV = "FAIRAGENTS_SCHEDULER_CONFIG"
+_DEFAULT = "default"  # the app and agent of a request that names none
+
+
+class Weights:
+    """App and agent weights from a file: ``{"apps": {app: {"weight": w, "agents": {agent: w}}}}``.
+
+    Examples:
+        >>> from fairagents.vllm.args import Weights
+        >>> w = Weights({"apps": {"search": {"weight": 2, "agents": {"planner": 3}}}})
+        >>> w.app("search"), w.agent("search", "planner"), w.agent("search", "other"), w.app("x")
+        (2.0, 3.0, 1.0, 1.0)
+        >>> Weights({"apps": {"a": {"weight": 0}}})
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: weight of app 'a' must be a finite number in [0.001, 1000], got 0
+    """
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        apps = data.get("apps", {})
+        if not isinstance(apps, Mapping) or set(data) - {"apps"}:
+            raise InvalidParameterError('a weights file holds one table, "apps": {app: {"weight": ..., "agents": {...}}}')
+        self._apps: dict[str, float] = {}
+        self._agents: dict[tuple[str, str], float] = {}
+        for name, spec in apps.items():
+            if not isinstance(spec, Mapping) or set(spec) - {"weight", "agents"}:
+                raise InvalidParameterError(f'app {name!r} of a weights file takes "weight" and "agents", got {spec!r}')
+            self._apps[name] = check_weight(spec.get("weight", 1.0), f"weight of app {name!r}")
+            for agent, w in (spec.get("agents") or {}).items():
+                self._agents[(name, agent)] = check_weight(w, f"weight of agent {agent!r} of app {name!r}")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Weights:
+        """Read a TOML (``.toml``) or JSON file."""
+        text = Path(path).read_text()
+        return cls(tomllib.loads(text) if str(path).endswith(".toml") else json.loads(text))
+
+    def app(self, name: str) -> float:
+        return self._apps.get(name, 1.0)
+
+    def agent(self, app: str, name: str) -> float:
+        return self._agents.get((app, name), 1.0)
+
+
+def identity(extra_args: Mapping[str, Any] | None, weights: Weights | None = None) -> Agent:
+    """The agent a request's ``extra_args`` name (app and agent ``default`` when absent).
+
+    With ``weights`` (a weights file), weights come from it alone; without, from the
+    ``fairagents_app_weight`` / ``fairagents_agent_weight`` arguments. Served with
+    :class:`~fairagents.vllm.args.FairArgsValidator`, a request with invalid
+    ones never gets here; without it, an invalid weight counts as 1.
+    """
+    args = extra_args or {}
+    app = str(args.get(METADATA_APP) or _DEFAULT)
+    name = str(args.get(METADATA_AGENT) or _DEFAULT)
+    if weights is not None:
+        return Agent(name, App(app, weight=weights.app(app)), weight=weights.agent(app, name))
+    return Agent(name, App(app, weight=_arg_weight(args, XARG_APP_WEIGHT)), weight=_arg_weight(args, XARG_AGENT_WEIGHT))
+
+
+def run_of(extra_args: Mapping[str, Any] | None) -> str | None:
+    """The run a request's ``extra_args`` name (``fairagents_run``), or ``None``: the request is a run of its own.
+
+    Served with :class:`~fairagents.vllm.args.FairArgsValidator`, a request with an
+    invalid run never gets here; without it, an invalid run counts as none.
+
+    Examples:
+        >>> from fairagents.vllm.args import run_of
+        >>> run_of({"fairagents_run": "digest-7"}), run_of(None)
+        ('digest-7', None)
+    """
+    run = (extra_args or {}).get(XARG_RUN)
+    if run is None:
+        return None
+    try:
+        return check_run(run)
+    except InvalidParameterError as err:
+        log.warning("fairagents.vllm.bad_run", error=str(err))
+        return None
+
+
+def _arg_weight(args: Mapping[str, Any], key: str) -> float:
+    if key not in args:
+        return 1.0
+    try:
+        return check_weight(args[key], key)
+    except InvalidParameterError as err:
+        log.warning("fairagents.vllm.bad_weight", error=str(err))
+        return 1.0

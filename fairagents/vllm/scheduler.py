@@ -12,11 +12,11 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
 - **Identity**: the arbiter's own request when it handed it over; else
   ``fairagents_app``, ``fairagents_agent`` and ``fairagents_run`` in the request's
   ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP); app ``default`` without them.
-- **Weights**: from the file named by :data:`CONFIG_ENV` (:class:`Weights`) when set,
+- **Weights**: from the file named by :data:`~fairagents.vllm.args.CONFIG_ENV` (:class:`~fairagents.vllm.args.Weights`) when set,
   the request's own weight arguments then ignored; else from ``fairagents_app_weight`` /
   ``fairagents_agent_weight`` (default 1), checked by
   :class:`~fairagents.vllm.args.FairArgsValidator`.
-- **The waiting queue** (:class:`FairQueue`) is the policy's: ``select`` picks, a
+- **The waiting queue** (:class:`~fairagents.vllm.queue.FairQueue`) is the policy's: ``select`` picks, a
   request taken into the batch leaves it (its prompt charged once a step runs it), output
   is charged as each step returns it, and a preempted request is never charged its prompt again.
 - **Preemption**: when the batch is full, a waiting client the policy has served less
@@ -47,347 +47,37 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import time
-import tomllib
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
-import vllm
-
 from fairagents._logging import get_logger
-from fairagents.constants import METADATA_AGENT, METADATA_APP, XARG_AGENT_WEIGHT, XARG_APP_WEIGHT, XARG_RUN
 from fairagents.cost import ModelProfile, UnifiedTokenCost
-from fairagents.errors import InvalidParameterError
-from fairagents.identity import Agent, App, Modality, check_run
+from fairagents.identity import Agent, Modality
 from fairagents.policies import make_policy
 from fairagents.policies.pooled import PoolPolicy
 from fairagents.request import Outcome
 from fairagents.request import Request as FairRequest
-from fairagents.vllm.args import FairArgsValidator, check_weight
+from fairagents.vllm.args import CONFIG_ENV, FairArgsValidator, Weights, identity, run_of
+from fairagents.vllm.queue import Binding, BoundToPool, FairQueue, outcome_of
 
-#: The vLLM releases (major.minor) whose scheduler internals this module overrides and reads, as
-#: the guide "Fair vLLM without the SDK" lists them; another release may differ in any of them.
-SUPPORTED_VLLM = ("0.32",)
-
-
-def check_vllm_version(version: str) -> None:
-    """Raise an ``ImportError`` naming the supported range if ``version`` of vLLM is not in it.
-
-    Examples:
-        >>> from fairagents.vllm.scheduler import check_vllm_version
-        >>> check_vllm_version("0.32.1")
-        >>> check_vllm_version("0.11.0")
-        Traceback (most recent call last):
-        ...
-        ImportError: fairagents.vllm.FairScheduler needs vLLM 0.32.x (it overrides vLLM's scheduler internals); found 0.11.0: install vllm>=0.32,<0.33, or serve with scheduler="vllm"
-    """
-    if ".".join(version.split(".")[:2]) not in SUPPORTED_VLLM:
-        supported = ", ".join(f"{v}.x" for v in SUPPORTED_VLLM)
-        raise ImportError(f"fairagents.vllm.FairScheduler needs vLLM {supported} (it overrides vLLM's scheduler "
-                          f'internals); found {version}: install vllm>=0.32,<0.33, or serve with scheduler="vllm"')
-
-
-check_vllm_version(vllm.__version__)
-
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402  (after queue's check of the release)
+from vllm.v1.core.sched.request_queue import SchedulingPolicy  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.request import Request as VllmRequest  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
-from fairagents.vllm.metrics import SchedulerMetrics
+from fairagents.vllm.metrics import SchedulerMetrics  # noqa: E402
 
-__all__ = ["CONFIG_ENV", "POLICY_ENV", "Binding", "FairQueue", "FairScheduler", "Weights", "identity", "outcome_of",
-           "own_policy", "run_of"]
+__all__ = ["POLICY_ENV", "FairScheduler", "own_policy"]
 
 log = get_logger(__name__)
 
-#: Environment variable naming the weights file (TOML or JSON) of :class:`FairScheduler`.
-CONFIG_ENV = "FAIRAGENTS_SCHEDULER_CONFIG"
 #: Environment variable naming the policy of a :class:`FairScheduler` served on its own (default ``hmfs``).
 POLICY_ENV = "FAIRAGENTS_SCHEDULER_POLICY"
-DEFAULT = "default"
 
 
-class Weights:
-    """App and agent weights from a file: ``{"apps": {app: {"weight": w, "agents": {agent: w}}}}``.
-
-    Examples:
-        >>> from fairagents.vllm.scheduler import Weights
-        >>> w = Weights({"apps": {"search": {"weight": 2, "agents": {"planner": 3}}}})
-        >>> w.app("search"), w.agent("search", "planner"), w.agent("search", "other"), w.app("x")
-        (2.0, 3.0, 1.0, 1.0)
-        >>> Weights({"apps": {"a": {"weight": 0}}})
-        Traceback (most recent call last):
-        ...
-        fairagents.errors.InvalidParameterError: weight of app 'a' must be a finite number in [0.001, 1000], got 0
-    """
-
-    def __init__(self, data: Mapping[str, Any]) -> None:
-        apps = data.get("apps", {})
-        if not isinstance(apps, Mapping) or set(data) - {"apps"}:
-            raise InvalidParameterError('a weights file holds one table, "apps": {app: {"weight": ..., "agents": {...}}}')
-        self._apps: dict[str, float] = {}
-        self._agents: dict[tuple[str, str], float] = {}
-        for name, spec in apps.items():
-            if not isinstance(spec, Mapping) or set(spec) - {"weight", "agents"}:
-                raise InvalidParameterError(f'app {name!r} of a weights file takes "weight" and "agents", got {spec!r}')
-            self._apps[name] = check_weight(spec.get("weight", 1.0), f"weight of app {name!r}")
-            for agent, w in (spec.get("agents") or {}).items():
-                self._agents[(name, agent)] = check_weight(w, f"weight of agent {agent!r} of app {name!r}")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Weights:
-        """Read a TOML (``.toml``) or JSON file."""
-        text = Path(path).read_text()
-        return cls(tomllib.loads(text) if str(path).endswith(".toml") else json.loads(text))
-
-    def app(self, name: str) -> float:
-        return self._apps.get(name, 1.0)
-
-    def agent(self, app: str, name: str) -> float:
-        return self._agents.get((app, name), 1.0)
-
-
-def identity(extra_args: Mapping[str, Any] | None, weights: Weights | None = None) -> Agent:
-    """The agent a request's ``extra_args`` name (app and agent ``default`` when absent).
-
-    With ``weights`` (a weights file), weights come from it alone; without, from the
-    ``fairagents_app_weight`` / ``fairagents_agent_weight`` arguments. Served with
-    :class:`~fairagents.vllm.args.FairArgsValidator`, a request with invalid
-    ones never gets here; without it, an invalid weight counts as 1.
-    """
-    args = extra_args or {}
-    app = str(args.get(METADATA_APP) or DEFAULT)
-    name = str(args.get(METADATA_AGENT) or DEFAULT)
-    if weights is not None:
-        return Agent(name, App(app, weight=weights.app(app)), weight=weights.agent(app, name))
-    return Agent(name, App(app, weight=_arg_weight(args, XARG_APP_WEIGHT)), weight=_arg_weight(args, XARG_AGENT_WEIGHT))
-
-
-def run_of(extra_args: Mapping[str, Any] | None) -> str | None:
-    """The run a request's ``extra_args`` name (``fairagents_run``), or ``None``: the request is a run of its own.
-
-    Served with :class:`~fairagents.vllm.args.FairArgsValidator`, a request with an
-    invalid run never gets here; without it, an invalid run counts as none.
-
-    Examples:
-        >>> from fairagents.vllm.scheduler import run_of
-        >>> run_of({"fairagents_run": "digest-7"}), run_of(None)
-        ('digest-7', None)
-    """
-    run = (extra_args or {}).get(XARG_RUN)
-    if run is None:
-        return None
-    try:
-        return check_run(run)
-    except InvalidParameterError as err:
-        log.warning("fairagents.vllm.bad_run", error=str(err))
-        return None
-
-
-def _arg_weight(args: Mapping[str, Any], key: str) -> float:
-    if key not in args:
-        return 1.0
-    try:
-        return check_weight(args[key], key)
-    except InvalidParameterError as err:
-        log.warning("fairagents.vllm.bad_weight", error=str(err))
-        return 1.0
-
-
-class Binding:
-    """Which pool's policy an engine's scheduler follows, and its model's name there.
-
-    An in-process engine keeps one across restarts and hands it to each scheduler it
-    builds; an idle engine added to another arbiter is re-bound to that arbiter's policy.
-
-    Examples:
-        >>> import fairagents as fa
-        >>> from fairagents.policies.pooled import PoolPolicy
-        >>> from fairagents.vllm.scheduler import Binding
-        >>> Binding(PoolPolicy(fa.policies.make_policy("fcfs")), "chat").seat.policy.name
-        'fcfs'
-    """
-
-    def __init__(self, seat: PoolPolicy, model: str, max_running: int | None = None) -> None:
-        self._state = (seat, model, max_running)
-
-    def rebind(self, seat: PoolPolicy, model: str, max_running: int | None = None) -> None:
-        """Follow another pool's policy, as ``model``: one assignment, so a reader never sees half of it."""
-        self._state = (seat, model, max_running)
-
-    @property
-    def seat(self) -> PoolPolicy:
-        """The pool's policy."""
-        return self._state[0]
-
-    @property
-    def model(self) -> str:
-        """This engine's model name in the pool."""
-        return self._state[1]
-
-    @property
-    def max_running(self) -> int | None:
-        """Most requests the engine runs at once, below ``max_num_seqs`` (an arbiter's in-flight limit); ``None``: no cap."""
-        return self._state[2]
-
-
-class _Following:
-    """What follows a :class:`Binding`: the pool's policy and the model's name, read at each use."""
-
-    binding: Binding
-
-    @property
-    def seat(self) -> PoolPolicy:
-        """The pool's policy."""
-        return self.binding.seat
-
-    @property
-    def model(self) -> str:
-        """This engine's model name in the pool."""
-        return self.binding.model
-
-
-class FairQueue(_Following, RequestQueue):
-    """vLLM's waiting queue, in the order of the pool's policy (see the module docs).
-
-    The requests it holds wait in the policy too. The one popped for the batch leaves
-    the policy's queue, uncharged; its prompt is charged once the step runs it
-    (:meth:`admit_scheduled`). One vLLM puts back unscheduled (a grammar still
-    compiling, no LoRA slot) keeps its turn, ahead of the policy's next choice, still
-    uncharged; one preempted starts over as a new arrival, its prompt not charged again.
-
-    Args:
-        binding: the pool's policy (shared with the arbiter and the pool's other
-            engines) and this engine's model name there.
-        twin_of: the policy's request for a vLLM request.
-    """
-
-    def __init__(self, binding: Binding, twin_of: Callable[[VllmRequest], FairRequest]) -> None:
-        self.binding = binding
-        self._twin_of = twin_of
-        self._held: dict[str, VllmRequest] = {}
-        self._chosen: deque[VllmRequest] = deque()  # dispatched by the policy, put back by vLLM
-        self._popped: set[str] = set()  # popped during this step: put back, they were skipped, not preempted
-        self._peeked: str | None = None
-        self.held_by_device = False
-        """Set for a step whose head waits for its device (:meth:`~fairagents.policies.pooled.PoolPolicy.holds`):
-        the queue then shows vLLM nothing to admit."""
-        binding.seat.forget(binding.model)  # an engine started again: its last queue's requests are gone with it
-
-    def new_step(self) -> None:
-        """A scheduling step begins: what vLLM puts back from now on was popped in it (skipped) or before (preempted)."""
-        self._popped.clear()
-
-    def add_request(self, request: VllmRequest) -> None:
-        rid = request.request_id
-        preempted = self.seat.engine_running(self.model, rid)  # it ran: put back, it was preempted or skipped
-        if preempted and rid in self._popped:
-            self._chosen.append(request)  # popped this step and not scheduled: it keeps its turn
-            return
-        try:
-            self.seat.engine_arrive(self._twin_of(request), requeued=preempted)
-        except Exception as err:  # a policy's bug must not take the engine down: serve it, uncharged
-            log.error("fairagents.vllm.policy_refused", request_id=rid, error=repr(err))
-            self._chosen.append(request)
-            return
-        self._held[rid] = request
-
-    def peek_request(self) -> VllmRequest:
-        if self._chosen:
-            self._peeked = self._chosen[0].request_id
-            return self._chosen[0]
-        seat = self.seat
-        with seat.lock:
-            while (twin := seat.engine_select(self.model)) is not None and twin.id not in self._held:
-                seat.discard(twin)  # not this queue's (cannot happen): never serve it
-            if twin is None and self._held:  # held, yet unknown to the policy: the engine was re-bound to another
-                self._adopt()
-                twin = seat.engine_select(self.model)
-        if twin is None or twin.id not in self._held:
-            if not self._held:
-                self._peeked = None
-                raise IndexError("peek from an empty queue")
-            twin_id = min(self._held.values(), key=lambda r: r.arrival_time).request_id  # the policy refused them all
-            self._peeked = twin_id
-            return self._held[twin_id]
-        self._peeked = twin.id
-        return self._held[twin.id]
-
-    def _adopt(self) -> None:
-        """Tell the policy (a new one, after a re-bind) about the requests this queue holds."""
-        for request in self._held.values():
-            try:
-                self.seat.engine_arrive(self._twin_of(request))
-            except Exception as err:  # served in arrival order, uncharged, rather than lost
-                log.error("fairagents.vllm.policy_refused", request_id=request.request_id, error=repr(err))
-
-    def pop_request(self) -> VllmRequest:
-        """Take the request :meth:`peek_request` showed (vLLM allocates for it between the two)."""
-        if self._peeked is None:
-            self.peek_request()
-        rid, self._peeked = self._peeked, None
-        self._popped.add(rid)  # type: ignore[arg-type]
-        if self._chosen and self._chosen[0].request_id == rid:
-            return self._chosen.popleft()
-        request = self._held.pop(rid)  # type: ignore[arg-type]
-        self.seat.engine_take(self.model, rid)  # type: ignore[arg-type]
-        return request
-
-    def admit_scheduled(self, scheduled: Callable[[str], bool], cached: Mapping[str, int] | None = None) -> set[str]:
-        """The step is scheduled: charge the prompts of the requests popped in it that it ran.
-
-        vLLM pops a request both to run it and to skip it (then puts it back, here
-        uncharged, keeping its turn); only one that ``scheduled`` says the step took
-        into its batch is charged, once. ``cached``: the prompt tokens each new request
-        found in the prefix cache, charged at the cost model's ``w_cached``. Returns the
-        ids popped in the step.
-        """
-        put_back = {r.request_id for r in self._chosen}
-        hits = cached or {}
-        for rid in self._popped:
-            if rid not in put_back and scheduled(rid):
-                self.seat.engine_admit(self.model, rid, hits.get(rid, 0))
-        return set(self._popped)
-
-    def prepend_request(self, request: VllmRequest) -> None:
-        self.add_request(request)  # the order is the policy's, not the position
-
-    def prepend_requests(self, requests: Iterable[VllmRequest]) -> None:
-        for request in requests:
-            self.add_request(request)
-
-    def remove_request(self, request: VllmRequest) -> None:
-        rid = request.request_id
-        if self._peeked == rid:
-            self._peeked = None
-        self._popped.discard(rid)
-        if self._held.pop(rid, None) is None:
-            with contextlib.suppress(ValueError):
-                self._chosen.remove(request)
-        self.seat.engine_end(self.model, rid, outcome_of(request))
-
-    def remove_requests(self, requests: Iterable[VllmRequest]) -> None:
-        for request in requests:
-            self.remove_request(request)
-
-    def __bool__(self) -> bool:
-        return not self.held_by_device and (bool(self._held) or bool(self._chosen))
-
-    def __len__(self) -> int:
-        return len(self._held) + len(self._chosen)
-
-    def __iter__(self) -> Iterator[VllmRequest]:
-        return iter([*self._chosen, *sorted(self._held.values(), key=lambda r: r.arrival_time)])
-
-
-class FairScheduler(_Following, AsyncScheduler):
+class FairScheduler(BoundToPool, AsyncScheduler):
     """vLLM's async scheduler, ordering, charging and preempting by a fairagents policy (see the module docs).
 
     Constructed by vLLM (``EngineArgs(scheduler_cls=...)``); it reads the model's
@@ -765,16 +455,6 @@ def own_policy() -> PoolPolicy:
     """
     cost = UnifiedTokenCost()
     return PoolPolicy(make_policy(os.environ.get(POLICY_ENV) or "hmfs", cost), cost)
-
-
-def outcome_of(request: VllmRequest) -> Outcome:
-    """How a vLLM request ended, for the policy (an unfinished one removed from the queue: cancelled)."""
-    status = request.status
-    if status == RequestStatus.FINISHED_ABORTED or not request.is_finished():
-        return Outcome.CANCELLED
-    if status == RequestStatus.FINISHED_ERROR:
-        return Outcome.FAILED
-    return Outcome.FINISHED
 
 
 def _profile(vllm_config: Any) -> ModelProfile:

@@ -12,8 +12,9 @@ from vllm.v1.request import Request as VllmRequest
 import fairagents as fa
 from fairagents.identity import identity_args
 from fairagents.policies.pooled import PoolPolicy
-from fairagents.vllm.scheduler import (CONFIG_ENV, Binding, FairQueue, FairScheduler, Weights, identity, outcome_of,
-                                       run_of)
+from fairagents.vllm.args import CONFIG_ENV, Weights, identity, run_of
+from fairagents.vllm.queue import Binding, FairQueue, outcome_of
+from fairagents.vllm.scheduler import FairScheduler
 
 
 def vreq(rid, app=None, agent=None, at=0.0, prompt=8, max_tokens=16, **extra):

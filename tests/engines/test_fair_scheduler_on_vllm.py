@@ -18,7 +18,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from fairagents.engines.vllm import _STEP_LOCK, _live, _shutdown
 from fairagents.models import LOAD_LOCK, ensure_default_models
-from fairagents.vllm.scheduler import Binding, FairScheduler, own_policy
+from fairagents.vllm.queue import Binding
+from fairagents.vllm.scheduler import FairScheduler, own_policy
 
 pytestmark = pytest.mark.engine
 

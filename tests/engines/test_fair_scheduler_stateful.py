@@ -30,7 +30,8 @@ import fairagents as fa
 from fairagents.dispatcher import Dispatcher
 from fairagents.policies.pooled import PoolPolicy
 from fairagents.testing import RecordingPolicy
-from fairagents.vllm.scheduler import Binding, FairQueue, FairScheduler
+from fairagents.vllm.queue import Binding, FairQueue
+from fairagents.vllm.scheduler import FairScheduler
 
 PROFILE = fa.ModelProfile(d_model=4096, n_layers=1)
 APPS = ("a", "b", "c")

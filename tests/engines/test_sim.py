@@ -427,3 +427,19 @@ def test_an_aborted_request_ends_in_the_policy_waiting_or_running():
     assert seat.held("m") == 2
     assert engine.abort("a1") and engine.abort("a0") and not engine.abort("a0")
     assert seat.held("m") == 0 and engine.start_step(0.01) is None
+
+
+def test_a_policy_that_chooses_a_request_the_engine_does_not_hold_is_a_clear_error():
+    from fairagents.policies.pooled import PoolPolicy
+
+    class Astray(fa.policies.FCFS):
+        def select(self, model, now):
+            return ask(99, "elsewhere")
+
+    engine = SimEngine(PROFILE, scheduler="fair")
+    seat = PoolPolicy(Astray(fa.UnifiedTokenCost()), clock=lambda: 0.0)
+    seat.register("m", PROFILE)
+    engine.bind(seat, "m")
+    engine.admit(ask(0, "a"), output_tokens=1)
+    with pytest.raises(ProtocolError, match="'elsewhere99', not a request waiting in model 'm'"):
+        engine.start_step(0.0)
