@@ -124,8 +124,8 @@ def _weighted(flows: Workflows, scale: float, until: float) -> None:
 def _flood(flows: Workflows, scale: float, until: float) -> None:
     flood, quiet = App("flood"), App("quiet")
     flows.users([(0.5, _short(Agent("bot", flood))), (0.5, _fan(flood, 8))], n=_n(48, scale), until=until, name="flood")
-    flows.users([(0.7, _short(Agent("bot", quiet))), (0.3, _short(Agent("bot", quiet), 3))], n=_n(3, scale), until=until,
-                name="quiet")
+    flows.users([(0.7, _short(Agent("bot", quiet))), (0.3, _short(Agent("bot", quiet), 3))], n=_n(3, scale),
+                until=until, name="quiet")
 
 
 def _shared(flows: Workflows, scale: float, until: float) -> None:

@@ -7,10 +7,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fairagents.cost import ModelProfile
 from fairagents.demo.load import AGENTS, APPS, CHAT_BATCH, IMAGE_STEP_TOKENS, IMAGE_STEPS, LAYOUTS, PROMPT_TOKENS, SERIAL
 from fairagents.demo.report import DemoRun, plot, standings, table
 from fairagents.engines.sim import SimEngine
 from fairagents.errors import InvalidParameterError
+from fairagents.identity import Agent, App, Modality
+from fairagents.simulation import Shape, Workflows, simulate_workflows
 
 __all__ = ["sim_engines", "simulated", "simulated_main"]
 
@@ -21,14 +24,11 @@ def sim_engines() -> dict[str, SimEngine]:
     ``chat`` and ``vision`` schedule by the policy themselves (``scheduler="fair"``), their
     batches capped as the demo caps them; ``image`` runs one request at a time, which the
     arbiter dispatches. Step times were fitted to one run of the real demo under ``hmfs``
-    on one device (this repository's CI machine: 2 cores, no GPU): a ``chat`` step of 30
+    on one device (a machine of 2 CPU cores, no GPU): a ``chat`` step of 30
     sequences took 9.1 ms on average, a ``vision`` step of 5.4 took 6.5 ms, and a denoising
     step of a 64×64 image about 26 ms, which the simulator spreads over its latent tokens.
     On other hardware, measure and pass engines of your own to :func:`simulated`.
     """
-    from fairagents.cost import ModelProfile
-    from fairagents.identity import Modality
-
     return {
         "chat": SimEngine(ModelProfile(d_model=128, n_layers=2), max_running=CHAT_BATCH, kv_capacity=32_768,
                           max_model_len=1024, scheduler="fair", decode_base=0.0015, decode_per_seq=0.0002,
@@ -46,14 +46,11 @@ def simulated(policy: str, seconds: float = 12.0, layout: str = "one",
               engines: Mapping[str, SimEngine] | None = None) -> DemoRun:
     """The demo's load played on the simulator, on the default path (:func:`sim_engines` unless ``engines``).
 
-    The same apps, agents, weights and callers as :func:`run`: each caller asks again as
-    soon as its request ends, until ``seconds``; the same devices by ``layout``. What it
-    reports is what the simulator predicts the real demo serves; ``fairagents demo
-    --simulated`` prints it beside nothing real.
+    The same apps, agents, weights and callers as :func:`~fairagents.demo.run`: each
+    caller asks again as soon as its request ends, until ``seconds``; the same devices by
+    ``layout``. It is what the simulator predicts the real demo serves: ``fairagents demo
+    --simulated`` prints it as simulated, and the real demo says how far it was.
     """
-    from fairagents.identity import Agent, App
-    from fairagents.simulation import Shape, Workflows, simulate_workflows
-
     if layout not in LAYOUTS:
         raise InvalidParameterError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     engines = dict(sim_engines() if engines is None else engines)
@@ -72,7 +69,7 @@ def simulated(policy: str, seconds: float = 12.0, layout: str = "one",
 
 def simulated_main(console: Console, policies: Sequence[str] = ("fcfs", "hmfs"), seconds: float = 12.0,
                    out: str | Path = "fairagents-demo.png", layout: str = "one") -> dict[str, DemoRun]:
-    """The demo's load on the simulator (:func:`simulated`) under each policy: the same tables and plot, said to be simulated."""
+    """The demo's load on the simulator (:func:`simulated`) under each policy: the tables and plot, marked simulated."""
     console.print(
         f"[bold yellow]SIMULATED[/]: the demo's load ({len(APPS)} apps, {len(AGENTS)} agents, {seconds:g} s per "
         f"policy, devices: {layout}) played on SimEngine, a discrete-event simulator on a virtual clock, with "

@@ -221,7 +221,7 @@ class SimEngine(FairSteps):
         self.scheduler = scheduler
         self.preempt = preempt
         self.fair_preemptions = 0
-        """With ``scheduler="fair"``: requests preempted for a client owed service (counted in :attr:`preemptions` too)."""
+        """With ``scheduler="fair"``: requests preempted for a client owed service (in :attr:`preemptions` too)."""
         self.held_by_device = False
         """With ``scheduler="fair"``: whether the last step boundary held the head back for its device."""
         self._fair = scheduler == "fair"
@@ -243,7 +243,7 @@ class SimEngine(FairSteps):
 
     @property
     def waiting(self) -> int:
-        """Number of requests admitted but waiting to join the batch (always 0 for a ``"vllm"`` engine with ``kv="reserve"``)."""
+        """Requests admitted but waiting to join the batch (always 0 for a ``"vllm"`` engine with ``kv="reserve"``)."""
         return len(self._held) if self._fair else len(self._waiting)
 
     @property

@@ -27,7 +27,7 @@ __all__ = ["MAX_FAIR_PREEMPTIONS", "FairSteps"]
 MAX_FAIR_PREEMPTIONS = 2
 
 
-class SimState(Protocol):
+class _State(Protocol):
     """What the scheduler reads of a request in the engine (:class:`fairagents.engines.sim.SimState`)."""
 
     request: Request
@@ -40,9 +40,9 @@ class FairSteps:
     # SimEngine's state, read and written here
     _seat: PoolPolicy | None
     _model: str
-    _held: dict[str, SimState]
-    _running: dict[str, SimState]
-    _joined: dict[str, SimState]
+    _held: dict[str, _State]
+    _running: dict[str, _State]
+    _joined: dict[str, _State]
     _resumed: set[str]
     _fair_preempted: dict[str, int]
     _kv_used: int
@@ -54,7 +54,7 @@ class FairSteps:
     fair_preemptions: int
     held_by_device: bool
 
-    def _holds(self, state: SimState) -> int:
+    def _holds(self, state: _State) -> int:
         raise NotImplementedError
 
     def _room(self, tokens: int) -> bool:
@@ -85,35 +85,36 @@ class FairSteps:
             # vLLM's victim: the most served client's; among equals, the last to join
             self._requeue(max(enumerate(self._running.values()), key=self._rank)[1])
 
-    def _head(self) -> SimState | None:
+    def _head(self) -> _State | None:
         """The policy's choice among this engine's waiting requests."""
         if not self._held:
             return None
         twin = self._seat.engine_select(self._model)  # type: ignore[union-attr]
         if twin is None or twin.id not in self._held:
-            raise ProtocolError(f"the policy chose {twin and twin.id!r}, not a request waiting in model {self._model!r}")
+            raise ProtocolError(
+                f"the policy chose {twin and twin.id!r}, not a request waiting in model {self._model!r}")
         return self._held[twin.id]
 
-    def _need(self, state: SimState) -> int:
+    def _need(self, state: _State) -> int:
         """KV tokens ``state`` takes on joining: its prompt and output so far (paged), or its whole reservation."""
         req = state.request
         return req.prompt_tokens + (state.generated if self._paged else req.max_tokens)
 
-    def _fits(self, state: SimState) -> bool:
+    def _fits(self, state: _State) -> bool:
         if self._paged:
             return self._room(self._need(state))
         return len(self._running) < self.max_running and self._kv_used + self._need(state) <= self.kv_capacity
 
-    def _lacking(self, state: SimState) -> int:
+    def _lacking(self, state: _State) -> int:
         """KV tokens the batch lacks for ``state``."""
         growth = len(self._running) + 1 if self._paged else 0  # each running request's next token, and its first
         return max(self._kv_used + growth + self._need(state) - self.kv_capacity, 0)
 
-    def _join(self, state: SimState) -> None:
+    def _join(self, state: _State) -> None:
         self._running[state.request.id] = self._joined[state.request.id] = state
         self._kv_used += self._need(state)
 
-    def _rank(self, entry: tuple[int, SimState]) -> tuple[float, ...]:
+    def _rank(self, entry: tuple[int, _State]) -> tuple[float, ...]:
         """vLLM's preemption rank of the ``(join order, state)`` of a running request: the highest goes first.
 
         The most served client's (the policy's counters); then one not prefilled yet; then the latest.
@@ -122,7 +123,7 @@ class FairSteps:
         req = state.request
         return (*self._seat.served(req.agent), req.id in self._joined, req.arrival, order)  # type: ignore[union-attr]
 
-    def _requeue(self, state: SimState) -> None:
+    def _requeue(self, state: _State) -> None:
         """Preempt ``state``: it gives back its KV and waits again in the policy, its prompt not charged again."""
         rid = state.request.id
         del self._running[rid]
@@ -136,7 +137,7 @@ class FairSteps:
         self._resumed.add(rid)
         self.preemptions += 1
 
-    def _fair_victim(self, head: SimState) -> SimState | None:
+    def _fair_victim(self, head: _State) -> _State | None:
         """The running request to preempt for ``head``, by the rules of the real engine's ``fair_victim``."""
         full, lacking = len(self._running) >= self.max_running, self._lacking(head)
         if not full and not lacking:
@@ -146,7 +147,7 @@ class FairSteps:
         charge = seat.input_price(model, req.prompt_tokens)
         resuming = req.id in self._resumed
         running = list(self._running.values())
-        best: tuple[tuple[float, int], SimState] | None = None
+        best: tuple[tuple[float, int], _State] | None = None
         for state, lead in zip(running, seat.leads(req.agent, [s.request.agent for s in running]), strict=True):
             if lead is None or lead <= charge:
                 continue

@@ -1,4 +1,4 @@
-"""The simulator's event loop: the dispatcher decides, simulated engines run, workflow runs advance, on a virtual clock."""
+"""The simulator's event loop: the dispatcher decides, simulated engines run and workflow runs advance."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The simulator's event loop: :func:`simulate` and :func:`simulate_workflows` on a virtual clock."""
+"""Play a workload and workflow runs through a policy on simulated engines: :func:`simulate`, :func:`simulate_workflows`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs of agent workflows for the simulator: :class:`Shape` (stages of :class:`Call`), :class:`Workflows` (open- and closed-loop)."""
+"""Runs of agent workflows for the simulator: :class:`Shape` (stages of :class:`Call`) and :class:`Workflows`."""
 
 from __future__ import annotations
 

@@ -855,3 +855,9 @@ def test_a_head_whose_prompt_is_in_the_prefix_cache_preempts_at_the_gap_of_what_
     assert sched.fair_victim(head) is None  # owed less than its whole prompt
     sched.hits["q1"] = (6, 0)  # 6 blocks of 16: 96 tokens
     assert sched.fair_victim(head).request_id == "f1"
+
+
+def test_the_simulated_fair_engine_preempts_a_request_as_often_as_the_real_scheduler():
+    from fairagents.engines.sim_fair import MAX_FAIR_PREEMPTIONS
+
+    assert MAX_FAIR_PREEMPTIONS == FairScheduler.max_fair_preemptions
