@@ -142,7 +142,7 @@ def simulate_workflows(
     together the moment the previous stage's last call ends (a refused call counts as
     ended). :attr:`SimResult.runs` holds a :class:`SimRun` per run. ``options`` are
     :func:`simulate`'s (``apps``, ``d_base``, ``pool_running``, ``admission``,
-    ``max_queued``).
+    ``max_queued``, ``devices``, ``serial``).
 
     Examples:
         >>> import fairagents as fa

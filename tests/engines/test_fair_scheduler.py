@@ -75,6 +75,20 @@ def test_the_scheduler_reads_the_run_onto_the_request_its_policy_sees():
     assert {t.id: t.run for t in sched.seat.policy.waiting_requests()} == {"r1": "digest-7", "r2": None}
 
 
+def test_under_a_run_aware_policy_the_engines_queue_orders_an_apps_calls_by_run():
+    """``vllm serve`` with ``FAIRAGENTS_SCHEDULER_POLICY=hmfs_runs``: a fan-out does not hold a later run's call back."""
+    sched = bare_scheduler(seat("hmfs_runs"))
+    for i in range(5):
+        sched.waiting.add_request(vreq(f"map{i}", "news", "worker", fairagents_run="digest"))
+    sched.waiting.add_request(vreq("ask", "news", "worker", at=1.0, fairagents_run="question"))
+    order = []
+    while sched.waiting:
+        request = sched.waiting.pop_request()
+        sched.seat.engine_admit("engine", request.request_id)
+        order.append(request.request_id)
+    assert order == ["map0", "ask", "map1", "map2", "map3", "map4"]  # HMFS would serve them in arrival order
+
+
 def test_a_bad_weight_argument_counts_as_one():
     for bad in (0, -1, "2", float("nan"), True):
         assert identity({"fairagents_app": "a", "fairagents_app_weight": bad}).app.weight == 1.0
