@@ -126,14 +126,15 @@ def model_path(name: str) -> Path:
     return home() / "models" / name
 
 
-def check_model_source(source: str, *, timeout: float = 5.0) -> None:
+def check_model_source(source: str, *, timeout: float = 5.0, hub: bool = True) -> None:
     """Raise :class:`~fairagents.errors.ModelLoadError`, in one line, if ``source`` cannot be a model to load.
 
     ``source`` is a model folder here, or a Hugging Face name (``org/model``) found in
     the local Hugging Face cache or on the Hub. What fails says why: no such folder, a
     folder without ``config.json`` (or a diffusers ``model_index.json``), a name the Hub
     does not have, or a Hub out of reach within ``timeout`` seconds (engines would
-    otherwise retry for half a minute before their own, longer error).
+    otherwise retry for half a minute before their own, longer error). With ``hub=False``
+    only what is on this disk is checked: a Hugging Face name passes unchecked.
 
     Examples:
         >>> from fairagents.models import check_model_source
@@ -151,6 +152,8 @@ def check_model_source(source: str, *, timeout: float = 5.0) -> None:
         return
     if source.startswith(("/", ".", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source):
         raise ModelLoadError(f"no folder {source!r} (a Hugging Face name has the form 'org/model')")
+    if not hub:
+        return
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 

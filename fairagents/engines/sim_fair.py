@@ -13,6 +13,7 @@ cache overflows (vLLM's priority path, ranked by the policy's counters).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from fairagents.errors import ProtocolError
@@ -53,12 +54,8 @@ class FairSteps:
     preemptions: int
     fair_preemptions: int
     held_by_device: bool
-
-    def _holds(self, state: _State) -> int:
-        raise NotImplementedError
-
-    def _room(self, tokens: int) -> bool:
-        raise NotImplementedError
+    _holds: Callable[[_State], int]  # KV tokens a running request holds
+    _room: Callable[[int], bool]  # paged: whether a request holding that many tokens can join now
 
     def _schedule_fairly(self) -> None:
         """A step boundary: hold for the device, preempt at most one for fairness, fill in the policy's order."""

@@ -392,16 +392,13 @@ def check_local_models(config: Config) -> None:
         ...
         fairagents.errors.ModelLoadError: model 'chat': no folder './x' (a Hugging Face name has the form 'org/model')
     """
-    from pathlib import Path
-
     from fairagents.models import check_model_source
 
     for name, model in config.models.items():
-        path = model.path
-        if path is None or not (path.startswith(("/", ".", "~")) or Path(path).expanduser().exists()):
+        if model.path is None:
             continue
         try:
-            check_model_source(path)
+            check_model_source(model.path, hub=False)
         except ModelLoadError as err:
             raise ModelLoadError(f"model {name!r}: {err}", model=name) from None
 
