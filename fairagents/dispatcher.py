@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -193,7 +193,20 @@ class Dispatcher:
                                                 in_engine=in_engine, kv_tokens=kv_tokens)
         if self.admission is not None and not in_engine:
             self.admission.add_model(state)
+        self._report_bounds()
         return state
+
+    def _report_bounds(self) -> None:
+        """Tell each policy ``U`` of the models it orders: one per device in a pool of devices (HMFS's idle credit)."""
+        policy_of = getattr(self.policy, "policy_of", None)  # a pool's devices: each its own seat of the policy
+        groups: dict[int, tuple[Any, list[str]]] = {}
+        for name in self._models:
+            policy = self.policy if policy_of is None else policy_of(name)
+            groups.setdefault(id(policy), (policy, []))[1].append(name)
+        for policy, models in groups.values():
+            report = getattr(getattr(policy, "policy", policy), "set_bound", None)  # a seat's policy, or the policy
+            if report is not None:
+                report(self.bound(models=models))
 
     def model(self, name: str) -> ModelState:
         """The admission state of ``name``."""
@@ -277,8 +290,10 @@ class Dispatcher:
         block = self.model(model).block
         return -(-(prompt_tokens + max_tokens) // block) * block
 
-    def bound(self, max_request_tokens: int | None = None) -> float:
+    def bound(self, max_request_tokens: int | None = None, *, models: Iterable[str] | None = None) -> float:
         """``U`` of the fairness guarantee under these limits (see :func:`~fairagents.service_bound`).
+
+        Over ``models`` (default: every model of the pool).
 
         A model holds at most ``slots`` requests of at most ``max_request_tokens``
         (default and cap: its context), and at most its token budget — unless an
@@ -287,7 +302,7 @@ class Dispatcher:
         An in-engine model's batch holds at most its engine's KV capacity.
         """
         longest, held = {}, {}
-        for m in self._models.values():
+        for m in self._models.values() if models is None else map(self.model, models):
             longest[m.name] = m.max_model_len if max_request_tokens is None else min(max_request_tokens, m.max_model_len)
             slots = m.slots if self.pool_slots is None else min(m.slots, self.pool_slots)
             held[m.name] = slots * longest[m.name]

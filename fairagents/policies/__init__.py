@@ -6,6 +6,7 @@
 | `rr`       | :class:`RoundRobin` | one dispatch per app in turn |
 | `vtc`      | :class:`VTC`   | flat virtual token counter per client, raw tokens |
 | `hmfs`     | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens; the default |
+| `hmfs_credit` | :class:`HMFSCredit` | HMFS where an app back from idle keeps up to `U` of its lag (light apps' bursts run ahead) |
 | `hmfs_runs` | :class:`HMFSRuns` | HMFS between apps; inside an app, fair queueing over workflow runs |
 | `exfairs`  | :class:`ExFairS` | SLO-aware experiential fairness: SAFI, credit exchange, proportional insertion (ExFairS) |
 | `duet`     | :class:`Duet`  | arrival, then predicted cost, with aging past the p90 wait (DuetInfer) |
@@ -18,7 +19,7 @@
 Examples:
     >>> import fairagents as fa
     >>> sorted(fa.policies.POLICIES)
-    ['adaptive', 'duet', 'edf', 'exfairs', 'fcfs', 'hmfs', 'hmfs_runs', 'rr', 'sjf', 'two_lane', 'vtc', 'wfq']
+    ['adaptive', 'duet', 'edf', 'exfairs', 'fcfs', 'hmfs', 'hmfs_credit', 'hmfs_runs', 'rr', 'sjf', 'two_lane', 'vtc', 'wfq']
     >>> fa.policies.make_policy("hmfs").name
     'hmfs'
 """
@@ -36,7 +37,7 @@ from fairagents.policies.duet import Duet
 from fairagents.policies.edf import EDF
 from fairagents.policies.exfairs import ExFairS
 from fairagents.policies.fcfs import FCFS
-from fairagents.policies.hmfs import HMFS
+from fairagents.policies.hmfs import HMFS, HMFSCredit
 from fairagents.policies.registry import BASE_POLICIES, by_name
 from fairagents.policies.rr import RoundRobin
 from fairagents.policies.runs import HMFSRuns
@@ -46,8 +47,8 @@ from fairagents.policies.vtc import VTC
 from fairagents.policies.wfq import WFQ
 
 __all__ = [
-    "Adaptive", "BasePolicy", "DefersInput", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "HMFSRuns", "POLICIES", "Policy",
-    "RoundRobin", "SJF", "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy",
+    "Adaptive", "BasePolicy", "DefersInput", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "HMFSCredit", "HMFSRuns", "POLICIES",
+    "Policy", "RoundRobin", "SJF", "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy",
 ]
 
 #: Built-in policies by name.
@@ -74,7 +75,7 @@ def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:
         >>> fa.policies.make_policy("nope")
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: unknown policy 'nope'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, hmfs_runs, rr, sjf, two_lane, vtc, wfq
+        fairagents.errors.InvalidParameterError: unknown policy 'nope'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, hmfs_credit, hmfs_runs, rr, sjf, two_lane, vtc, wfq
         >>> fa.policies.make_policy("fairagents.policies:Nope")
         Traceback (most recent call last):
         ...

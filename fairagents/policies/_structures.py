@@ -127,15 +127,22 @@ class _ForModel(Generic[K]):
 
 
 class CounterLevel(Generic[K]):
-    """Virtual counters of one level of clients, with VTC's counter lift.
+    """Virtual counters of one level of clients, with VTC's counter lift and a bounded idle credit.
 
     A client is *active* while it has waiting requests. When it becomes active its
     counter is lifted to ``max(own, min over active clients)``, or, if no client is
     active, to ``max(own, counter of the client that left last)``: an idle client
     cannot bank credit. Counters grow by ``charge / weight``.
+
+    A client its driver reported at :meth:`rest` (nothing waiting or running) is lifted,
+    when it comes back, only to ``max(own, floor − credit / weight)``: an app that asked
+    for less than its share while away keeps up to ``credit`` of its lag, so its next
+    burst runs ahead of the backlogged ones that far. With ``credit = 0`` (the default)
+    this is the lift above.
     """
 
-    __slots__ = ("_active", "_last_left", "_models", "_waiting", "counter", "floor", "inverse_weight")
+    __slots__ = ("_active", "_last_left", "_models", "_rested", "_waiting", "counter", "credit", "floor",
+                 "inverse_weight")
 
     def __init__(self) -> None:
         self.counter: dict[K, float] = {}
@@ -144,6 +151,9 @@ class CounterLevel(Generic[K]):
         #: either ``None`` when there is none; ``None``: from this level alone.
         self.floor: Callable[[float | None, float | None], float] | None = None
         self.inverse_weight: dict[K, float] = {}  # 1 / weight: charges multiply on the hot path
+        #: Most service (in the cost's units) a client back from rest may reclaim of what it missed.
+        self.credit = 0.0
+        self._rested: set[K] = set()  # clients at rest: nothing waiting or running
         self._waiting: dict[K, int] = {}
         self._active: LazyMinHeap[K] = LazyMinHeap(self.counter)
         self._models: dict[str, _ForModel[K]] = {}
@@ -153,7 +163,11 @@ class CounterLevel(Generic[K]):
         self.inverse_weight[client] = _inverse(weight)
         waiting = self._waiting.get(client, 0)
         if waiting == 0:
-            self.counter[client] = max(self.counter.get(client, 0.0), self._floor())
+            own, floor = self.counter.get(client, 0.0), self._floor()
+            if client in self._rested:  # back from rest: it keeps up to the credit of its lag
+                self._rested.discard(client)
+                floor -= self.credit * self.inverse_weight[client]
+            self.counter[client] = max(own, floor)
             self._active.add(client)
         self._waiting[client] = waiting + 1
         for_model = self._models.get(model)
@@ -179,6 +193,11 @@ class CounterLevel(Generic[K]):
             del self._waiting[client]
             self._active.discard(client)
             self._last_left = client
+
+    def rest(self, client: K) -> None:
+        """``client`` has nothing waiting or running now: its idle time may earn it :attr:`credit`."""
+        if client in self.counter:
+            self._rested.add(client)
 
     def touch(self, client: K, weight: float) -> None:
         """Know ``client`` (its weight), starting it at the floor if it is new."""

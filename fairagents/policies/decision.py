@@ -49,6 +49,8 @@ DESCRIPTIONS: dict[str, str] = {
     "rr": "round robin, one dispatch per app in turn: simple bounded sharing between apps",
     "vtc": "virtual token counter per client: fair shares of raw tokens",
     "hmfs": "hierarchical weighted fair sharing (apps, then agents) in unified tokens",
+    "hmfs_credit": "hierarchical weighted fair sharing, where an app back from idle keeps up to U of its lag: "
+                   "for light apps whose bursts (fan-outs, runs arriving together) share the pool with backlogged ones",
     "hmfs_runs": "weighted fair sharing between apps; inside an app, workflow runs by least attained service, "
                  "a fan-out's calls together: for agent graphs whose runs fan out",
     "exfairs": "SLO-aware experiential fairness between apps (credit exchange, proportional insertion)",

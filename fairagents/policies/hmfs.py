@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from fairagents.cost import CostModel, UnifiedTokenCost
-from fairagents.errors import ProtocolError
+from fairagents.errors import InvalidParameterError, ProtocolError
 from fairagents.identity import Agent
 from fairagents.policies._structures import CounterLevel, Fifo
 from fairagents.policies.base import BasePolicy
-from fairagents.request import Request
+from fairagents.request import Outcome, Request
 
-__all__ = ["HMFS"]
+__all__ = ["HMFS", "HMFSCredit"]
 
 
 class HMFS(BasePolicy):
@@ -35,6 +35,12 @@ class HMFS(BasePolicy):
     Args:
         cost: how tokens are charged; a :class:`~fairagents.UnifiedTokenCost`
             (empty by default: register each model's profile as it joins the pool).
+        idle_credit: the most service (unified tokens) an app back from idle (nothing
+            waiting or running) may reclaim of what it fell behind, so that a light app's
+            burst runs ahead rather than at its weight's share. ``0`` (the default): none,
+            the paper's lift; ``None``: ``U`` of the models the policy orders, as its
+            driver reports it (:meth:`set_bound`), as :class:`HMFSCredit` does. Two
+            backlogged apps then stay within ``2U + idle_credit`` of each other.
 
     Examples:
         >>> import fairagents as fa
@@ -57,12 +63,42 @@ class HMFS(BasePolicy):
     charges_by_client: ClassVar[bool] = True
     charges_unified_tokens: ClassVar[bool] = True
 
-    def __init__(self, cost: CostModel | None = None) -> None:
+    def __init__(self, cost: CostModel | None = None, *, idle_credit: float | None = 0.0) -> None:
+        if idle_credit is not None and (isinstance(idle_credit, bool) or not isinstance(idle_credit, int | float)
+                                        or not 0 <= idle_credit < math.inf):
+            raise InvalidParameterError(f"idle_credit must be a finite number ≥ 0 (unified tokens) or None, "
+                                        f"got {idle_credit!r}")
         super().__init__(cost if cost is not None else UnifiedTokenCost())
         self._apps: CounterLevel[str] = CounterLevel()
+        self._fixed_credit = idle_credit
+        self._apps.credit = float(idle_credit or 0.0)
+        self._in_flight: dict[str, int] = {}  # app -> its requests waiting or running
         self._agents: dict[str, CounterLevel[str]] = {}
         self._queues: dict[str, dict[str, dict[str, Fifo]]] = {}  # app -> agent -> model -> requests
         self._agent_floor: Callable[[str, float | None, float | None], float] | None = None
+
+    @property
+    def idle_credit(self) -> float:
+        """The idle credit in force (unified tokens): as given, or ``U`` as last reported."""
+        return self._apps.credit
+
+    def set_bound(self, bound: float) -> None:
+        """``U`` of the models this policy orders (:func:`~fairagents.service_bound`), as its driver computes it.
+
+        The idle credit follows it if it was given as ``None``.
+
+        Examples:
+            >>> import fairagents as fa
+            >>> follows = fa.policies.HMFS(idle_credit=None)
+            >>> follows.set_bound(5000.0); follows.idle_credit
+            5000.0
+            >>> paper = fa.policies.HMFS(); paper.set_bound(5000.0); paper.idle_credit
+            0.0
+        """
+        if not 0 <= bound < math.inf:
+            raise ProtocolError(f"U is a finite number ≥ 0, got {bound!r}")
+        if self._fixed_credit is None:
+            self._apps.credit = float(bound)
 
     def app_counters(self) -> dict[str, float]:
         """Current counter ``C_a`` of each app seen so far (unified tokens / weight)."""
@@ -246,6 +282,7 @@ class HMFS(BasePolicy):
         except KeyError:
             queue = self._queues.setdefault(app, {}).setdefault(who.name, {}).setdefault(req.model, Fifo())
         queue.push(req)
+        self._in_flight[app] = self._in_flight.get(app, 0) + 1
         # Lift the app before its agent: an agent's lift compares only with its own app's agents.
         self._apps.enqueue(app, who.app.weight, req.model)
         agents = self._agents.get(app)
@@ -260,6 +297,16 @@ class HMFS(BasePolicy):
         self._apps.dequeue(app, req.model)
         self._agents[app].dequeue(who.name, req.model)
 
+    def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
+        super().on_finish(req, outcome, now)
+        app = req.agent.app.name
+        left = self._in_flight[app] - 1
+        if left:
+            self._in_flight[app] = left
+        else:  # nothing of the app waits or runs: its idle time starts
+            del self._in_flight[app]
+            self._apps.rest(app)
+
     def _charge(self, req: Request, amount: float, now: float) -> None:
         # CounterLevel.charge at both levels, inlined: this runs for every streamed chunk.
         who = req.agent
@@ -268,3 +315,24 @@ class HMFS(BasePolicy):
         apps.counter[app] += amount * apps.inverse_weight[app]
         agents = self._agents[app]
         agents.counter[who.name] += amount * agents.inverse_weight[who.name]
+
+
+class HMFSCredit(HMFS):
+    """HMFS whose apps back from idle keep up to ``U`` of their lag (``idle_credit=None``; see :class:`HMFS`).
+
+    A light app, one that asks for less than its share, sends its burst ahead of the
+    backlogged apps as far as ``U``, the unit of the bound, instead of at its weight's
+    share; two backlogged apps stay within ``3U``. See *Scheduling agent workflows* in the
+    docs for when it pays.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> policy = fa.policies.HMFSCredit()
+        >>> policy.idle_credit, policy.set_bound(1000.0), policy.idle_credit
+        (0.0, None, 1000.0)
+    """
+
+    name: ClassVar[str] = "hmfs_credit"
+
+    def __init__(self, cost: CostModel | None = None, *, idle_credit: float | None = None) -> None:
+        super().__init__(cost, idle_credit=idle_credit)

@@ -8,7 +8,7 @@ from fairagents.policies.duet import Duet
 from fairagents.policies.edf import EDF
 from fairagents.policies.exfairs import ExFairS
 from fairagents.policies.fcfs import FCFS
-from fairagents.policies.hmfs import HMFS
+from fairagents.policies.hmfs import HMFS, HMFSCredit
 from fairagents.policies.rr import RoundRobin
 from fairagents.policies.runs import HMFSRuns
 from fairagents.policies.sjf import SJF
@@ -20,7 +20,7 @@ __all__ = ["BASE_POLICIES", "by_name"]
 
 #: The built-in policies by name, ``adaptive`` aside.
 BASE_POLICIES: dict[str, type[BasePolicy]] = {
-    cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS, HMFSRuns, ExFairS, Duet, EDF, SJF, WFQ, TwoLane)
+    cls.name: cls for cls in (FCFS, RoundRobin, VTC, HMFS, HMFSCredit, HMFSRuns, ExFairS, Duet, EDF, SJF, WFQ, TwoLane)
 }
 
 

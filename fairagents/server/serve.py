@@ -422,7 +422,7 @@ def with_options(
         >>> with_options(Config.default(), policy="lottery")
         Traceback (most recent call last):
         ...
-        fairagents.errors.InvalidParameterError: --policy: unknown policy 'lottery'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, hmfs_runs, rr, sjf, two_lane, vtc, wfq
+        fairagents.errors.InvalidParameterError: --policy: unknown policy 'lottery'; choose from adaptive, duet, edf, exfairs, fcfs, hmfs, hmfs_credit, hmfs_runs, rr, sjf, two_lane, vtc, wfq
     """
     overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     if overrides:

@@ -279,3 +279,100 @@ def test_select_among_picks_the_lowest_agent_of_the_app_across_models(req, unit_
         order.append(r.agent.name)
     assert order == ["painter"] + ["writer"] * 4 + ["painter", "writer"]
     assert p.agent_counters("studio") == {"painter": 80.0, "writer": 50.0}
+
+
+# -- idle credit: a light app back from idle keeps a bounded part of its lag -----------------
+
+
+def _backlogged_and_light(req, policy, *, light_calls=4):
+    """``batch`` is served alone for a while; then ``light``, idle until now, sends a burst."""
+    batch, light = fa.Agent("t", fa.App("batch")), fa.Agent("t", fa.App("light"))
+    first = req(light, prompt=10)
+    policy.on_arrival(first, 0.0)  # light is known, then goes idle: nothing waiting or running
+    policy.on_dispatch(first, 0.0)
+    policy.on_finish(first, fa.Outcome.FINISHED, 0.0)
+    for _ in range(40):
+        policy.on_arrival(req(batch, prompt=10), 0.0)
+    for _ in range(20):  # batch alone: its counter runs 200 ahead of light's
+        done = dispatch_next(policy)
+        policy.on_finish(done, fa.Outcome.FINISHED, 0.0)
+    for _ in range(light_calls):
+        policy.on_arrival(req(light, prompt=10), 1.0)
+    return [dispatch_next(policy).app for _ in range(8)]
+
+
+def test_idle_credit_lets_a_light_apps_burst_run_ahead_as_far_as_the_credit(req, unit_cost):
+    # The paper's lift: light comes back at batch's counter, and the two alternate.
+    assert _backlogged_and_light(req, HMFS(unit_cost, idle_credit=0)) == ["light", "batch"] * 4
+    # A credit of 30, three calls' prompts: three run ahead, then the two alternate.
+    credited = HMFS(unit_cost, idle_credit=30)
+    assert _backlogged_and_light(req, credited) == ["light"] * 3 + ["batch", "light"] + ["batch"] * 3
+    longer = _backlogged_and_light(req, HMFS(unit_cost, idle_credit=30), light_calls=8)
+    assert longer == ["light"] * 3 + ["batch", "light"] * 2 + ["batch"]
+    policy = HMFS(unit_cost, idle_credit=30)
+    _backlogged_and_light(req, policy, light_calls=0)
+    policy.on_arrival(req(fa.Agent("t", fa.App("light")), prompt=10), 1.0)
+    counters = policy.app_counters()
+    assert counters["light"] == counters["batch"] - 30  # never more than the credit behind, however long away
+
+
+def test_no_credit_for_an_app_whose_calls_are_running(req, unit_cost):
+    """Nothing waiting is not idle: an app whose calls run comes back at the floor, as without credit."""
+    p = HMFS(unit_cost, idle_credit=1000)
+    busy, other = fa.Agent("t", fa.App("busy")), fa.Agent("t", fa.App("other"))
+    running = req(busy, prompt=10)
+    p.on_arrival(running, 0.0)
+    p.on_dispatch(running, 0.0)
+    for _ in range(5):
+        p.on_arrival(req(other, prompt=10), 0.0)
+    for _ in range(3):
+        dispatch_next(p)
+    p.on_arrival(req(busy, prompt=10), 1.0)
+    assert p.app_counters()["busy"] == p.app_counters()["other"] == 40.0  # lifted to the floor, no credit
+
+
+def test_idle_credit_weighs_service_not_counters(req, unit_cost):
+    """A weight-2 app reclaims the same service as a weight-1 one: half as far in counter units."""
+    p = HMFS(unit_cost, idle_credit=40)
+    heavy, batch = fa.Agent("t", fa.App("heavy", weight=2.0)), fa.Agent("t", fa.App("batch"))
+    first = req(heavy, prompt=10)
+    p.on_arrival(first, 0.0)
+    p.on_dispatch(first, 0.0)
+    p.on_finish(first, fa.Outcome.FINISHED, 0.0)
+    r = req(batch, prompt=200)
+    p.on_arrival(r, 0.0)
+    p.on_dispatch(r, 0.0)
+    p.on_arrival(req(batch, prompt=1), 0.0)
+    p.on_arrival(req(heavy, prompt=1), 0.0)
+    assert p.app_counters()["heavy"] == p.app_counters()["batch"] - 40 / 2.0
+
+
+def test_idle_credit_follows_U_unless_given(unit_cost):
+    paper, fixed = HMFS(unit_cost), HMFS(unit_cost, idle_credit=7)
+    follows = fa.policies.make_policy("hmfs_credit", unit_cost)
+    assert (paper.idle_credit, follows.idle_credit, fixed.idle_credit) == (0.0, 0.0, 7.0)  # 0 until U is reported
+    for policy in (paper, follows, fixed):
+        policy.set_bound(500.0)
+    assert (paper.idle_credit, follows.idle_credit, fixed.idle_credit) == (0.0, 500.0, 7.0)
+    assert HMFS(unit_cost, idle_credit=None).idle_credit == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), True, "1"])
+def test_idle_credit_refuses_bad_values(unit_cost, bad):
+    with pytest.raises(fa.InvalidParameterError, match="idle_credit") as raised:
+        HMFS(unit_cost, idle_credit=bad)
+    assert isinstance(raised.value, ValueError)
+
+
+async def test_the_arbiter_reports_U_of_each_device_to_its_policy():
+    from fairagents.testing import FakeEngine
+
+    arbiter = fa.Arbiter(policy="hmfs_credit", in_flight=2)
+    arbiter.add_model("a", FakeEngine(max_model_len=100), device="one")
+    arbiter.add_model("b", FakeEngine(max_model_len=100), device="one")
+    arbiter.add_model("c", FakeEngine(max_model_len=300), device="two")
+    async with arbiter:
+        one, two = arbiter.policy_of("a"), arbiter.policy_of("c")
+        assert one is arbiter.policy_of("b") and one is not two
+        assert one.idle_credit == arbiter.dispatcher.bound(models=["a", "b"]) > 0
+        assert two.idle_credit == arbiter.dispatcher.bound(models=["c"]) != one.idle_credit

@@ -90,13 +90,14 @@ def backlogged_workloads(draw):
     return work, engines, agents
 
 
-def pairs_within_bound(result, key, models):
+def pairs_within_bound(result, key, models, units=2):
+    """Each pair of apps (or of agents of one app) with its largest service gap and its bound, ``units × U / min w``."""
     weights = result.app_weights() if key == "app" else result.agent_weights()
     for x, y in itertools.combinations(sorted(weights), 2):
         if key == "agent" and x.split("/")[0] != y.split("/")[0]:
             continue
         gap = max_service_gap(result.records, result.charges, weights, key, clients=[x, y], models=models)
-        yield x, y, gap, 2 * result.bound / min(weights[x], weights[y])
+        yield x, y, gap, units * result.bound / min(weights[x], weights[y])
 
 
 # -- (a) bounded gap ------------------------------------------------------------
@@ -110,6 +111,18 @@ def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(run, case, p
     result = run(work, "hmfs", engines, pool_running=pool)
     for key in ("app", "agent"):
         for x, y, gap, bound in pairs_within_bound(result, key, sorted(engines)):
+            assert gap <= bound * (1 + 1e-9), f"{key}s {x} and {y}: gap {gap} > {bound}"
+
+
+@RUNNERS
+@PROPERTY
+@given(backlogged_workloads(), POOLS)
+def test_a_with_idle_credit_apps_within_2U_plus_the_credit_and_agents_within_2U(run, case, pool):
+    """``hmfs_credit``: an app back from idle may lead by its credit, ``U`` of its device, more (so ``3U``)."""
+    work, engines, _ = case
+    result = run(work, "hmfs_credit", engines, pool_running=pool)
+    for key, units in (("app", 3), ("agent", 2)):
+        for x, y, gap, bound in pairs_within_bound(result, key, sorted(engines), units):
             assert gap <= bound * (1 + 1e-9), f"{key}s {x} and {y}: gap {gap} > {bound}"
 
 
@@ -251,9 +264,18 @@ def test_d_long_run_shares_match_weights_within_5_percent(run, app_weights, agen
 @PROPERTY
 @given(
     WEIGHTS, WEIGHTS, st.integers(1, 10), st.floats(0.5, 5.0), st.integers(5, 40), st.integers(0, 1000),
-    st.sampled_from(["hmfs", "vtc"]),
+    st.sampled_from(["hmfs", "vtc", "hmfs_credit"]),
 )
 def test_e_returning_app_gets_no_burst_beyond_U(run, w_busy, w_idle, first, gap, second, seed, policy):
+    """A returning app leads by at most ``U / weight``; with ``hmfs_credit``, by its credit (``U``) more."""
+    lead = returning_lead(run, policy, w_busy, w_idle, first, gap, second, seed)
+    if lead is not None:
+        worst, bound = lead
+        assert worst <= (2 if policy == "hmfs_credit" else 1) * bound / w_idle * (1 + 1e-9)
+
+
+def returning_lead(run, policy, w_busy, w_idle, first, gap, second, seed):
+    """``(largest lead of the app back from idle over the backlogged one, U)``; ``None`` if it never idled."""
     engine = SimEngine(fa.ModelProfile(d_model=2048, n_layers=8), max_running=4, kv_capacity=400, seed=seed)
     busy, idle = fa.Agent("t", fa.App("busy", weight=w_busy)), fa.Agent("t", fa.App("idle", weight=w_idle))
     work = Workload(seed=seed).burst(busy, "m", n=600, prompt=(20, 80), output=(1, 40))
@@ -263,14 +285,21 @@ def test_e_returning_app_gets_no_burst_beyond_U(run, w_busy, w_idle, first, gap,
     backlog = backlog_intervals(result.records)
     returned = [iv for iv in backlog["idle"] if iv[0] >= gap]
     if not returned:
-        return  # the first burst had not drained: it never idled
+        return None  # the first burst had not drained: it never idled
     start, end = returned[0]
     assert any(b0 <= start and end <= b1 for b0, b1 in backlog["busy"])  # busy stayed backlogged
     lead, worst = 0.0, 0.0
     for c in sorted((c for c in result.charges if start <= c.time <= end), key=lambda c: c.time):
         lead += c.amount / (w_idle if c.app == "idle" else -w_busy)
         worst = max(worst, lead)
-    assert worst <= result.bound / w_idle * (1 + 1e-9)
+    return worst, result.bound
+
+
+def test_e_with_idle_credit_the_returning_app_runs_ahead_by_its_credit():
+    """Evidence the credit is in force on the default path: past ``U`` (``hmfs``'s bound), within ``2U``."""
+    paper, credited = (returning_lead(simulate, policy, 1.0, 1.0, 4, 3.0, 40, 0) for policy in ("hmfs", "hmfs_credit"))
+    assert paper[0] <= paper[1] < credited[0] <= 2 * credited[1]
+    assert credited[0] > paper[0] + 0.5 * credited[1]  # it ran ahead by more than half its credit, U
 
 
 def test_e_fcfs_lets_the_returning_app_burst():
