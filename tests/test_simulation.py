@@ -383,30 +383,37 @@ def _fair_engines(slots, kv="reserve", schedulers=("fair", "fair", "fair")):
 @settings(max_examples=30, deadline=None)
 @given(
     demand=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["x", "y"]),
-                              st.sampled_from(["m0", "m1", "m2"]), st.integers(1, 60), st.integers(1, 20)),
+                              st.sampled_from(["m0", "m1", "m2"]), st.integers(1, 60), st.integers(1, 20),
+                              st.sampled_from([0.0, 0.0, 0.5, 2.0])),
                     min_size=2, max_size=8, unique_by=lambda d: (d[0], d[1], d[2])),
     slots=st.lists(st.integers(1, 3), min_size=3, max_size=3),
     kv=st.sampled_from(["reserve", "paged"]),
     schedulers=st.lists(st.sampled_from(["fair", "fair", "vllm"]), min_size=3, max_size=3),
+    policy=st.sampled_from(["hmfs", "hmfs_credit"]),
 )
-def test_in_engine_schedulers_of_one_device_keep_apps_and_agents_within_2U_and_never_idle(demand, slots, kv,
-                                                                                          schedulers):
+def test_in_engine_schedulers_of_one_device_keep_apps_and_agents_within_the_bound_and_never_idle(
+    demand, slots, kv, schedulers, policy,
+):
     """The default path on one device of three engines: both levels of the hierarchy, and work conservation.
 
-    Engines that schedule themselves beside ones the dispatcher feeds (as the image engine is), in one order.
+    Engines that schedule themselves beside ones the dispatcher feeds (as the image engine is), in one order;
+    bursts that start later bring apps back from idle: apps within ``2U`` (``3U`` with the idle credit),
+    agents of an app within ``2U``.
     """
     from fairagents.metrics import max_service_gap
 
     engines = _fair_engines(slots, kv, schedulers)
     work = Workload(seed=3)
-    for app, agent, model, prompt, output in demand:
-        work.burst(fa.Agent(agent, fa.App(app)), model, n=30, prompt=prompt, output=output)
-    result = simulate(work, "hmfs", engines, devices=dict.fromkeys(engines, "gpu"))
+    for app, agent, model, prompt, output, at in demand:
+        work.burst(fa.Agent(agent, fa.App(app)), model, n=30, at=at, prompt=prompt, output=output)
+    result = simulate(work, policy, engines, devices=dict.fromkeys(engines, "gpu"))
     assert result.idle_with_backlog == 0  # no engine idles holding a request it may run
     assert len(result.records) == len(work) and all(r.outcome is fa.Outcome.FINISHED for r in result.records)
-    bound = 2 * result.bound * (1 + 1e-9)
-    assert max_service_gap(result.records, result.charges, result.app_weights(), "app") <= bound
-    assert max_service_gap(result.records, result.charges, result.agent_weights(), "agent") <= bound
+    units = 3 if policy == "hmfs_credit" else 2
+    assert max_service_gap(result.records, result.charges, result.app_weights(), "app") <= units * result.bound * (
+        1 + 1e-9)
+    assert max_service_gap(result.records, result.charges, result.agent_weights(), "agent") <= 2 * result.bound * (
+        1 + 1e-9)
 
 
 @settings(max_examples=20, deadline=None)

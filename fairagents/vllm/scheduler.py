@@ -8,7 +8,7 @@ off it updates requests as vLLM's plain ``Scheduler`` does), for
 
 - **The policy**: in-process engines take their arbiter's (any name of
   :func:`~fairagents.policies.make_policy`, or your own); served on its own the
-  scheduler makes the one :data:`POLICY_ENV` names (HMFS by default).
+  scheduler makes the one :data:`POLICY_ENV` names (``hmfs_credit`` by default).
 - **Identity**: the arbiter's own request when it handed it over; else
   ``fairagents_app``, ``fairagents_agent`` and ``fairagents_run`` in the request's
   ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP); app ``default`` without them.
@@ -53,9 +53,9 @@ import time
 from typing import Any, ClassVar
 
 from fairagents._logging import get_logger
-from fairagents.cost import ModelProfile, UnifiedTokenCost
+from fairagents.cost import ModelProfile, UnifiedTokenCost, service_bound
 from fairagents.identity import Agent, Modality
-from fairagents.policies import make_policy
+from fairagents.policies import DEFAULT_POLICY, make_policy
 from fairagents.policies.pooled import PoolPolicy
 from fairagents.request import Outcome
 from fairagents.request import Request as FairRequest
@@ -73,7 +73,7 @@ __all__ = ["POLICY_ENV", "FairScheduler", "own_policy"]
 
 log = get_logger(__name__)
 
-#: Environment variable naming the policy of a :class:`FairScheduler` served on its own (default ``hmfs``).
+#: Environment variable naming the policy of a :class:`FairScheduler` served on its own (default ``hmfs_credit``).
 POLICY_ENV = "FAIRAGENTS_SCHEDULER_POLICY"
 
 
@@ -82,7 +82,7 @@ class FairScheduler(BoundToPool, AsyncScheduler):
 
     Constructed by vLLM (``EngineArgs(scheduler_cls=...)``); it reads the model's
     hidden size and depth from its config for unified tokens. Served on its own it
-    makes its own policy (:data:`POLICY_ENV`, HMFS by default); built from
+    makes its own policy (:data:`POLICY_ENV`, ``hmfs_credit`` by default); built from
     :meth:`sharing` it takes a pool's (in-process engines of an arbiter).
 
     Examples:
@@ -108,6 +108,10 @@ class FairScheduler(BoundToPool, AsyncScheduler):
         self.binding = self.shared if self.shared is not None else Binding(own_policy(), "engine")
         self.seat.register(self.model, _profile(self.vllm_config))
         if self.shared is None:  # served on its own, as by `vllm serve`
+            set_bound = getattr(self.seat.policy, "set_bound", None)
+            if set_bound is not None:  # U of this engine alone (the idle credit's): its KV cache's tokens
+                held = (self.kv_cache_config.num_blocks - 1) * self.block_size  # vLLM's null block holds none
+                set_bound(service_bound(self.seat.cost, {self.model: held}))
             self.metrics = SchedulerMetrics.for_engine(self.vllm_config)
             if not FairArgsValidator.configured(self.vllm_config):
                 log.warning("fairagents.vllm.args_unchecked", fix="--logits-processors fairagents.vllm:FairArgsValidator",
@@ -445,16 +449,16 @@ class FairScheduler(BoundToPool, AsyncScheduler):
 
 
 def own_policy() -> PoolPolicy:
-    """The policy of a scheduler served on its own: :data:`POLICY_ENV` names it (HMFS by default).
+    """The policy of a scheduler served on its own: :data:`POLICY_ENV` names it (``hmfs_credit`` by default).
 
     Examples:
         >>> import os
         >>> from fairagents.vllm.scheduler import POLICY_ENV, own_policy
-        >>> own_policy().policy.name if POLICY_ENV not in os.environ else "hmfs"
-        'hmfs'
+        >>> own_policy().policy.name if POLICY_ENV not in os.environ else "hmfs_credit"
+        'hmfs_credit'
     """
     cost = UnifiedTokenCost()
-    return PoolPolicy(make_policy(os.environ.get(POLICY_ENV) or "hmfs", cost), cost)
+    return PoolPolicy(make_policy(os.environ.get(POLICY_ENV) or DEFAULT_POLICY, cost), cost)
 
 
 def _profile(vllm_config: Any) -> ModelProfile:

@@ -243,3 +243,16 @@ def test_a_quiet_app_is_admitted_within_a_few_steps_while_a_flood_fills_the_batc
     else:
         assert steps > 200 and tally.fair_preemptions == 0  # a flood request had to finish first
     assert seat.policy.queued() == seat.policy.running() == 0 and seat.held() == 0
+
+
+def test_served_on_its_own_hmfs_credit_takes_U_of_the_engines_kv_cache(monkeypatch):
+    """``vllm serve`` with ``FAIRAGENTS_SCHEDULER_POLICY=hmfs_credit``: the idle credit is ``U`` of this engine alone."""
+    from fairagents.cost import service_bound
+    from fairagents.vllm.scheduler import POLICY_ENV
+
+    monkeypatch.setenv(POLICY_ENV, "hmfs_credit")
+    with engine(FairScheduler, kv_bytes=2 * 2**20, max_model_len=512) as llm:
+        sched = llm.engine_core.engine_core.scheduler
+        held = (sched.kv_cache_config.num_blocks - 1) * sched.block_size
+        assert sched.seat.policy.name == "hmfs_credit"
+        assert sched.seat.policy.idle_credit == service_bound(sched.seat.cost, {sched.model: held}) > 0

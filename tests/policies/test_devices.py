@@ -88,7 +88,7 @@ def test_an_arbiter_puts_in_process_models_on_one_device_and_each_remote_model_o
     arbiter.add_model("gpu", FakeEngine(), device="gpu1")
     assert arbiter.devices == {"local": ["chat", "image"], "remote": ["remote"], "gpu1": ["gpu"]}
     assert arbiter.policy_of("chat") is arbiter.policy_of("image") is arbiter.policy
-    assert arbiter.policy_of("remote") is not arbiter.policy and arbiter.policy_of("remote").name == "hmfs"
+    assert arbiter.policy_of("remote") is not arbiter.policy and arbiter.policy_of("remote").name == "hmfs_credit"
     with pytest.raises(fa.UnknownModelError):
         arbiter.policy_of("nope")
     with pytest.raises(InvalidParameterError, match="one device's"):

@@ -290,7 +290,7 @@ async def test_models_fairness_metrics_health_and_dashboard():
             page = await http.get("/dashboard")
             assert (await http.get("/v1/fairness", params={"history": -1})).status_code == 400
     driving, studio = fairness["apps"]["driving"], fairness["apps"]["studio"]
-    assert fairness["policy"] == "hmfs" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
+    assert fairness["policy"] == "hmfs_credit" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
     assert fairness["models"]["chat"] == {"healthy": True, "restarting": False, "in_flight": 0, "in_flight_limit": 4, "queued": 0,
                                             "device": "local"}
     assert fairness["pool"] == {"in_flight": 0, "in_flight_limit": None}
