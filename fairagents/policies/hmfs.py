@@ -298,13 +298,15 @@ class HMFS(BasePolicy):
         self._agents[app].dequeue(who.name, req.model)
 
     def on_finish(self, req: Request, outcome: Outcome, now: float) -> None:
+        put_back = outcome is Outcome.CANCELLED and req.id in self._running  # aborted, or preempted to run again
         super().on_finish(req, outcome, now)
         app = req.agent.app.name
         left = self._in_flight[app] - 1
         if left:
             self._in_flight[app] = left
-        else:  # nothing of the app waits or runs: its idle time starts
-            del self._in_flight[app]
+            return
+        del self._in_flight[app]
+        if not put_back:  # nothing of the app waits or runs: its idle time starts
             self._apps.rest(app)
 
     def _charge(self, req: Request, amount: float, now: float) -> None:

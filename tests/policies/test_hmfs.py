@@ -376,3 +376,19 @@ async def test_the_arbiter_reports_U_of_each_device_to_its_policy():
         assert one is arbiter.policy_of("b") and one is not two
         assert one.idle_credit == arbiter.dispatcher.bound(models=["a", "b"]) > 0
         assert two.idle_credit == arbiter.dispatcher.bound(models=["c"]) != one.idle_credit
+
+
+def test_a_request_put_back_in_its_engines_queue_earns_no_idle_credit(req, unit_cost):
+    """Preempted (ended as cancelled while running, then queued again): its app was not idle, so no credit."""
+    p = HMFS(unit_cost, idle_credit=1000)
+    alone, other = fa.Agent("t", fa.App("alone")), fa.Agent("t", fa.App("other"))
+    running = req(alone, prompt=10, id="r")
+    p.on_arrival(running, 0.0)
+    p.on_dispatch(running, 0.0)
+    for _ in range(3):
+        p.on_arrival(req(other, prompt=10), 0.0)
+    for _ in range(3):
+        dispatch_next(p)
+    p.on_finish(running, fa.Outcome.CANCELLED, 1.0)  # put back, as the engine's seat does for a preemption
+    p.on_arrival(req(alone, prompt=10, id="r"), 1.0)
+    assert p.app_counters()["alone"] == p.app_counters()["other"] == 40.0  # the floor, as without credit
