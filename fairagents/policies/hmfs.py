@@ -10,6 +10,10 @@ output as it streams. An app or agent that becomes active is lifted to the lowes
 active counter at its level, so nothing banks credit. Two backlogged apps (or two
 agents of one app) receive weight-normalised service within ``2U`` of each other
 (:func:`fairagents.service_bound`). See *Hierarchical fair scheduling* in the docs.
+
+:class:`HMFSCredit`, the default policy, lifts an app back from idle (nothing waiting
+or running) less far: it keeps up to ``U`` of the lag it built while it asked for less,
+so a light app's burst runs ahead of the backlogged apps that far (apps within ``3U``).
 """
 
 from __future__ import annotations
