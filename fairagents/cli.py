@@ -268,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "stream", "bursts"],
                        help="scenarios to run (default: all)")
     flows.add_argument("--policies", nargs="+", metavar="NAME",
-                       help="policies beside fcfs and hmfs, space- or comma-separated (default: every built-in "
-                            "policy named for runs)")
+                       help="policies beside fcfs, hmfs and the default policy, space- or comma-separated "
+                            "(default: every built-in policy named for runs)")
     flows.add_argument("--seconds", type=float, help="seconds users start runs (default 60 simulated, 20 real)")
     flows.add_argument("--users", type=float,
                        help="factor on every scenario's users and arrival rates (default 1 simulated, 0.25 real)")

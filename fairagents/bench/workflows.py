@@ -60,13 +60,13 @@ from fairagents.engines.sim import SimEngine
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Agent, App
 from fairagents.metrics import Charge, backlog_intervals, jain_index, percentile
-from fairagents.policies import POLICIES
+from fairagents.policies import DEFAULT_POLICY, POLICIES
 from fairagents.simulation import Call, Shape, SimResult, Workflows, simulate_workflows
 
 if TYPE_CHECKING:
     from fairagents.engines.base import Engine
 
-__all__ = ["MODEL", "OPEN_LOOP", "SCENARIOS", "STREAM_RATE", "default_policies", "render", "run", "run_scenario",
+__all__ = ["BASELINES", "MODEL", "OPEN_LOOP", "SCENARIOS", "STREAM_RATE", "default_policies", "render", "run", "run_scenario",
            "scenario", "summarize"]
 
 #: Prompt and output lengths (tokens) of a short call, and of a long one.
@@ -214,9 +214,13 @@ def engines(seed: int = 0) -> dict[str, SimEngine]:
                              seed=seed, kv="paged", scheduler="fair")}
 
 
+#: The policies every run compares: the baseline, the paper's HMFS, and the default policy.
+BASELINES = tuple(dict.fromkeys(("fcfs", "hmfs", DEFAULT_POLICY)))
+
+
 def default_policies() -> list[str]:
-    """``fcfs``, ``hmfs`` and every built-in policy whose name says it knows runs."""
-    return ["fcfs", "hmfs", *sorted(p for p in POLICIES if "run" in p and p not in ("fcfs", "hmfs"))]
+    """:data:`BASELINES` and every built-in policy whose name says it knows runs."""
+    return [*BASELINES, *sorted(p for p in POLICIES if "run" in p and p not in BASELINES)]
 
 
 def run_scenario(name: str, policy: str, seconds: float = 60.0, *, users: float = 1.0, seed: int = 0) -> dict[str, Any]:
@@ -397,7 +401,7 @@ def run(
 def _policies(policies: Sequence[str] | None) -> list[str]:
     if policies is None:
         return default_policies()
-    names = ["fcfs", "hmfs"]
+    names = list(BASELINES)
     for item in policies:
         for name in item.split(","):
             if name and name not in names:

@@ -33,9 +33,9 @@ def test_every_scenario_scales_its_users():
 
 def test_policies_default_to_the_baselines_and_those_named_for_runs():
     defaults = workflows.default_policies()
-    assert defaults[:2] == ["fcfs", "hmfs"]
-    assert set(defaults[2:]) == {p for p in POLICIES if "run" in p} - {"fcfs", "hmfs"}
-    assert workflows._policies(["vtc,sjf", "vtc"]) == ["fcfs", "hmfs", "vtc", "sjf"]
+    assert defaults[:3] == ["fcfs", "hmfs", "hmfs_credit"]
+    assert set(defaults[3:]) == {p for p in POLICIES if "run" in p} - {"fcfs", "hmfs"}
+    assert workflows._policies(["vtc,sjf", "vtc"]) == ["fcfs", "hmfs", "hmfs_credit", "vtc", "sjf"]
     with pytest.raises(InvalidParameterError):
         workflows._policies(["nope"])
 
@@ -43,7 +43,7 @@ def test_policies_default_to_the_baselines_and_those_named_for_runs():
 def test_summary_of_a_tiny_run():
     result = workflows.run(policies=["fcfs"], seconds=3, users=0.25)
     assert [c["name"] for c in result["scenarios"]] == list(workflows.SCENARIOS)
-    assert result["policies"] == ["fcfs", "hmfs"] and result["engine"] == "sim"
+    assert result["policies"] == ["fcfs", "hmfs", "hmfs_credit"] and result["engine"] == "sim"
     for cell in result["scenarios"]:
         for policy, r in cell["results"].items():
             assert r["runs"] == sum(c["runs"] for c in r["classes"].values()) > 0
@@ -53,7 +53,7 @@ def test_summary_of_a_tiny_run():
                 shares = [a[key] for a in r["apps"].values() if a[key] is not None]
                 assert not shares or sum(shares) == pytest.approx(1.0)
             assert 0 < r["jain"] <= 1
-    assert [len(t.rows) for t in workflows.render(result)][-1] == 2 * len(workflows.SCENARIOS)
+    assert [len(t.rows) for t in workflows.render(result)][-1] == 3 * len(workflows.SCENARIOS)
 
 
 def test_weights_show_in_the_shares():
@@ -69,7 +69,7 @@ def test_cli_runs_a_tiny_configuration_and_writes_json(tmp_path, capsys):
                  "--policies", "vtc", "--json", "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
-    assert printed["policies"] == ["fcfs", "hmfs", "vtc"]
+    assert printed["policies"] == ["fcfs", "hmfs", "hmfs_credit", "vtc"]
     assert [c["name"] for c in printed["scenarios"]] == ["chains", "fanout"]
     assert main(["bench", "workflows", "--scenarios", "flood", "--seconds", "1", "--users", "0.1"]) == 0
     assert "run completion time" in capsys.readouterr().out
