@@ -56,9 +56,10 @@ def test_summary_of_a_tiny_run():
     assert [len(t.rows) for t in workflows.render(result)][-1] == 3 * len(workflows.SCENARIOS)
 
 
-def test_weights_show_in_the_shares():
+@pytest.mark.parametrize("policy", ["hmfs", "hmfs_credit"])
+def test_weights_show_in_the_shares(policy):
     flows = workflows.scenario("weighted", 20.0, users=0.5)
-    fair = workflows.summarize(simulate_workflows(flows, "hmfs", workflows.engines()), 20.0)
+    fair = workflows.summarize(simulate_workflows(flows, policy, workflows.engines()), 20.0)
     assert fair["apps"]["gold"]["weight"] == 2.0
     assert fair["apps"]["gold"]["share"] == pytest.approx(2 / 3, abs=0.07)
 
@@ -114,3 +115,12 @@ def test_the_real_path_plays_open_loop_runs_as_they_arrive():
     assert len(opened) == len(flows.open) >= 2 and {r.calls for r in opened} <= {2, 17}
     assert all(r.user is None and r.id.startswith("o") for r in opened)
     assert min(r.start for r in opened) >= min(at for at, _ in flows.open) - 0.05  # each started at its arrival
+
+
+@pytest.mark.parametrize("name", workflows.OPEN_LOOP)
+def test_a_light_apps_runs_arriving_open_loop_are_faster_under_the_default_than_fcfs_and_hmfs(name):
+    """Beside a backlogged app, each burst of the light app's runs goes ahead by its idle credit (the simulator)."""
+    research = {p: workflows.run_scenario(name, p, seconds=30)["by_app"]["research"]
+                for p in ("fcfs", "hmfs", "hmfs_credit")}
+    assert research["hmfs_credit"]["mean"] < 0.9 * min(research["fcfs"]["mean"], research["hmfs"]["mean"])
+    assert research["hmfs_credit"]["p95"] < min(research["fcfs"]["p95"], research["hmfs"]["p95"])
