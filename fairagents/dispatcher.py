@@ -206,7 +206,11 @@ class Dispatcher:
         for policy, models in groups.values():
             report = getattr(getattr(policy, "policy", policy), "set_bound", None)  # a seat's policy, or the policy
             if report is not None:
-                report(self.bound(models=models))
+                try:
+                    bound = self.bound(models=models)
+                except InvalidParameterError:  # a batch past what a cost can price (2**40 tokens): U stays as it was
+                    continue
+                report(bound)
 
     def model(self, name: str) -> ModelState:
         """The admission state of ``name``."""
