@@ -8,7 +8,12 @@ FastAPI application for an arbiter and :func:`serve` runs it with a graceful SIG
 | module | what it is |
 | --- | --- |
 | :mod:`~fairagents.server.config` | the configuration (TOML or YAML, pydantic): models, apps and keys, agents, policy |
-| :mod:`~fairagents.server.app` | the FastAPI app: endpoints, identity from keys, errors in OpenAI's shape |
+| :mod:`~fairagents.server.app` | :func:`create_app`: the FastAPI app, its routers, errors in OpenAI's shape |
+| :mod:`~fairagents.server.gateway` | the server's state and its way with one request: parse, queue the choices, answer |
+| :mod:`~fairagents.server.identities` | apps by API key, agents by header, declared and forgotten; who reads the views |
+| :mod:`~fairagents.server.routes` | the routes, a router per protocol (OpenAI's; the views) |
+| :mod:`~fairagents.server.streaming` | a request's choices streamed together as server-sent events |
+| :mod:`~fairagents.server.incoming` | what a request brings: its bounded body, its key, its context, its client leaving |
 | :mod:`~fairagents.server.wire` | OpenAI response bodies; the request models of :mod:`fairagents.openai_request` |
 | :mod:`~fairagents.server.schema` | the OpenAPI document at ``/openapi.json``: bodies, errors, security |
 | :mod:`~fairagents.server.fetch` | image URLs fetched from allowed hosts only, when configured |
@@ -31,7 +36,7 @@ Examples:
 
 from __future__ import annotations
 
-from fairagents.server.app import DEFAULT_APP, Gateway, create_app
+from fairagents.server.app import create_app
 from fairagents.server.config import (
     AgentConfig,
     AppConfig,
@@ -45,6 +50,8 @@ from fairagents.server.config import (
     build_arbiter,
     load_config,
 )
+from fairagents.server.gateway import Gateway
+from fairagents.server.identities import DEFAULT_APP
 from fairagents.server.serve import free_socket, main, running, serve
 
 __all__ = [

@@ -43,7 +43,8 @@ from fairagents._logging import get_logger
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.constants import HEADER_APP
 from fairagents.errors import InvalidParameterError, ModelLoadError
-from fairagents.server.app import ABORT_EXTENSION, create_app
+from fairagents.server.app import create_app
+from fairagents.server.streaming import ABORT_EXTENSION
 from fairagents.server.config import Config, ServerSettings, build_arbiter, load_config
 
 __all__ = ["free_socket", "main", "running", "serve", "with_options"]

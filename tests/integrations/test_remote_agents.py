@@ -62,6 +62,6 @@ async def test_the_drop_in_client_sends_its_agents_weight_and_slo():
             with fa.acting_as(fa.Agent("editor", fa.App("research"), weight=1.0)):  # not what it was declared with
                 with pytest.raises(openai.BadRequestError) as refused:
                     await client.chat.completions.create(model="chat", messages=MSG, max_tokens=2)
-    declared = gateway._agents[("research", "editor")].identity
+    declared = gateway.identities._agents[("research", "editor")].identity
     assert (declared.weight, declared.slo) == (3.0, fa.SLO(ttft=2.0, tpot=0.5))
     assert refused.value.param == "X-Fairagents-Agent-Weight"

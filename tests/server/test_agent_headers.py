@@ -46,7 +46,7 @@ async def test_a_new_agent_is_declared_with_the_weight_and_slo_its_first_request
         silent = await http.post("/v1/chat/completions", json=BODY, headers=headers("writer"))
         fairness = (await http.get("/v1/fairness")).json()
     assert [r.status_code for r in (first, again, silent)] == [200, 200, 200]
-    writer = gateway._agents[("driving", "writer")].identity
+    writer = gateway.identities._agents[("driving", "writer")].identity
     assert (writer.weight, writer.slo) == (2.0, fa.SLO(ttft=0.5, e2e=4.0))
     assert fairness["apps"]["driving"]["agents"]["writer"]["weight"] == 2.0
     assert fairness["apps"]["driving"]["weight"] == 2.0  # the app's weight is the configuration's, as it was
@@ -66,8 +66,8 @@ async def test_a_request_cannot_change_an_agents_declared_settings():
     assert "declared with weight=1.0" in heavier.json()["error"]["message"]
     assert error(hurried) == (400, "invalid_parameter", HEADER_AGENT_SLO)
     assert same.status_code == 200 and error(lighter) == (400, "invalid_parameter", HEADER_AGENT_WEIGHT)
-    assert gateway._agents[("driving", "writer")].identity.weight == 1.0
-    assert gateway._agents[("driving", "planner")].identity.weight == 2.0
+    assert gateway.identities._agents[("driving", "writer")].identity.weight == 1.0
+    assert gateway.identities._agents[("driving", "planner")].identity.weight == 2.0
     assert len(engine.started_order) == 2
 
 
@@ -89,7 +89,7 @@ async def test_a_bad_weight_or_slo_is_a_400_naming_its_header_and_declares_nothi
     async with live(arbiter, make_config()) as (url, gateway), httpx.AsyncClient(base_url=url) as http:
         response = await http.post("/v1/chat/completions", json=BODY, headers=headers("writer", **stated))
     assert error(response) == (400, "invalid_parameter", param)
-    assert ("driving", "writer") not in gateway._agents and engine.started_order == []
+    assert ("driving", "writer") not in gateway.identities._agents and engine.started_order == []
 
 
 async def test_with_keys_off_an_app_names_itself_and_its_agents_settings():
@@ -110,7 +110,7 @@ async def test_the_overflow_label_is_no_agents_or_apps_name():
         refused = await http.post("/v1/chat/completions", json=BODY, headers=headers(OTHER))
     assert error(refused) == (400, "invalid_parameter", HEADER_AGENT)
     assert "'_other' is reserved" in refused.json()["error"]["message"]
-    assert ("driving", OTHER) not in gateway._agents and engine.started_order == []
+    assert ("driving", OTHER) not in gateway.identities._agents and engine.started_order == []
 
     arbiter, engine = fake()
     config = fa.server.Config.model_validate({"server": {"auth": False}})

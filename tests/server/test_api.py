@@ -290,7 +290,7 @@ async def test_models_fairness_metrics_health_and_dashboard():
             page = await http.get("/dashboard")
             assert (await http.get("/v1/fairness", params={"history": -1})).status_code == 400
     driving, studio = fairness["apps"]["driving"], fairness["apps"]["studio"]
-    assert fairness["policy"] == "hmfs_credit" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
+    assert fairness["policy"] == "hmfs" and fairness["unit"] == "unified_tokens" and not fairness["draining"]
     assert fairness["models"]["chat"] == {"healthy": True, "restarting": False, "in_flight": 0, "in_flight_limit": 4, "queued": 0,
                                             "device": "local"}
     assert fairness["pool"] == {"in_flight": 0, "in_flight_limit": None}
@@ -415,9 +415,9 @@ def _samples(text, name):
 
 
 async def test_a_body_past_the_limit_is_413(monkeypatch):
-    import fairagents.server.app as server_app
+    import fairagents.server.incoming as incoming
 
-    monkeypatch.setattr(server_app, "MAX_BODY_BYTES", 1000)
+    monkeypatch.setattr(incoming, "MAX_BODY_BYTES", 1000)
     arbiter, engine = fake()
     async with live(arbiter, make_config()) as (url, _), client(url) as c:
         with pytest.raises(openai.APIStatusError) as info:

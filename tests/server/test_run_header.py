@@ -63,7 +63,7 @@ async def test_a_bad_run_id_is_a_400_that_charges_and_declares_nothing():
                             headers=headers("a;b")),
         ]
         after = arbiter.stats()
-        assert ("driving", "newcomer") not in gateway._agents  # refused before the agent was declared
+        assert ("driving", "newcomer") not in gateway.identities._agents  # refused before the agent was declared
     for answer in answers:
         error = answer.json()["error"]
         assert (answer.status_code, error["code"], error["param"]) == (400, "invalid_parameter", HEADER_RUN)

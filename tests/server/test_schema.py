@@ -354,7 +354,7 @@ def test_numbers_at_the_edges_of_json_are_never_a_server_error(api_schema, serve
 
 def test_errors_that_need_a_situation_conform_to_the_schema(monkeypatch):
     """401, 413, 404, 429 (with its headers), 503 of a dead engine and of a draining server, readiness 503."""
-    import fairagents.server.app as server_app
+    import fairagents.server.incoming as incoming
 
     arbiter = pool(in_flight=1, manual=True)
     config = make_config(apps={"driving": {"api_key": KEYS["driving"], "max_queued": 1}})
@@ -374,7 +374,7 @@ def test_errors_that_need_a_situation_conform_to_the_schema(monkeypatch):
         body = {"model": "chat", "messages": MSG, "max_tokens": 2}
         assert send(chat, key="sk-wrong", body=body).status_code == 401
         assert send(models, key="sk-wrong").status_code == 401
-        monkeypatch.setattr(server_app, "MAX_BODY_BYTES", 100)
+        monkeypatch.setattr(incoming, "MAX_BODY_BYTES", 100)
         assert send(chat, body={**body, "messages": [{"role": "user", "content": "word " * 100}]}).status_code == 413
         monkeypatch.undo()
         assert send(chat, body={**body, "model": "gpt-9"}).status_code == 404

@@ -133,7 +133,7 @@ async def test_refused_names_leave_no_state_and_are_counted_without_their_name()
                if s.name == "fairagents_identities_refused_total"}
     assert refused == {"max_agents": 196}
     declared = {name for app, name in arbiter.tenants.agents if app == "driving"}
-    assert len(declared) == 4 and len(gateway.rejected) == 0
+    assert len(declared) == 4 and len(gateway.identities.rejected) == 0
     for name in {f"name-{i}" for i in range(200)} - declared:
         assert f'"{name}"' not in metrics and f'"{name}"' not in fairness
 
@@ -163,12 +163,12 @@ async def test_idle_identities_declared_by_requests_are_forgotten():
     apps = {"driving": {"api_key": KEYS["driving"], "agents": {"planner": {}}}, "studio": {"api_key": KEYS["studio"]}}
     now = [0.0]
     async with live(fake(), make_config(apps, identity_idle_seconds=60, views_cache_seconds=0)) as (url, gateway):
-        gateway.clock = lambda: now[0]
+        gateway.identities.clock = lambda: now[0]
         async with httpx.AsyncClient(base_url=url) as http:
             await call(http, bearer("driving"), "planner")
             await call(http, bearer("driving"), "passing")
             now[0] = 61
-            assert gateway.forget_idle() == [("driving", "passing")]  # the configured planner stays
+            assert gateway.identities.forget_idle() == [("driving", "passing")]  # the configured planner stays
             gateway.view.sample()
             metrics = (await http.get("/metrics")).text
             fairness = (await http.get("/v1/fairness")).json()
@@ -186,14 +186,14 @@ async def test_an_app_whose_agents_are_all_forgotten_stays_in_the_views():
     config = make_config(observer_key="sk-observer", public_views=False, identity_idle_seconds=60,
                          views_cache_seconds=0)
     async with live(fake(), config) as (url, gateway):
-        gateway.clock = lambda: now[0]
+        gateway.identities.clock = lambda: now[0]
         async with httpx.AsyncClient(base_url=url) as http:
             await call(http, bearer("driving"), "planner")
             await call(http, bearer("studio"), "writer")
             gateway.view.sample()
             before = (await http.get("/v1/fairness", headers=OBSERVER)).json()["apps"]["studio"]
             now[0] = 61
-            assert gateway.forget_idle() == [("studio", "writer")]  # driving's planner is configured
+            assert gateway.identities.forget_idle() == [("studio", "writer")]  # driving's planner is configured
             gateway.view.sample()
             everything = (await http.get("/v1/fairness", headers=OBSERVER)).json()
             own = (await http.get("/v1/fairness", headers=bearer("studio"))).json()
@@ -289,9 +289,9 @@ async def test_refused_requests_of_new_agents_declare_nothing_and_count_toward_n
         fairness = (await http.get("/v1/fairness", headers=OBSERVER)).text
         metrics = (await http.get("/metrics", headers=OBSERVER)).text
         for name in refused:
-            assert (("driving", name) not in arbiter.tenants.agents and ("driving", name) not in gateway._agents
+            assert (("driving", name) not in arbiter.tenants.agents and ("driving", name) not in gateway.identities._agents
                     and f'"{name}"' not in fairness and f'"{name}"' not in metrics)
-        assert gateway._agent_count["driving"] == 0 and not gateway._holds and not gateway._fresh
+        assert gateway.identities._agent_count["driving"] == 0 and not gateway.identities._holds and not gateway.identities._fresh
         await call(http, bearer("driving"), "first")  # max_agents is 2: the refused names took none of it
         await call(http, bearer("driving"), "second")
         third = await http.post("/v1/chat/completions", json={"model": "chat", "messages": MSG},
@@ -306,7 +306,7 @@ async def test_with_keys_off_a_refused_request_of_a_new_app_declares_no_app():
         response = await http.post("/v1/chat/completions", content=b"{not json",
                                    headers={HEADER_APP: "ghost", "Content-Type": "application/json"})
         assert response.status_code == 400
-        assert "ghost" not in arbiter.tenants.apps and "ghost" not in gateway._apps and not gateway._fresh_apps
+        assert "ghost" not in arbiter.tenants.apps and "ghost" not in gateway.identities._apps and not gateway.identities._fresh_apps
         await call(http, {HEADER_APP: "real"})  # max_apps is 1: the refused app took none of it
     assert set(arbiter.tenants.apps) == {"real"} and set(arbiter.tenants.agents) == {("real", "default")}
 
@@ -315,29 +315,29 @@ async def test_a_new_agent_another_request_holds_is_undeclared_only_when_the_las
     arbiter = fake()
     async with asgi(arbiter, make_config()) as (_, gateway):
         first, second = (_scope_request({**bearer("driving"), HEADER_AGENT: "twin"}) for _ in range(2))
-        assert await gateway.identify(first) is not None and await gateway.identify(second) is not None
+        assert await gateway.identities.identify(first) is not None and await gateway.identities.identify(second) is not None
         gateway.view.sample()  # taken while they are handled
-        gateway.release(first)  # the other request still holds it: it may yet queue
+        gateway.identities.release(first)  # the other request still holds it: it may yet queue
         assert ("driving", "twin") in arbiter.tenants.agents
-        gateway.release(second)
-        assert ("driving", "twin") not in arbiter.tenants.agents and ("driving", "twin") not in gateway._agents
+        gateway.identities.release(second)
+        assert ("driving", "twin") not in arbiter.tenants.agents and ("driving", "twin") not in gateway.identities._agents
         assert all(("driving", "twin") not in (served or {}) for _, served, _, _ in gateway.view.samples)
         again = _scope_request({**bearer("driving"), HEADER_AGENT: "kept"})
-        who = await gateway.identify(again)
+        who = await gateway.identities.identify(again)
         await arbiter.chat("chat", MSG, agent=who, max_tokens=2)  # it queued a request: it stays
-        gateway.release(again)
-        assert ("driving", "kept") in arbiter.tenants.agents and ("driving", "kept") in gateway._agents
+        gateway.identities.release(again)
+        assert ("driving", "kept") in arbiter.tenants.agents and ("driving", "kept") in gateway.identities._agents
 
 
 async def test_a_request_with_conflicting_settings_does_not_bring_a_forgotten_agent_back():
     now = [0.0]
     async with asgi(fake(), make_config(identity_idle_seconds=60, views_cache_seconds=0)) as (http, gateway):
-        gateway.clock = lambda: now[0]
+        gateway.identities.clock = lambda: now[0]
         await call(http, bearer("studio"), "passing")
         now[0] = 61
-        assert gateway.forget_idle() == [("studio", "passing")]
+        assert gateway.identities.forget_idle() == [("studio", "passing")]
         response = await http.post("/v1/chat/completions", json={"model": "chat", "messages": MSG},
                                    headers={**bearer("studio"), HEADER_AGENT: "passing", HEADER_AGENT_WEIGHT: "3"})
         assert response.status_code == 400
-        assert ("studio", "passing") in gateway.view.hidden and ("studio", "passing") not in gateway._seen
-        assert not gateway._holds
+        assert ("studio", "passing") in gateway.view.hidden and ("studio", "passing") not in gateway.identities._seen
+        assert not gateway.identities._holds

@@ -1,0 +1,227 @@
+"""The server's state and its way with one request: parse it, queue its choices, answer.
+
+:class:`Gateway` holds the arbiter, the :class:`~fairagents.server.identities.Identities`
+of its callers, the views (``/v1/fairness``, ``/metrics``), the image fetcher and whether
+the server drains; the routes (:mod:`fairagents.server.routes`) call it.
+
+Examples:
+    >>> import fairagents as fa
+    >>> from fairagents.server import Config, Gateway
+    >>> gateway = Gateway(fa.Arbiter(), Config.model_validate({"apps": {"a": {"api_key": "k", "agents": {"x": {}}}}}))
+    >>> gateway.identities.app_for_key("k"), gateway.draining
+    ('a', False)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+import fairagents.server.wire as wire
+from fairagents.cost import prompt_cost
+from fairagents.engines.base import Delta, Engine, Prompt
+from fairagents.errors import InvalidParameterError
+from fairagents.identity import Modality
+from fairagents.openai_request import all_choices
+from fairagents.runtime.arbiter import AgentHandle, Arbiter
+from fairagents.server.config import Config
+from fairagents.server.fairness import FairnessView
+from fairagents.server.fetch import ImageFetcher
+from fairagents.server.identities import Identities
+from fairagents.server.incoming import context, until_disconnected
+from fairagents.server.metrics import Metrics
+from fairagents.server.streaming import Choices, EventStream, sse_events
+
+__all__ = ["Gateway", "INLINE_PARSE_BYTES"]
+
+#: Bodies up to this size are parsed on the event loop (microseconds); larger ones in the text pool.
+INLINE_PARSE_BYTES = 64 * 2**10
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class Gateway:
+    """The server's state: the arbiter, its callers' identities, the views, whether it drains.
+
+    Args:
+        arbiter: the arbiter to serve (its models are the pool); the caller starts and closes it.
+        config: apps, agents and server settings (``config.models`` is what
+            :func:`~fairagents.server.build_arbiter` builds; it is not read here).
+        title: the name the dashboard shows.
+
+    Examples:
+        >>> import fairagents as fa
+        >>> from fairagents.server import Config, Gateway
+        >>> gateway = Gateway(fa.Arbiter(), Config.model_validate({"apps": {"a": {"api_key": "k"}}}))
+        >>> gateway.app_for_key("k"), gateway.app_for_key("nope")
+        ('a', None)
+    """
+
+    def __init__(self, arbiter: Arbiter, config: Config, *, title: str = "fairagents") -> None:
+        self.arbiter = arbiter
+        self.config = config
+        self.title = title
+        self.draining = False
+        self.active: dict[str, int] = defaultdict(int)
+        """Requests of each model the server waits on (queued or in flight)."""
+        server = config.server
+        self.view = FairnessView(
+            arbiter,
+            keep=server.history_seconds,
+            max_age=server.views_cache_seconds,
+            clients=lambda: self.identities.clients(),
+            extra=lambda: {k: {"rejected": v} for k, v in self.identities.rejected.items()},
+            models=self.models,
+        )
+        self.metrics = Metrics(arbiter, self.view, draining=lambda: self.draining, models=self.models,
+                               max_apps=server.metrics_max_apps, max_agents=server.metrics_max_agents_per_app)
+        self.identities = Identities(arbiter, config, self.view, self.metrics, draining=lambda: self.draining)
+        """Apps by key, agents by header, and who reads the views."""
+        fetch = server.image_fetch
+        self.fetcher = None if fetch is None else ImageFetcher(fetch.allow_hosts, max_bytes=fetch.max_bytes,
+                                                                timeout=fetch.timeout, schemes=fetch.schemes,
+                                                                max_images=fetch.max_images)
+        """Fetches image URLs from allowed hosts when ``server.image_fetch`` is set."""
+
+    def app_for_key(self, key: str) -> str | None:
+        """The app whose API key ``key`` is, or ``None``."""
+        return self.identities.app_for_key(key)
+
+    # -- the pool ------------------------------------------------------------------
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """Per model: healthy, in flight (handed to the engine), its limit, queued, and its device."""
+        out = {}
+        for name in self.arbiter.models:
+            queued = self.arbiter.queued(name)
+            out[name] = {
+                "healthy": self.arbiter.serving(name),
+                "restarting": self.arbiter.restarting(name),
+                "in_flight": max(0, self.active[name] - queued),
+                "in_flight_limit": self.arbiter.in_flight_limit(name),
+                "queued": queued,
+                "device": self.arbiter.pool.get(name).device,
+            }
+        return out
+
+    def default_max_tokens(self, model: str, prompt: Prompt, app: str) -> int:
+        """Output tokens of a request of ``app`` that sets no ``max_tokens``.
+
+        The app's ``default_max_tokens`` if its configuration sets one, else
+        ``server.default_max_tokens``; ``"context"`` is the rest of the context after the
+        prompt. Either is clipped to what fits the context and the model's token budget
+        (:meth:`~fairagents.Arbiter.default_max_tokens`, the rule of every call, in process
+        too): the request reserves ``prompt + max_tokens`` of the budget while it runs.
+        """
+        most = self.arbiter.default_max_tokens(model, prompt.n_tokens, app=app)
+        configured = self.config.apps.get(app)
+        if configured is not None and configured.default_max_tokens is not None:
+            return most  # the app's own, declared on the arbiter
+        cap = self.config.server.default_max_tokens
+        return most if cap == "context" else min(most, cap)
+
+    def engine(self, model: str) -> Engine:
+        """The engine of text-generating ``model``: 404 if it is not in the pool, 400 for an image model."""
+        engine = self.arbiter.engine(model)
+        if engine.profile.modality is Modality.IMAGE:
+            raise InvalidParameterError(f"model {model!r} generates images; it takes no chat or completion requests",
+                                        model=model, param="model")
+        return engine
+
+    # -- one request ---------------------------------------------------------------
+
+    async def parse(self, request: Request, who: AgentHandle, model: type[M], raw: bytes) -> M:
+        """Validate a request body: a small one at once, a large one in the text preprocessing pool.
+
+        Parsing megabytes of JSON takes milliseconds to tenths of a second; in the pool
+        it queues fairly behind the app's own work, under the app's bound, and the
+        event loop keeps serving everyone else meanwhile.
+        """
+        app = who.identity.app
+        context(request).labels = (app.name, who.identity.name, None)
+        if len(raw) <= INLINE_PARSE_BYTES:
+            return wire.parse(model, raw, self.arbiter.limits)
+        pool = self.arbiter.text_preprocessor
+        work = pool.run(wire.parse, model, raw, self.arbiter.limits, app=app.name, weight=app.weight)
+        return await until_disconnected(request, work)
+
+    async def respond(
+        self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
+        prompt: Prompt, max_tokens: int, arrival: float | None = None,
+    ) -> Response:
+        """Queue the request's choices (at ``arrival``, if it was prepared first), wait for their first tokens, answer.
+
+        An error before then is the answer (its status). Each of ``n`` choices is a request of its own, charged to
+        the caller and scheduled like any other; a choice that fails before the answer starts fails the
+        whole request (the others are cancelled, charged only for what they produced).
+        """
+        chat = isinstance(body, wire.ChatCompletionRequest)
+        model = body.model
+        ctx = context(request)
+        run = ctx.run
+        ctx.labels = (who.identity.app.name, who.identity.name, model)
+        kwargs = body.arbiter_kwargs(max_tokens) if chat else body.sampling(max_tokens)  # type: ignore[union-attr]
+        rid = wire.new_id("chatcmpl" if chat else "cmpl")
+        if not body.stream:
+            call: Any = self.arbiter.chat if chat else self.arbiter.complete
+            replies = await until_disconnected(request, all_choices([
+                self._counted(model, call(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
+                for _ in range(body.choices)]))
+            usage = wire.Usage(prompt_tokens=prompt.n_tokens,
+                               completion_tokens=sum(r.usage.completion_tokens for r in replies),
+                               unified_tokens=sum(r.usage.unified_tokens for r in replies),
+                               cached_tokens=max(r.usage.cached_tokens for r in replies))
+            if chat:
+                choices = [wire.chat_choice(i, None if r.tool_calls and not r.text else r.text, r.finish_reason,
+                                            tool_calls=r.tool_calls, logprobs=r.logprobs)
+                           for i, r in enumerate(replies)]
+                return JSONResponse(wire.chat_completion(rid, model, choices, usage))
+            choices = [wire.completion_choice(i, r.text, r.finish_reason, logprobs=r.logprobs)
+                       for i, r in enumerate(replies)]
+            return JSONResponse(wire.completion(rid, model, choices, usage))
+        stream: Any = self.arbiter.stream_chat if chat else self.arbiter.stream_complete
+        streams = Choices([
+            self._tracked(model, stream(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
+            for _ in range(body.choices)])
+        try:
+            head = await until_disconnected(request, streams.head())
+        except BaseException:
+            await streams.aclose()
+            raise
+        events = sse_events(rid, model, streams, head, chat=chat, include_usage=body.include_usage,
+                            logprobs=bool(kwargs["logprobs"]),
+                            usage=lambda produced, cached: self._usage(model, prompt, produced, cached))
+        return EventStream(events, streams, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                           stall_timeout=self.config.server.stream_stall_timeout)
+
+    async def _counted(self, model: str, work: Awaitable[T]) -> T:
+        self.active[model] += 1
+        try:
+            return await work
+        finally:
+            self.active[model] -= 1
+
+    async def _tracked(self, model: str, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        self.active[model] += 1
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            self.active[model] -= 1
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    def _usage(self, model: str, prompt: Prompt, produced: list[int], cached: list[int]) -> wire.Usage:
+        """The usage of a streamed request's choices: the prompt once, as OpenAI counts it; each choice charged it
+        (the tokens its engine read from the prefix cache at ``w_cached``)."""
+        cost, n = self.arbiter.cost, prompt.n_tokens
+        charged = cached if self.arbiter.dispatcher.model(model).in_engine else [0] * len(cached)  # as the ledger
+        unified = sum(prompt_cost(cost, model, n, min(hit, n)) + cost.output_cost(model, p)
+                      for p, hit in zip(produced, charged, strict=True))
+        return wire.Usage(prompt_tokens=n, completion_tokens=sum(produced), unified_tokens=unified,
+                          cached_tokens=min(max(cached), n))

@@ -1,0 +1,65 @@
+"""The server's routes, one router per protocol, and the dependencies they share.
+
+| module | routes |
+| --- | --- |
+| :mod:`~fairagents.server.routes.openai` | OpenAI's ``/v1/chat/completions``, ``/v1/completions``, ``/v1/images/generations``, ``/v1/models`` |
+| :mod:`~fairagents.server.routes.views` | ``/v1/fairness``, ``/metrics``, ``/health``, ``/health/live``, ``/dashboard`` |
+
+A route reads the :class:`~fairagents.server.gateway.Gateway` from the app's state
+(:data:`GatewayDep`), and the caller through the gateway's checks, which run on the event
+loop before it: :data:`Caller` (the calling agent), :data:`CallingApp` (the calling app),
+:data:`Observer` (who reads a view).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.responses import Response
+
+from fairagents.runtime.arbiter import AgentHandle
+from fairagents.server.gateway import Gateway
+
+__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "holding"]
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+async def _caller(request: Request) -> AgentHandle:
+    return await _gateway(request).identities.identify(request)
+
+
+async def _calling_app(request: Request) -> str:
+    return await _gateway(request).identities.authenticate(request)
+
+
+async def _observer(request: Request) -> str | None:
+    return await _gateway(request).identities.observe(request)
+
+
+#: The gateway of the app serving the request.
+GatewayDep = Annotated[Gateway, Depends(_gateway)]
+#: The calling agent: its app from the key, its name from ``X-Fairagents-Agent``.
+Caller = Annotated[AgentHandle, Depends(_caller)]
+#: The calling app, from its key.
+CallingApp = Annotated[str, Depends(_calling_app)]
+#: Who reads a view: ``None`` for all of it, an app's name for its own.
+Observer = Annotated[str | None, Depends(_observer)]
+
+
+def holding(endpoint: Callable[[Request, AgentHandle], Awaitable[Response]],
+            ) -> Callable[[Request, AgentHandle], Awaitable[Response]]:
+    """``endpoint``, releasing the caller's agent when it ends (see ``Identities.release``)."""
+    @functools.wraps(endpoint)
+    async def run(request: Request, who: Caller) -> Response:
+        try:
+            return await endpoint(request, who)
+        finally:
+            _gateway(request).identities.release(request)
+
+    return run
