@@ -28,10 +28,9 @@ Examples:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, Strict, ValidationError, ValidationInfo,
@@ -59,14 +58,12 @@ __all__ = [
     "ImageGenerationRequest",
     "MessageToolCall",
     "StreamOptions",
-    "all_choices",
     "join_text",
     "parse",
     "validate",
 ]
 
 M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
 
 #: Fields clients commonly send that change nothing here.
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
@@ -487,14 +484,3 @@ class ImageGenerationRequest(_Body):
     def dimensions(self) -> tuple[int, int] | None:
         """``size`` (``"WIDTHxHEIGHT"``) as ``(width, height)``; ``None`` for the model's own."""
         return None if self.size is None else parse_size(self.size)
-
-
-async def all_choices(works: list[Awaitable[T]]) -> list[T]:
-    """Await the ``n`` choices of one request at once; when one fails, the others are cancelled and its error raised."""
-    tasks = [asyncio.ensure_future(work) for work in works]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -23,11 +23,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 import fairagents.server.wire as wire
-from fairagents.cost import prompt_cost
+from fairagents.choices import Choices, all_choices, streamed_charge
 from fairagents.engines.base import Delta, Engine, Prompt
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Modality
-from fairagents.openai_request import all_choices
 from fairagents.runtime.arbiter import AgentHandle, Arbiter
 from fairagents.server.config import Config
 from fairagents.server.fairness import FairnessView
@@ -35,7 +34,7 @@ from fairagents.server.fetch import ImageFetcher
 from fairagents.server.identities import Identities
 from fairagents.server.incoming import context, until_disconnected
 from fairagents.server.metrics import Metrics
-from fairagents.server.streaming import Choices, EventStream, sse_events
+from fairagents.server.streaming import EventStream, sse_events
 
 __all__ = ["Gateway", "INLINE_PARSE_BYTES"]
 
@@ -218,10 +217,9 @@ class Gateway:
 
     def _usage(self, model: str, prompt: Prompt, produced: list[int], cached: list[int]) -> wire.Usage:
         """The usage of a streamed request's choices: the prompt once, as OpenAI counts it; each choice charged it
-        (the tokens its engine read from the prefix cache at ``w_cached``)."""
-        cost, n = self.arbiter.cost, prompt.n_tokens
-        charged = cached if self.arbiter.dispatcher.model(model).in_engine else [0] * len(cached)  # as the ledger
-        unified = sum(prompt_cost(cost, model, n, min(hit, n)) + cost.output_cost(model, p)
-                      for p, hit in zip(produced, charged, strict=True))
+        (:func:`~fairagents.choices.streamed_charge`)."""
+        n = prompt.n_tokens
+        unified = streamed_charge(self.arbiter.cost, model, n, produced, cached,
+                                  cached_priced=self.arbiter.dispatcher.model(model).in_engine)  # as the ledger
         return wire.Usage(prompt_tokens=n, completion_tokens=sum(produced), unified_tokens=unified,
                           cached_tokens=min(max(cached), n))

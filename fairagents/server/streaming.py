@@ -1,22 +1,25 @@
-"""Streamed answers: a request's choices read together, as OpenAI's server-sent events.
+"""Streamed answers as OpenAI's server-sent events.
 
-:class:`Choices` reads the streams of a request's ``n`` choices, :func:`sse_events`
-turns their deltas into chat or completion chunks (usage last, then ``[DONE]``), and
-:class:`EventStream` sends them, cutting a client that stops reading.
+:func:`sse_events` turns the deltas of a request's choices (read together by
+:class:`~fairagents.choices.Choices`) into chat or completion chunks, usage last, then
+``[DONE]``; :class:`EventStream` sends them, cutting a client that stops reading.
 
 Examples:
     >>> import asyncio
-    >>> from fairagents.engines.base import Delta
-    >>> from fairagents.server.streaming import Choices
-    >>> async def one(text):
-    ...     yield Delta(text=text, new_tokens=1, finish_reason="stop")
-    >>> async def first_events():
-    ...     choices = Choices([one("a"), one("b")])
+    >>> from fairagents.choices import Choices
+    >>> from fairagents.engines import Delta
+    >>> from fairagents.server.streaming import sse_events
+    >>> async def one():
+    ...     yield Delta(1, "hi", "stop")
+    >>> async def events():
+    ...     choices = Choices([one()])
     ...     head = await choices.head()
-    ...     await choices.aclose()
-    ...     return sorted((i, d.text) for i, d in head if d is not None)
-    >>> asyncio.run(first_events())
-    [(0, 'a'), (1, 'b')]
+    ...     stream = sse_events("c1", "chat", choices, head, chat=False, include_usage=False, logprobs=False,
+    ...                         usage=lambda produced, cached: None)
+    ...     return [event async for event in stream]
+    >>> sent = asyncio.run(events())
+    >>> len(sent), '"hi"' in sent[0], sent[-1].strip()
+    (2, True, 'data: [DONE]')
 """
 
 from __future__ import annotations
@@ -31,84 +34,18 @@ from starlette.types import Receive, Scope, Send
 
 import fairagents.server.wire as wire
 from fairagents._logging import get_logger
+from fairagents.choices import Choices
 from fairagents.engines.base import Delta
 from fairagents.errors import FairAgentsError
 from fairagents.server.incoming import error_reply
 
-__all__ = ["ABORT_EXTENSION", "Choices", "EventStream", "Stalled", "sse_events", "within"]
+__all__ = ["ABORT_EXTENSION", "EventStream", "Stalled", "sse_events", "within"]
 
 log = get_logger("fairagents.server")
 
 #: The ASGI scope extension under which the server (:mod:`fairagents.server.serve`) hands the
 #: app a callable that drops the request's connection at once, unsent bytes and all.
 ABORT_EXTENSION = "fairagents.abort"
-
-
-class Choices:
-    """The streams of a request's choices.
-
-    One is read as the response goes (a client that reads slowly holds its request
-    back). Several are read at once, each by a task of its own, their events in the
-    order they come: a choice waiting for dispatch behind another of the same request
-    must not wait for the client to read that one.
-    """
-
-    def __init__(self, streams: list[AsyncIterator[Delta]]) -> None:
-        self.n = len(streams)
-        self._streams = streams
-        self._open = set(range(self.n))
-        self._events: asyncio.Queue[tuple[int, Delta | Exception | None]] | None = None
-        self._pumps: list[asyncio.Future[None]] = []
-        if self.n > 1:
-            self._events = asyncio.Queue()
-            self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
-
-    async def _pump(self, index: int, stream: AsyncIterator[Delta]) -> None:
-        assert self._events is not None
-        try:
-            async for delta in stream:
-                self._events.put_nowait((index, delta))
-        except Exception as err:  # the choice failed: its reader raises it
-            self._events.put_nowait((index, err))
-        else:
-            self._events.put_nowait((index, None))
-
-    async def next(self) -> tuple[int, Delta | None] | None:
-        """The next event: ``(choice, delta)``, ``(choice, None)`` when that choice ended, ``None`` when all did.
-
-        A choice's failure raises here.
-        """
-        if not self._open:
-            return None
-        if self._events is None:
-            index, event = 0, await anext(self._streams[0], None)
-        else:
-            index, event = await self._events.get()
-            if isinstance(event, Exception):
-                raise event
-        if event is None:
-            self._open.discard(index)
-        return index, event  # type: ignore[return-value]
-
-    async def head(self) -> list[tuple[int, Delta | None]]:
-        """The events up to the first of every choice: the answer starts once each has a token (or ended)."""
-        seen: set[int] = set()
-        events: list[tuple[int, Delta | None]] = []
-        while len(seen) < self.n:
-            event = await self.next()
-            if event is None:
-                break
-            seen.add(event[0])
-            events.append(event)
-        return events
-
-    async def aclose(self) -> None:
-        """Stop reading: the choices still running are cancelled (charged only for what they produced)."""
-        for pump in self._pumps:
-            pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        for stream in self._streams:
-            await stream.aclose()  # type: ignore[attr-defined]
 
 
 async def sse_events(

@@ -264,6 +264,29 @@ async def test_on_the_real_engine(text_engine):
 
 @pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="session")
+async def test_a_streamed_usage_prices_the_prefix_cache_as_the_ledger_charged_it(text_engine):
+    """A prompt read from vLLM's prefix cache is charged at ``w_cached``: the stream's usage says so, as the server's."""
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", text_engine)
+    client = AsyncFairOpenAI(arbiter, agent=arbiter.app("notes").agent("writer"))
+    history = [{"role": "user", "content": " ".join(f"note {i} on the lighthouse keepers" for i in range(40))}]
+    call = dict(model="chat", messages=history, max_tokens=4, extra_body={"ignore_eos": True})
+    await arbiter.start()
+    try:
+        await client.chat.completions.create(**call)  # its prompt's blocks stay in the prefix cache
+        before = arbiter.ledger.service_of("notes")
+        stream = await client.chat.completions.create(**call, stream=True, n=2, stream_options={"include_usage": True})
+        async with stream:
+            usage = [c async for c in stream][-1].usage
+    finally:
+        await arbiter.close(stop_engines=False)
+    charged = arbiter.ledger.service_of("notes") - before
+    assert usage.unified_tokens == pytest.approx(charged)
+    assert charged < 2 * fa.prompt_cost(arbiter.cost, "chat", usage.prompt_tokens, 0)  # the cache was priced in
+
+
+@pytest.mark.engine
+@pytest.mark.asyncio(loop_scope="session")
 async def test_images_generate_on_the_real_image_engine(image_engine):
     import base64
 

@@ -23,27 +23,28 @@ from fastapi.responses import Response
 from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
 
-__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "holding"]
+__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "gateway_of", "holding"]
 
 
-def _gateway(request: Request) -> Gateway:
+def gateway_of(request: Request) -> Gateway:
+    """The gateway of the app serving ``request`` (:func:`~fairagents.server.create_app` puts it in the app's state)."""
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
 async def _caller(request: Request) -> AgentHandle:
-    return await _gateway(request).identities.identify(request)
+    return await gateway_of(request).identities.identify(request)
 
 
 async def _calling_app(request: Request) -> str:
-    return await _gateway(request).identities.authenticate(request)
+    return await gateway_of(request).identities.authenticate(request)
 
 
 async def _observer(request: Request) -> str | None:
-    return await _gateway(request).identities.observe(request)
+    return await gateway_of(request).identities.observe(request)
 
 
 #: The gateway of the app serving the request.
-GatewayDep = Annotated[Gateway, Depends(_gateway)]
+GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 #: The calling agent: its app from the key, its name from ``X-Fairagents-Agent``.
 Caller = Annotated[AgentHandle, Depends(_caller)]
 #: The calling app, from its key.
@@ -60,6 +61,6 @@ def holding(endpoint: Callable[[Request, AgentHandle], Awaitable[Response]],
         try:
             return await endpoint(request, who)
         finally:
-            _gateway(request).identities.release(request)
+            gateway_of(request).identities.release(request)
 
     return run

@@ -19,7 +19,7 @@ from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.identity import Modality
 from fairagents.server.gateway import Gateway
 from fairagents.server.incoming import context, read_body, until_disconnected
-from fairagents.server.routes import Caller, CallingApp, GatewayDep, holding
+from fairagents.server.routes import Caller, CallingApp, GatewayDep, gateway_of, holding
 
 __all__ = ["router"]
 
@@ -27,18 +27,14 @@ router = APIRouter()
 """The OpenAI-compatible routes under ``/v1``."""
 
 
-def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
-
-
 async def _body(request: Request) -> bytes:
-    return await read_body(request, _gateway(request).config.server.body_timeout)
+    return await read_body(request, gateway_of(request).config.server.body_timeout)
 
 
 @router.post("/v1/chat/completions")
 @holding
 async def chat_completions(request: Request, who: Caller) -> Response:
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     arbiter = gateway.arbiter
     raw = await _body(request)
     arrival = arbiter.clock()  # the request keeps its place while it is parsed and prepared
@@ -60,7 +56,7 @@ async def chat_completions(request: Request, who: Caller) -> Response:
 @router.post("/v1/completions")
 @holding
 async def completions(request: Request, who: Caller) -> Response:
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     arbiter = gateway.arbiter
     raw = await _body(request)
     arrival = arbiter.clock()
@@ -78,7 +74,7 @@ async def completions(request: Request, who: Caller) -> Response:
 @router.post("/v1/images/generations")
 @holding
 async def images(request: Request, who: Caller) -> Response:
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     arbiter = gateway.arbiter
     body = await gateway.parse(request, who, wire.ImageGenerationRequest, await _body(request))
     image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -33,13 +32,14 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 
 from fairagents import AgentHandle, Arbiter, Portal, Reply, TokenLogprob
+from fairagents.choices import Choices, all_choices, streamed_charge
 from fairagents.engines import Delta
 from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.constants import HEADER_RUN
 from fairagents.identity import Agent, Modality, current_run, run_from_headers
 from fairagents.images import parse_size
 from fairagents.limits import RequestLimits
-from fairagents.openai_request import HARMLESS, ChatCompletionRequest, all_choices, join_text, validate
+from fairagents.openai_request import HARMLESS, ChatCompletionRequest, join_text, validate
 from fairagents_openai._errors import openai_errors
 
 __all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "ChatCompletionSyncStream", "chat_completion", "chat_request",
@@ -168,14 +168,14 @@ async def chat_completion(
             arbiter.check_admission(model, agent, output=spec)
             prompt = await arbiter.prepare_chat(model, messages, agent=agent, tools=spec.template_tools)
             if stream:
-                deltas = _merged([arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
-                                  for _ in range(n)])
+                choices = Choices([arbiter.stream_chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
+                                   for _ in range(n)])
                 try:  # bad input raises here, at create(), as the HTTP API answers 400: once every choice started
-                    head = await _head(deltas, n)
+                    head = await choices.head()
                 except BaseException:
-                    await deltas.aclose()
+                    await choices.aclose()
                     raise
-                return ChatCompletionStream(arbiter, model, prompt.n_tokens, n, head, deltas, include_usage)
+                return ChatCompletionStream(arbiter, model, prompt.n_tokens, head, choices, include_usage)
             replies = await all_choices([arbiter.chat(model, prompt, agent=agent, arrival=arrival, run=run, **kwargs)
                                          for _ in range(n)])
     first_reply = replies[0]
@@ -202,57 +202,6 @@ async def chat_completion(
             unified_tokens=sum(r.usage.unified_tokens for r in replies),  # type: ignore[call-arg]  # what was charged
         ),
     )
-
-
-async def _head(events: AsyncIterator[tuple[int, Delta]], n: int) -> list[tuple[int, Delta]]:
-    """The events up to the first of each of ``n`` choices (a choice that fails first fails them all)."""
-    seen: set[int] = set()
-    head: list[tuple[int, Delta]] = []
-    while len(seen) < n and (event := await anext(events, None)) is not None:
-        seen.add(event[0])
-        head.append(event)
-    return head
-
-
-async def _merged(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
-    """The deltas of the choices' streams as ``(choice, delta)``, in the order they come; closing it ends them all.
-
-    Several streams are read at once, each by a task of its own: a choice waiting for
-    dispatch must not hold back the others.
-    """
-    if len(streams) == 1:
-        async with contextlib.aclosing(streams[0]):  # type: ignore[type-var]
-            async for delta in streams[0]:
-                yield 0, delta
-        return
-    events: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
-
-    async def pump(index: int, stream: AsyncIterator[Delta]) -> None:
-        try:
-            async for delta in stream:
-                events.put_nowait((index, delta))
-        except Exception as err:  # the choice failed: the reader raises it
-            events.put_nowait((index, err))
-        else:
-            events.put_nowait((index, None))
-
-    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        running = len(streams)
-        while running:
-            index, event = await events.get()
-            if event is None:
-                running -= 1
-            elif isinstance(event, BaseException):
-                raise event
-            else:
-                yield index, event
-    finally:
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
-        for stream in streams:
-            await stream.aclose()  # type: ignore[attr-defined]
 
 
 def _message(reply: Reply) -> ChatCompletionMessage:
@@ -298,16 +247,15 @@ class ChatCompletionStream:
         arbiter: Arbiter,
         model: str,
         prompt_tokens: int,
-        n: int,
-        head: list[tuple[int, Delta]],
-        deltas: AsyncIterator[tuple[int, Delta]],
+        head: list[tuple[int, Delta | None]],
+        choices: Choices,
         include_usage: bool,
     ) -> None:
         self._arbiter = arbiter
         self._model = model
         self._prompt_tokens = prompt_tokens
-        self._n = n
-        self._deltas = deltas
+        self._n = choices.n
+        self._choices = choices
         self._include_usage = include_usage
         self._id = f"chatcmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
@@ -332,7 +280,7 @@ class ChatCompletionStream:
 
     async def _close(self) -> None:
         await self._chunks.aclose()
-        await self._deltas.aclose()  # type: ignore[attr-defined]  # when no chunk was read, _chunks never opened it
+        await self._choices.aclose()  # when no chunk was read, _chunks never began
 
     async def __aenter__(self) -> ChatCompletionStream:
         return self
@@ -351,20 +299,26 @@ class ChatCompletionStream:
                                  logprobs=_logprobs(logprobs, ChunkLogprobs) if logprobs else None)],
         )
 
-    async def _iterate(self, head: list[tuple[int, Delta]]) -> AsyncIterator[ChatCompletionChunk]:
-        produced = [0] * self._n
-        async with contextlib.aclosing(self._deltas):  # type: ignore[type-var]
+    async def _iterate(self, head: list[tuple[int, Delta | None]]) -> AsyncIterator[ChatCompletionChunk]:
+        produced, cached = [0] * self._n, [0] * self._n
+        try:
             for i in range(self._n):
                 yield self._chunk(i, ChoiceDelta(role="assistant", content=""))
             pending = list(head)
-            while (event := pending.pop(0) if pending else await anext(self._deltas, None)) is not None:
+            while (event := pending.pop(0) if pending else await self._choices.next()) is not None:
                 i, delta = event
+                if delta is None:  # that choice ended
+                    continue
                 produced[i] += delta.new_tokens
+                if delta.cached_tokens:
+                    cached[i] = delta.cached_tokens
                 if delta.tool_calls and delta.finish_reason is not None:  # calls, then the finish in its own chunk
                     yield self._chunk(i, _delta(delta), None, delta.logprobs)  # as OpenAI (and openai's helper) has it
                     yield self._chunk(i, ChoiceDelta(), delta.finish_reason)
                 elif delta.text or delta.finish_reason or delta.tool_calls or delta.logprobs:
                     yield self._chunk(i, _delta(delta), delta.finish_reason, delta.logprobs)
+        finally:
+            await self._choices.aclose()
         if self._include_usage:
             yield ChatCompletionChunk(
                 id=self._id,
@@ -372,14 +326,14 @@ class ChatCompletionStream:
                 created=self._created,
                 model=self._model,
                 choices=[],
-                usage=self._usage(produced),
+                usage=self._usage(produced, cached),
             )
 
-    def _usage(self, produced: list[int]) -> CompletionUsage:
+    def _usage(self, produced: list[int], cached: list[int]) -> CompletionUsage:
         # A stream of deltas carries no usage: price the choices as they were charged (the prompt once each).
         prompt = self._prompt_tokens
-        cost = self._arbiter.cost
-        charged = sum(cost.input_cost(self._model, prompt) + cost.output_cost(self._model, p) for p in produced)
+        in_engine = self._arbiter.dispatcher.model(self._model).in_engine
+        charged = streamed_charge(self._arbiter.cost, self._model, prompt, produced, cached, cached_priced=in_engine)
         return CompletionUsage(
             prompt_tokens=prompt,
             completion_tokens=sum(produced),
