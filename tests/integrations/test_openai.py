@@ -3,6 +3,8 @@
 Most tests run on a FakeEngine (a test double); the last one on the session's real vLLM engine.
 """
 
+import contextlib
+
 import openai
 import pytest
 from fairagents_langgraph import fair_graph
@@ -232,15 +234,24 @@ async def test_remote_without_keys_names_the_app_and_sends_no_authorization(serv
 # -- on the real engine ------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def _client_on(engine, app, agent):
+    """An arbiter serving ``engine`` as ``chat``, started, and the in-process client of ``agent`` of ``app``."""
+    arbiter = fa.Arbiter()
+    arbiter.add_model("chat", engine)
+    client = AsyncFairOpenAI(arbiter, agent=arbiter.app(app).agent(agent))
+    await arbiter.start()
+    try:
+        yield arbiter, client
+    finally:
+        await arbiter.close(stop_engines=False)  # the session's engine outlives the test
+
+
 @pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="session")
 async def test_on_the_real_engine(text_engine):
-    arbiter = fa.Arbiter()
-    arbiter.add_model("chat", text_engine)
-    client = AsyncFairOpenAI(arbiter, agent=arbiter.app("driving").agent("planner"))
     prompt = text_engine.prepare_chat(MESSAGES).n_tokens
-    await arbiter.start()
-    try:
+    async with _client_on(text_engine, "driving", "planner") as (arbiter, client):
         completion = await client.chat.completions.create(
             model="chat", messages=MESSAGES, max_tokens=8, seed=5, extra_body={"ignore_eos": True}
         )
@@ -250,8 +261,6 @@ async def test_on_the_real_engine(text_engine):
         )
         async with stream:
             chunks = [c async for c in stream]
-    finally:
-        await arbiter.close(stop_engines=False)
     assert completion.usage.prompt_tokens == chunks[-1].usage.prompt_tokens == prompt
     assert completion.usage.completion_tokens == chunks[-1].usage.completion_tokens == 8
     assert completion.choices[0].finish_reason == "length"
@@ -266,20 +275,14 @@ async def test_on_the_real_engine(text_engine):
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_streamed_usage_prices_the_prefix_cache_as_the_ledger_charged_it(text_engine):
     """A prompt read from vLLM's prefix cache is charged at ``w_cached``: the stream's usage says so, as the server's."""
-    arbiter = fa.Arbiter()
-    arbiter.add_model("chat", text_engine)
-    client = AsyncFairOpenAI(arbiter, agent=arbiter.app("notes").agent("writer"))
     history = [{"role": "user", "content": " ".join(f"note {i} on the lighthouse keepers" for i in range(40))}]
     call = dict(model="chat", messages=history, max_tokens=4, extra_body={"ignore_eos": True})
-    await arbiter.start()
-    try:
+    async with _client_on(text_engine, "notes", "writer") as (arbiter, client):
         await client.chat.completions.create(**call)  # its prompt's blocks stay in the prefix cache
         before = arbiter.ledger.service_of("notes")
         stream = await client.chat.completions.create(**call, stream=True, n=2, stream_options={"include_usage": True})
         async with stream:
             usage = [c async for c in stream][-1].usage
-    finally:
-        await arbiter.close(stop_engines=False)
     charged = arbiter.ledger.service_of("notes") - before
     assert usage.unified_tokens == pytest.approx(charged)
     assert charged < 2 * fa.prompt_cost(arbiter.cost, "chat", usage.prompt_tokens, 0)  # the cache was priced in

@@ -316,19 +316,33 @@ def test_idle_credit_lets_a_light_apps_burst_run_ahead_as_far_as_the_credit(req,
     assert counters["light"] == counters["batch"] - 30  # never more than the credit behind, however long away
 
 
+def _running_beside_a_busier_app(p, req, name):
+    """``name`` has one call running while ``other`` is served three: the floor is 40, ``name``'s counter 10."""
+    running = req(fa.Agent("t", fa.App(name)), prompt=10, id="r")
+    p.on_arrival(running, 0.0)
+    p.on_dispatch(running, 0.0)
+    for _ in range(3):
+        p.on_arrival(req(fa.Agent("t", fa.App("other")), prompt=10), 0.0)
+    for _ in range(3):
+        dispatch_next(p)
+    return running
+
+
 def test_no_credit_for_an_app_whose_calls_are_running(req, unit_cost):
     """Nothing waiting is not idle: an app whose calls run comes back at the floor, as without credit."""
     p = HMFS(unit_cost, idle_credit=1000)
-    busy, other = fa.Agent("t", fa.App("busy")), fa.Agent("t", fa.App("other"))
-    running = req(busy, prompt=10)
-    p.on_arrival(running, 0.0)
-    p.on_dispatch(running, 0.0)
-    for _ in range(5):
-        p.on_arrival(req(other, prompt=10), 0.0)
-    for _ in range(3):
-        dispatch_next(p)
-    p.on_arrival(req(busy, prompt=10), 1.0)
+    _running_beside_a_busier_app(p, req, "busy")
+    p.on_arrival(req(fa.Agent("t", fa.App("busy")), prompt=10), 1.0)
     assert p.app_counters()["busy"] == p.app_counters()["other"] == 40.0  # lifted to the floor, no credit
+
+
+def test_a_request_put_back_in_its_engines_queue_earns_no_idle_credit(req, unit_cost):
+    """Preempted (ended as cancelled while running, then queued again): its app was not idle, so no credit."""
+    p = HMFS(unit_cost, idle_credit=1000)
+    running = _running_beside_a_busier_app(p, req, "alone")
+    p.on_finish(running, fa.Outcome.CANCELLED, 1.0)  # put back, as the engine's seat does for a preemption
+    p.on_arrival(req(fa.Agent("t", fa.App("alone")), prompt=10, id="r"), 1.0)
+    assert p.app_counters()["alone"] == p.app_counters()["other"] == 40.0  # the floor, as without credit
 
 
 def test_idle_credit_weighs_service_not_counters(req, unit_cost):
@@ -376,19 +390,3 @@ async def test_the_arbiter_reports_U_of_each_device_to_its_policy():
         assert one is arbiter.policy_of("b") and one is not two
         assert one.idle_credit == arbiter.dispatcher.bound(models=["a", "b"]) > 0
         assert two.idle_credit == arbiter.dispatcher.bound(models=["c"]) != one.idle_credit
-
-
-def test_a_request_put_back_in_its_engines_queue_earns_no_idle_credit(req, unit_cost):
-    """Preempted (ended as cancelled while running, then queued again): its app was not idle, so no credit."""
-    p = HMFS(unit_cost, idle_credit=1000)
-    alone, other = fa.Agent("t", fa.App("alone")), fa.Agent("t", fa.App("other"))
-    running = req(alone, prompt=10, id="r")
-    p.on_arrival(running, 0.0)
-    p.on_dispatch(running, 0.0)
-    for _ in range(3):
-        p.on_arrival(req(other, prompt=10), 0.0)
-    for _ in range(3):
-        dispatch_next(p)
-    p.on_finish(running, fa.Outcome.CANCELLED, 1.0)  # put back, as the engine's seat does for a preemption
-    p.on_arrival(req(alone, prompt=10, id="r"), 1.0)
-    assert p.app_counters()["alone"] == p.app_counters()["other"] == 40.0  # the floor, as without credit

@@ -104,24 +104,15 @@ def pairs_within_bound(result, key, models, units=2):
 
 
 @RUNNERS
+@pytest.mark.parametrize(("policy", "app_units"), [("hmfs", 2), ("hmfs_credit", 3)])
 @PROPERTY
 @given(backlogged_workloads(), POOLS)
-def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(run, case, pool):
+def test_a_service_gap_between_backlogged_apps_and_agents_within_2U(run, policy, app_units, case, pool):
+    """Apps and agents of one app within ``2U``; under ``hmfs_credit`` an app back from idle may lead by its
+    credit, ``U`` of its device, more: apps within ``3U``, agents still within ``2U``."""
     work, engines, _ = case
-    result = run(work, "hmfs", engines, pool_running=pool)
-    for key in ("app", "agent"):
-        for x, y, gap, bound in pairs_within_bound(result, key, sorted(engines)):
-            assert gap <= bound * (1 + 1e-9), f"{key}s {x} and {y}: gap {gap} > {bound}"
-
-
-@RUNNERS
-@PROPERTY
-@given(backlogged_workloads(), POOLS)
-def test_a_with_idle_credit_apps_within_2U_plus_the_credit_and_agents_within_2U(run, case, pool):
-    """``hmfs_credit``: an app back from idle may lead by its credit, ``U`` of its device, more (so ``3U``)."""
-    work, engines, _ = case
-    result = run(work, "hmfs_credit", engines, pool_running=pool)
-    for key, units in (("app", 3), ("agent", 2)):
+    result = run(work, policy, engines, pool_running=pool)
+    for key, units in (("app", app_units), ("agent", 2)):
         for x, y, gap, bound in pairs_within_bound(result, key, sorted(engines), units):
             assert gap <= bound * (1 + 1e-9), f"{key}s {x} and {y}: gap {gap} > {bound}"
 

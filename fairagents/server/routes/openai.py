@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -17,6 +17,7 @@ import fairagents.server.wire as wire
 from fairagents.engines.base import Prompt
 from fairagents.errors import InvalidParameterError, UnknownModelError
 from fairagents.identity import Modality
+from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
 from fairagents.server.incoming import context, read_body, until_disconnected
 from fairagents.server.routes import Caller, CallingApp, GatewayDep, gateway_of, holding
@@ -26,21 +27,32 @@ __all__ = ["router"]
 router = APIRouter()
 """The OpenAI-compatible routes under ``/v1``."""
 
+M = TypeVar("M", wire.ChatCompletionRequest, wire.CompletionRequest)
+
 
 async def _body(request: Request) -> bytes:
     return await read_body(request, gateway_of(request).config.server.body_timeout)
 
 
+async def _accepted(request: Request, who: AgentHandle, kind: type[M]) -> tuple[Gateway, M, float]:
+    """A chat or completion request read, parsed and its model checked: ``(gateway, body, arrival)``.
+
+    ``arrival`` is when its body arrived: it keeps its place in the queue while it is parsed and prepared.
+    """
+    gateway = gateway_of(request)
+    raw = await _body(request)
+    arrival = gateway.arbiter.clock()
+    body = await gateway.parse(request, who, kind, raw)
+    context(request).labels = (who.identity.app.name, who.identity.name, body.model)  # type: ignore[attr-defined]
+    gateway.engine(body.model)  # type: ignore[attr-defined]
+    return gateway, body, arrival
+
+
 @router.post("/v1/chat/completions")
 @holding
 async def chat_completions(request: Request, who: Caller) -> Response:
-    gateway = gateway_of(request)
+    gateway, body, arrival = await _accepted(request, who, wire.ChatCompletionRequest)
     arbiter = gateway.arbiter
-    raw = await _body(request)
-    arrival = arbiter.clock()  # the request keeps its place while it is parsed and prepared
-    body = await gateway.parse(request, who, wire.ChatCompletionRequest, raw)
-    context(request).labels = (who.identity.app.name, who.identity.name, body.model)
-    gateway.engine(body.model)
     spec = body.output_spec(arbiter.limits)
     # a full queue is a 429, tools or a format the model cannot serve a 400: before any tokenizing
     arbiter.check_admission(body.model, who, output=spec)
@@ -56,13 +68,8 @@ async def chat_completions(request: Request, who: Caller) -> Response:
 @router.post("/v1/completions")
 @holding
 async def completions(request: Request, who: Caller) -> Response:
-    gateway = gateway_of(request)
+    gateway, body, arrival = await _accepted(request, who, wire.CompletionRequest)
     arbiter = gateway.arbiter
-    raw = await _body(request)
-    arrival = arbiter.clock()
-    body = await gateway.parse(request, who, wire.CompletionRequest, raw)
-    context(request).labels = (who.identity.app.name, who.identity.name, body.model)
-    gateway.engine(body.model)
     arbiter.check_admission(body.model, who)
     text = body.single_prompt()
     ready = text if isinstance(text, str) else Prompt(token_ids=tuple(text))
