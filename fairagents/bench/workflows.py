@@ -66,8 +66,8 @@ from fairagents.simulation import Call, Shape, SimResult, Workflows, simulate_wo
 if TYPE_CHECKING:
     from fairagents.engines.base import Engine
 
-__all__ = ["BASELINES", "MODEL", "OPEN_LOOP", "SCENARIOS", "STREAM_RATE", "default_policies", "render", "run", "run_scenario",
-           "scenario", "summarize"]
+__all__ = ["BASELINES", "MODEL", "OPEN_LOOP", "SCENARIOS", "STREAM_RATE", "default_policies", "render", "run",
+           "run_scenario", "scenario", "summarize"]
 
 #: Prompt and output lengths (tokens) of a short call, and of a long one.
 SHORT, LONG = ((64, 256), (16, 64)), ((256, 512), (256, 512))

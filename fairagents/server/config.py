@@ -599,8 +599,9 @@ class Config(_Section):
 
     policy: str = DEFAULT_POLICY
     """Scheduling policy: any name of :data:`fairagents.policies.POLICIES` (``hmfs_credit``, the default;
-    ``hmfs``, ``vtc``, ``edf``, ``adaptive``, …), or a policy of your own as ``"module:Class"`` (or ``"module:factory"``), imported
-    and built when the configuration is read (see :func:`fairagents.policies.make_policy`)."""
+    ``hmfs``, ``vtc``, ``edf``, ``adaptive``, …), or a policy of your own as ``"module:Class"`` (or
+    ``"module:factory"``), imported and built when the configuration is read (see
+    :func:`fairagents.policies.make_policy`)."""
     in_flight: int | None = Field(default=None, ge=1)
     """Default in-flight limit of the models that set none."""
     pool_in_flight: int | None = Field(default=None, ge=1)
