@@ -204,7 +204,7 @@ class Dispatcher:
             policy = self.policy if policy_of is None else policy_of(name)
             groups.setdefault(id(policy), (policy, []))[1].append(name)
         for policy, models in groups.values():
-            report = getattr(getattr(policy, "policy", policy), "set_bound", None)  # a seat's policy, or the policy
+            report = getattr(policy, "set_bound", None)  # a policy may not take U (HMFS's idle credit does)
             if report is not None:
                 try:
                     bound = self.bound(models=models)

@@ -43,8 +43,8 @@ async def _accepted(request: Request, who: AgentHandle, kind: type[M]) -> tuple[
     raw = await _body(request)
     arrival = gateway.arbiter.clock()
     body = await gateway.parse(request, who, kind, raw)
-    context(request).labels = (who.identity.app.name, who.identity.name, body.model)  # type: ignore[attr-defined]
-    gateway.engine(body.model)  # type: ignore[attr-defined]
+    context(request).labels = (who.identity.app.name, who.identity.name, body.model)
+    gateway.engine(body.model)
     return gateway, body, arrival
 
 
