@@ -41,6 +41,8 @@ __all__ = [
     "DEFAULT_IMAGE_MODEL",
     "DEFAULT_TEXT_MODEL",
     "DEFAULT_VISION_MODEL",
+    "EMBEDDED_CONTEXT",
+    "EMBEDDED_MAX_CONTEXT",
     "LOAD_LOCK",
     "build_image_model",
     "build_text_model",
@@ -58,7 +60,12 @@ log = get_logger("fairagents.models")
 LOAD_LOCK = threading.Lock()
 
 #: Name of the embedded text model; bump the suffix when the recipe changes.
-DEFAULT_TEXT_MODEL = "tiny-llama-v2"
+DEFAULT_TEXT_MODEL = "tiny-llama-v3"
+#: Context an engine serves the embedded text model with unless told otherwise (``max_model_len``); the model
+#: holds up to :data:`EMBEDDED_MAX_CONTEXT`, enough for a coding agent's prompt of tens of thousands of tokens.
+EMBEDDED_CONTEXT = 2048
+#: Longest context the embedded text model holds (its ``max_position_embeddings``).
+EMBEDDED_MAX_CONTEXT = 131_072
 #: Name of the embedded vision-language model.
 DEFAULT_VISION_MODEL = "tiny-idefics3-v2"
 #: Name of the embedded image-generation (diffusion) model.
@@ -224,7 +231,7 @@ def build_text_model(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Pat
             num_hidden_layers=2,
             num_attention_heads=2,  # head_dim 64: vLLM's CPU attention rejects 16
             num_key_value_heads=2,
-            max_position_embeddings=2048,
+            max_position_embeddings=EMBEDDED_MAX_CONTEXT,  # rotary: no weight depends on it
             bos_token_id=hf.bos_token_id,
             eos_token_id=hf.eos_token_id,
             pad_token_id=hf.pad_token_id,

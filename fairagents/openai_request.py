@@ -218,6 +218,8 @@ class _Sampling(_Body):
     frequency_penalty: _Float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: _Float | None = Field(default=None, gt=0, le=2)
     """vLLM's extension: a multiplicative penalty on tokens already seen (1: none); its benchmark client sends 1."""
+    top_k: _Int | None = Field(default=None, ge=-1, le=MAX_TOKEN_COUNT)
+    """vLLM's extension: sample among the ``top_k`` most likely tokens (0 or -1: all)."""
     logit_bias: dict[str, _Float] | None = None
     """Token id (as a string) → bias in [-100, 100] added to its logit."""
     ignore_eos: _Bool = False
@@ -264,6 +266,7 @@ class _Sampling(_Body):
             "presence_penalty": self.presence_penalty or 0.0,
             "frequency_penalty": self.frequency_penalty or 0.0,
             "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            "top_k": max(0, self.top_k or 0),
             # the ids as the validator read them: "007" is 7, however many zeros lead
             "logit_bias": dict(GenerationParams(1, logit_bias=self.logit_bias or ()).logit_bias) or None,
             **self._logprobs(),

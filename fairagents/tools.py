@@ -46,7 +46,7 @@ from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 
 __all__ = [
     "OutputSpec", "ToolCall", "ToolCallDelta", "ToolReader", "check_output", "check_tool_replies", "infer_tool_parser",
-    "output_reader", "tool_parser_for",
+    "merge_pieces", "output_reader", "tool_parser_for",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -533,6 +533,27 @@ def _parser_request(spec: OutputSpec) -> Any:
 
     return ChatCompletionRequest(model="fairagents", messages=[{"role": "user", "content": ""}],
                                  tools=list(spec.tools), tool_choice="auto")
+
+
+def merge_pieces(pieces: Sequence[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Pieces of tool calls with one entry per call: those of one ``index`` merged, in order.
+
+    A chunk of OpenAI's stream carries at most one entry per call; openai-python's older
+    stream helper keeps the first entry of an index and mistakes the next for new arguments.
+
+    Examples:
+        >>> from fairagents.tools import ToolCallDelta, merge_pieces
+        >>> merge_pieces([ToolCallDelta(0, id="call_1", name="f"), ToolCallDelta(0, arguments='{"a"'),
+        ...               ToolCallDelta(1, id="call_2", name="g")])  # doctest: +NORMALIZE_WHITESPACE
+        [ToolCallDelta(index=0, id='call_1', name='f', arguments='{"a"'),
+         ToolCallDelta(index=1, id='call_2', name='g', arguments='')]
+    """
+    merged: dict[int, ToolCallDelta] = {}
+    for piece in pieces:
+        seen = merged.get(piece.index)
+        merged[piece.index] = piece if seen is None else ToolCallDelta(
+            piece.index, seen.id or piece.id, seen.name or piece.name, seen.arguments + piece.arguments)
+    return list(merged.values())
 
 
 def check_tool_replies(messages: Sequence[Mapping[str, Any]]) -> None:

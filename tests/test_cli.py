@@ -72,7 +72,7 @@ def test_models_build_into_a_fresh_home(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     monkeypatch.setenv("FAIRAGENTS_HOME", str(tmp_path))
     assert main(["models", "build"]) == 0
-    path = tmp_path / "models" / "tiny-llama-v2"
+    path = tmp_path / "models" / "tiny-llama-v3"
     assert str(path) in capsys.readouterr().out
     import json
 

@@ -21,7 +21,7 @@ FLOORS: list[list[str]] = [
     ["engines"],
     ["shared", "simulation"],
     ["runtime"],
-    ["openai_request", "choices", "http_errors", "testing"],
+    ["openai_request", "choices", "http_errors", "testing", "protocols"],
     ["server", "bench", "cli", "demo", "__main__", ""],
 ]
 

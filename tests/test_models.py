@@ -32,7 +32,7 @@ def test_engines_starting_at_once_build_their_models_in_a_fresh_home(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "started 3" in done.stdout
     assert {p.name for p in (tmp_path / "models").iterdir() if not p.name.startswith(".")} >= {
-        "tiny-llama-v2", "tiny-idefics3-v2", "tiny-pixart-v1"}
+        "tiny-llama-v3", "tiny-idefics3-v2", "tiny-pixart-v1"}
 
 
 def test_check_model_source_names_the_path_or_name_and_why(tmp_path, monkeypatch):

@@ -100,6 +100,8 @@ class GenerationParams:
     """Penalty in [-2, 2] on tokens by how often they appeared in the output (positive: less repetition)."""
     repetition_penalty: float = 1.0
     """vLLM's multiplicative penalty in (0, 2] on tokens already in the prompt or output (1: none; above 1: less repetition)."""
+    top_k: int = 0
+    """Sample among the ``top_k`` most likely tokens only (0: all of them), as vLLM's and Anthropic's ``top_k``."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """Bias in [-100, 100] added to the logits of token ids, as ``(token_id, bias)`` pairs sorted by id;
     a mapping (keys ints or their decimal strings, as in OpenAI's API) is taken too. ``±100``
@@ -139,6 +141,9 @@ class GenerationParams:
         if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not 0 < penalty <= 2:
             raise InvalidParameterError(f"repetition_penalty must be a number in (0, 2], got {_clip(penalty)}",
                                         param="repetition_penalty")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidParameterError(f"top_k must be an integer ≥ 0 (0: all tokens), got {_clip(self.top_k)}",
+                                        param="top_k")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     def sampling_fields(self) -> dict[str, Any]:
@@ -157,7 +162,7 @@ class GenerationParams:
             "stop": list(self.stop) or None, "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens, "logprobs": self.logprobs,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
+            "repetition_penalty": self.repetition_penalty, "top_k": self.top_k,
             "extra_args": None if self.agent is None else identity_args(self.agent, self.run),
         }
 

@@ -503,6 +503,8 @@ class OpenAIEngine(EngineBase):
             extra["skip_special_tokens"] = False
         if params.repetition_penalty != 1.0:
             extra["repetition_penalty"] = params.repetition_penalty
+        if params.top_k:
+            extra["top_k"] = params.top_k
         if params.agent is not None:
             extra["vllm_xargs"] = identity_args(params.agent, params.run)
         r.running += 1

@@ -46,7 +46,7 @@ from fairagents.engines.base import COMPACT_JSON, Delta, GenerationParams, Promp
 from fairagents.engines.threaded import ThreadedEngine  # noqa: E402
 from fairagents.errors import EngineError, InvalidParameterError, ProtocolError  # noqa: E402
 from fairagents.identity import Modality  # noqa: E402
-from fairagents.models import LOAD_LOCK  # noqa: E402
+from fairagents.models import EMBEDDED_CONTEXT, LOAD_LOCK  # noqa: E402
 from fairagents.engines.prompts import render_chat  # noqa: E402
 from fairagents.reply import TokenLogprob  # noqa: E402
 from fairagents.tools import OutputSpec, check_tool_parser, infer_tool_parser, tool_parser_for  # noqa: E402
@@ -85,7 +85,8 @@ class VLLMEngine(ThreadedEngine):
     Args:
         model: a Hugging Face model folder or name; ``None`` builds and serves the
             embedded tiny model (see :mod:`fairagents.models`).
-        max_model_len: context length; ``None`` takes the model's own.
+        max_model_len: context length; ``None`` takes the model's own, or, for the embedded
+            model, :data:`~fairagents.models.EMBEDDED_CONTEXT` (2,048; it holds up to 131,072).
         kv_cache_bytes: KV cache size. On a CPU 256 MiB unless given (unset, vLLM
             would reserve most of the machine's memory); on a GPU, unset, the cache is
             sized by ``gpu_memory_utilization`` (see :meth:`engine_args`).
@@ -183,6 +184,8 @@ class VLLMEngine(ThreadedEngine):
         """Most sequences vLLM batches at once (``None`` before :meth:`start` when vLLM's default is taken)."""
         self.compact_json = compact_json
         """Constrained JSON is written without free whitespace (see the ``compact_json`` argument)."""
+        if model is None and max_model_len is None:
+            max_model_len = EMBEDDED_CONTEXT
         self.max_model_len = max_model_len or 0
         self._kv_cache_bytes, self._gpu_memory_utilization, self._dtype = kv_cache_bytes, gpu_memory_utilization, dtype
         batch = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}

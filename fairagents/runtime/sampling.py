@@ -27,7 +27,7 @@ class SamplingArgs(TypedDict, total=False):
     ``max_tokens`` left unset (or ``None``) is the app's or the arbiter's
     ``default_max_tokens``, else the rest of the model's context
     (:meth:`~fairagents.Arbiter.default_max_tokens`). ``presence_penalty`` and
-    ``frequency_penalty`` are in [-2, 2], vLLM's ``repetition_penalty`` in (0, 2] (1: none), ``logit_bias`` maps token ids to a bias in
+    ``frequency_penalty`` are in [-2, 2], vLLM's ``repetition_penalty`` in (0, 2] (1: none), ``top_k`` ≥ 0 (0: all tokens), ``logit_bias`` maps token ids to a bias in
     [-100, 100]; ``logprobs=True`` returns each output token's log probability with
     ``top_logprobs`` (at most 20) alternatives.
 
@@ -48,6 +48,7 @@ class SamplingArgs(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     repetition_penalty: float
+    top_k: int
     logit_bias: Mapping[int, float] | None
     logprobs: bool
     top_logprobs: int | None
@@ -98,7 +99,7 @@ def generation_params(args: Mapping[str, Any], *, call: str = "complete") -> Gen
         1 if max_tokens is None else max_tokens, args.get("temperature", 1.0), args.get("top_p", 1.0),
         args.get("seed"), tuple(args.get("stop", ())), args.get("ignore_eos", False),
         presence_penalty=args.get("presence_penalty", 0.0), frequency_penalty=args.get("frequency_penalty", 0.0),
-        repetition_penalty=args.get("repetition_penalty", 1.0),
+        repetition_penalty=args.get("repetition_penalty", 1.0), top_k=args.get("top_k", 0),
         logit_bias=args.get("logit_bias") or (), logprobs=(top or 0) if logprobs else None,
     )
 

@@ -9,6 +9,11 @@ With keys off (``server.auth = false``, local use), ``X-Fairagents-App`` names t
 ``X-Fairagents-Run`` names the run (one invocation of an agent workflow) the request
 belongs to; without it the request is a run of its own.
 
+Besides OpenAI's chat completions, the server speaks Anthropic's Messages API
+(``/v1/messages``, errors in Anthropic's shape, the key also as ``x-api-key``) and OpenAI's
+Responses API (``/v1/responses``), each translated into the same chat request
+(:mod:`fairagents.protocols`).
+
 What a request goes through, cheap checks first: the key (401), the run id (400), the bounded body
 (413), validation (400, nothing charged; large bodies are parsed in the text
 preprocessing pool), the model (404 if unknown), then
@@ -30,8 +35,9 @@ Examples:
     >>> arbiter = fa.Arbiter()
     >>> arbiter.add_model("chat", FakeEngine())
     >>> app = create_app(arbiter, Config.model_validate({"apps": {"driving": {"api_key": "sk-1"}}}))
-    >>> sorted(route.path for route in app.routes if route.path.startswith("/v1"))
-    ['/v1/chat/completions', '/v1/completions', '/v1/fairness', '/v1/images/generations', '/v1/models', '/v1/models/{model}']
+    >>> sorted(route.path for route in app.routes if route.path.startswith("/v1"))  # doctest: +NORMALIZE_WHITESPACE
+    ['/v1/chat/completions', '/v1/completions', '/v1/fairness', '/v1/images/generations', '/v1/messages',
+     '/v1/messages/count_tokens', '/v1/models', '/v1/models/{model}', '/v1/responses']
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,7 +60,8 @@ from fairagents.server.config import Config
 from fairagents.server.gateway import Gateway
 from fairagents.server.identities import DEFAULT_APP
 from fairagents.server.incoming import ClientGone, context, error_reply
-from fairagents.server.routes import openai, views
+from fairagents.protocols import anthropic as anthropic_protocol
+from fairagents.server.routes import anthropic, openai, responses, views
 from fairagents.server.schema import install_openapi
 
 __all__ = ["DEFAULT_APP", "Gateway", "create_app"]
@@ -93,8 +101,8 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
     app = FastAPI(title=f"{title} server", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_openapi(app)
     app.state.gateway = gateway
-    app.include_router(openai.router)
-    app.include_router(views.router)
+    for routes in (openai, anthropic, responses, views):
+        app.include_router(routes.router)
 
     @app.exception_handler(FairAgentsError)
     async def _fairagents_error(request: Request, err: FairAgentsError) -> JSONResponse:
@@ -106,24 +114,32 @@ def create_app(arbiter: Arbiter, config: Config | None = None, *, title: str = "
             gateway.metrics.reject(labels[0], labels[1], labels[2] or err.model or "")  # "": refused before its model was read
         if isinstance(err, EngineError):
             log.warning("fairagents.server.engine_unavailable", path=request.url.path, error=str(err))
-        return JSONResponse(body, status, headers)
+        return JSONResponse(_shaped(request, status, body), status, headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind: wire.ErrorType = "authentication_error" if err.status_code == 401 else "invalid_request_error"
         code = "invalid_api_key" if err.status_code == 401 else None
-        return JSONResponse(wire.error_body(str(err.detail), kind, code), err.status_code, err.headers)
+        return JSONResponse(_shaped(request, err.status_code, wire.error_body(str(err.detail), kind, code)),
+                            err.status_code, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         param = str(first["loc"][-1]) if first["loc"] else None  # ("query", "history"): the query parameter
-        return JSONResponse(wire.error_body(f"{where}: {first['msg']}", "invalid_request_error", "invalid_parameter",
-                                            param), 400)
+        return JSONResponse(_shaped(request, 400, wire.error_body(f"{where}: {first['msg']}", "invalid_request_error",
+                                                                  "invalid_parameter", param)), 400)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, err: ClientGone) -> Response:
         return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
     return app
+
+
+def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error body in the shape of the protocol the request spoke: Anthropic's on ``/v1/messages``."""
+    if request.url.path.startswith("/v1/messages"):
+        return anthropic_protocol.error_body(status, body["error"]["message"])
+    return body

@@ -14,8 +14,9 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -27,6 +28,9 @@ from fairagents.choices import Choices, all_choices, streamed_charge
 from fairagents.engines.base import Delta, Engine, Prompt
 from fairagents.errors import InvalidParameterError
 from fairagents.identity import Modality
+from fairagents.limits import RequestLimits
+from fairagents.reply import Reply
+from fairagents.tools import OutputSpec
 from fairagents.runtime.arbiter import AgentHandle, Arbiter
 from fairagents.server.config import Config
 from fairagents.server.fairness import FairnessView
@@ -136,7 +140,12 @@ class Gateway:
     # -- one request ---------------------------------------------------------------
 
     async def parse(self, request: Request, who: AgentHandle, model: type[M], raw: bytes) -> M:
-        """Validate a request body: a small one at once, a large one in the text preprocessing pool.
+        """Validate a request body as ``model`` (see :meth:`read`)."""
+        return await self.read(request, who, functools.partial(wire.parse, model), raw)
+
+    async def read(self, request: Request, who: AgentHandle, reader: Callable[[bytes, RequestLimits], T],
+                   raw: bytes) -> T:
+        """``reader(raw, limits)``, for a small body at once, for a large one in the text preprocessing pool.
 
         Parsing megabytes of JSON takes milliseconds to tenths of a second; in the pool
         it queues fairly behind the app's own work, under the app's bound, and the
@@ -145,37 +154,80 @@ class Gateway:
         app = who.identity.app
         context(request).labels = (app.name, who.identity.name, None)
         if len(raw) <= INLINE_PARSE_BYTES:
-            return wire.parse(model, raw, self.arbiter.limits)
+            return reader(raw, self.arbiter.limits)
         pool = self.arbiter.text_preprocessor
-        work = pool.run(wire.parse, model, raw, self.arbiter.limits, app=app.name, weight=app.weight)
+        work = pool.run(reader, raw, self.arbiter.limits, app=app.name, weight=app.weight)
         return await until_disconnected(request, work)
+
+    async def prepare_chat(self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest,
+                           ) -> tuple[Prompt, int]:
+        """A chat request admitted, its prompt rendered (:meth:`render`), and its ``max_tokens``.
+
+        A full queue is a 429, tools or a format the model cannot serve a 400: before any tokenizing.
+        """
+        spec = body.output_spec(self.arbiter.limits)
+        self.arbiter.check_admission(body.model, who, output=spec)
+        prompt = await self.render(request, who, body, spec)
+        max_tokens = body.requested_max_tokens() or self.default_max_tokens(body.model, prompt, who.identity.app.name)
+        return prompt, max_tokens
+
+    async def render(self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest,
+                     spec: OutputSpec) -> Prompt:
+        """A chat request's prompt, rendered and tokenized off the event loop, in the preprocessing pools (fair by
+        app); image URLs on allowed hosts are fetched first (``server.image_fetch``)."""
+        messages = body.chat_messages(remote=self.fetcher is not None)
+        if self.fetcher is not None:
+            messages = await until_disconnected(request, self.fetcher.inline(messages))
+        return await until_disconnected(
+            request, self.arbiter.prepare_chat(body.model, messages, agent=who, tools=spec.template_tools))
+
+    async def replies(self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
+                      prompt: Prompt, max_tokens: int, arrival: float | None = None) -> list[Reply]:
+        """Run the request's choices (queued at ``arrival``, if it was prepared first) and await their replies.
+
+        Each of ``n`` choices is a request of its own, charged to the caller and scheduled like any
+        other; one failing fails the request (the others are cancelled, charged only for what they
+        produced). A client that leaves cancels them all.
+        """
+        chat = isinstance(body, wire.ChatCompletionRequest)
+        call: Any = self.arbiter.chat if chat else self.arbiter.complete
+        kwargs = self._kwargs(body, max_tokens)
+        run = self._labelled(request, who, body.model)
+        return await until_disconnected(request, all_choices([
+            self._counted(body.model, call(body.model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
+            for _ in range(body.choices)]))
+
+    async def streams(self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
+                      prompt: Prompt, max_tokens: int, arrival: float | None = None,
+                      ) -> tuple[Choices, list[tuple[int, Delta | None]]]:
+        """Stream the request's choices: ``(choices, head)``, once every choice has its first token.
+
+        An error before then is raised (the answer's status), the choices closed.
+        """
+        chat = isinstance(body, wire.ChatCompletionRequest)
+        stream: Any = self.arbiter.stream_chat if chat else self.arbiter.stream_complete
+        kwargs = self._kwargs(body, max_tokens)
+        run = self._labelled(request, who, body.model)
+        streams = Choices([
+            self._tracked(body.model, stream(body.model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
+            for _ in range(body.choices)])
+        try:
+            return streams, await until_disconnected(request, streams.head())
+        except BaseException:
+            await streams.aclose()
+            raise
 
     async def respond(
         self, request: Request, who: AgentHandle, body: wire.ChatCompletionRequest | wire.CompletionRequest,
         prompt: Prompt, max_tokens: int, arrival: float | None = None,
     ) -> Response:
-        """Queue the request's choices (at ``arrival``, if it was prepared first), wait for their first tokens, answer.
-
-        An error before then is the answer (its status). Each of ``n`` choices is a request of its own, charged to
-        the caller and scheduled like any other; a choice that fails before the answer starts fails the
-        whole request (the others are cancelled, charged only for what they produced).
-        """
+        """Answer an OpenAI chat or completion request: its choices' replies, or their stream once each has begun."""
         chat = isinstance(body, wire.ChatCompletionRequest)
         model = body.model
-        ctx = context(request)
-        run = ctx.run
-        ctx.labels = (who.identity.app.name, who.identity.name, model)
-        kwargs = body.arbiter_kwargs(max_tokens) if chat else body.sampling(max_tokens)  # type: ignore[union-attr]
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         if not body.stream:
-            call: Any = self.arbiter.chat if chat else self.arbiter.complete
-            replies = await until_disconnected(request, all_choices([
-                self._counted(model, call(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
-                for _ in range(body.choices)]))
-            usage = wire.Usage(prompt_tokens=prompt.n_tokens,
-                               completion_tokens=sum(r.usage.completion_tokens for r in replies),
-                               unified_tokens=sum(r.usage.unified_tokens for r in replies),
-                               cached_tokens=max(r.usage.cached_tokens for r in replies))
+            replies = await self.replies(request, who, body, prompt, max_tokens, arrival)
+            usage = self.reply_usage(prompt, replies)
             if chat:
                 choices = [wire.chat_choice(i, None if r.tool_calls and not r.text else r.text, r.finish_reason,
                                             tool_calls=r.tool_calls, logprobs=r.logprobs)
@@ -184,20 +236,29 @@ class Gateway:
             choices = [wire.completion_choice(i, r.text, r.finish_reason, logprobs=r.logprobs)
                        for i, r in enumerate(replies)]
             return JSONResponse(wire.completion(rid, model, choices, usage))
-        stream: Any = self.arbiter.stream_chat if chat else self.arbiter.stream_complete
-        streams = Choices([
-            self._tracked(model, stream(model, prompt, agent=who, arrival=arrival, run=run, **kwargs))
-            for _ in range(body.choices)])
-        try:
-            head = await until_disconnected(request, streams.head())
-        except BaseException:
-            await streams.aclose()
-            raise
+        streams, head = await self.streams(request, who, body, prompt, max_tokens, arrival)
         events = sse_events(rid, model, streams, head, chat=chat, include_usage=body.include_usage,
-                            logprobs=bool(kwargs["logprobs"]),
-                            usage=lambda produced, cached: self._usage(model, prompt, produced, cached))
+                            logprobs=bool(self._kwargs(body, max_tokens)["logprobs"]),
+                            usage=lambda produced, cached: self.usage(model, prompt, produced, cached))
+        return self.event_stream(events, streams)
+
+    def event_stream(self, events: AsyncGenerator[str, None], streams: Choices) -> EventStream:
+        """The response sending ``events`` (of ``streams``), cut if the client stops reading."""
         return EventStream(events, streams, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                            stall_timeout=self.config.server.stream_stall_timeout)
+
+    @staticmethod
+    def _kwargs(body: wire.ChatCompletionRequest | wire.CompletionRequest, max_tokens: int) -> dict[str, Any]:
+        if isinstance(body, wire.ChatCompletionRequest):
+            return body.arbiter_kwargs(max_tokens)
+        return body.sampling(max_tokens)
+
+    @staticmethod
+    def _labelled(request: Request, who: AgentHandle, model: str) -> str | None:
+        """Label the request with its model (what a refusal is counted under); its run."""
+        ctx = context(request)
+        ctx.labels = (who.identity.app.name, who.identity.name, model)
+        return ctx.run
 
     async def _counted(self, model: str, work: Awaitable[T]) -> T:
         self.active[model] += 1
@@ -215,7 +276,15 @@ class Gateway:
             self.active[model] -= 1
             await stream.aclose()  # type: ignore[attr-defined]
 
-    def _usage(self, model: str, prompt: Prompt, produced: list[int], cached: list[int]) -> wire.Usage:
+    @staticmethod
+    def reply_usage(prompt: Prompt, replies: list[Reply]) -> wire.Usage:
+        """The usage of a request's replies: the prompt once, as OpenAI counts it; what each choice produced."""
+        return wire.Usage(prompt_tokens=prompt.n_tokens,
+                          completion_tokens=sum(r.usage.completion_tokens for r in replies),
+                          unified_tokens=sum(r.usage.unified_tokens for r in replies),
+                          cached_tokens=max(r.usage.cached_tokens for r in replies))
+
+    def usage(self, model: str, prompt: Prompt, produced: list[int], cached: list[int]) -> wire.Usage:
         """The usage of a streamed request's choices: the prompt once, as OpenAI counts it; each choice charged it
         (:func:`~fairagents.choices.streamed_charge`)."""
         n = prompt.n_tokens

@@ -102,15 +102,20 @@ class Identities:
         return self._keys.get(digest(key))
 
     async def authenticate(self, request: Request) -> str:
-        """The calling app's name (a FastAPI dependency); 401 for a missing or unknown key, 503 while draining."""
+        """The calling app's name (a FastAPI dependency); 401 for a missing or unknown key, 503 while draining.
+
+        The key comes as a bearer key, or as Anthropic's clients send it, ``x-api-key``.
+        """
         if self._draining():
             raise ShutdownError("the server is shutting down and admits no new requests")
         if not self.config.server.auth:
             return check_name(request.headers.get(HEADER_APP) or DEFAULT_APP, "app", param=HEADER_APP)
         scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise HTTPException(401, "missing API key: send 'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
-        app = self.app_for_key(key.strip())
+        key = key.strip() if scheme.lower() == "bearer" else (request.headers.get("x-api-key") or "").strip()
+        if not key:
+            raise HTTPException(401, "missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                                {"WWW-Authenticate": "Bearer"})
+        app = self.app_for_key(key)
         if app is None:
             raise HTTPException(401, "invalid API key", {"WWW-Authenticate": "Bearer"})
         return app

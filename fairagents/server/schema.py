@@ -43,7 +43,9 @@ from pydantic import BaseModel
 import fairagents.server.wire as wire
 from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP, HEADER_RUN, RUN_PATTERN
 from fairagents.labels import OTHER
+from fairagents.protocols import anthropic, responses
 from fairagents.server.config import NAME_PATTERN
+from fairagents.server.schema_protocols import REQUIRED, SCHEMAS, TWEAKS
 
 __all__ = ["install_openapi"]
 
@@ -257,8 +259,8 @@ _ERRORS: dict[int, dict[str, Any]] = {
 }
 
 
-def _error(status: int) -> dict[str, Any]:
-    return {**copy.deepcopy(_ERRORS[status]), "content": {_JSON: {"schema": _ref("ErrorResponse")}}}
+def _error(status: int, schema: str = "ErrorResponse") -> dict[str, Any]:
+    return {**copy.deepcopy(_ERRORS[status]), "content": {_JSON: {"schema": _ref(schema)}}}
 
 
 def _json(name: str, description: str) -> dict[str, Any]:
@@ -278,6 +280,14 @@ def _streaming(name: str, what: str) -> dict[str, Any]:
             "content": {_JSON: {"schema": _ref(name)}, "text/event-stream": {"schema": event}}}
 
 
+def _events(name: str, event: str, what: str) -> dict[str, Any]:
+    """An answer that streams as named events (``event: <type>``, ``data: <JSON>``), as Anthropic's and Responses do."""
+    one = _object({"data": {"type": "string", "contentMediaType": _JSON, "contentSchema": _ref(event)}},
+                  {"event": _STRING})
+    return {"description": f"The {what}. With `stream: true`, server-sent events, one `{event}` each.",
+            "content": {_JSON: {"schema": _ref(name)}, "text/event-stream": {"schema": one}}}
+
+
 # -- the endpoints ------------------------------------------------------------------------
 
 # Who may call an endpoint: an app's key, the observer key (if one is configured), anyone.
@@ -293,6 +303,10 @@ class _Endpoint:
     errors: tuple[int, ...] = ()
     body: type[BaseModel] | None = None
     agent: bool = False
+    error: str = "ErrorResponse"
+    """The schema of its error bodies (Anthropic's endpoints answer in Anthropic's shape)."""
+    harmless: frozenset[str] = wire.HARMLESS
+    """Fields its body accepts and ignores."""
 
 
 _ENDPOINTS: dict[tuple[str, str], _Endpoint] = {
@@ -306,6 +320,18 @@ _ENDPOINTS: dict[tuple[str, str], _Endpoint] = {
     ("/v1/images/generations", "post"): _Endpoint(
         "Images from an image model, as base64 PNG", _APP,
         {"200": _json("ImagesResponse", "The images.")}, _INFERENCE, wire.ImageGenerationRequest, agent=True),
+    ("/v1/messages", "post"): _Endpoint(
+        "Anthropic's Messages API (tools, structured output); streamed as Anthropic's events with `stream: true`",
+        _APP, {"200": _events("AnthropicMessage", "AnthropicEvent", "message")}, _INFERENCE,
+        anthropic.MessagesRequest, agent=True, error="AnthropicError", harmless=anthropic.HARMLESS),
+    ("/v1/messages/count_tokens", "post"): _Endpoint(
+        "The tokens of a Messages request's prompt; nothing is charged", _APP,
+        {"200": _json("MessageTokensCount", "The prompt's tokens.")}, (400, 401, 404, 413, 503),
+        anthropic.CountTokensRequest, agent=True, error="AnthropicError", harmless=anthropic.HARMLESS),
+    ("/v1/responses", "post"): _Endpoint(
+        "OpenAI's Responses API, stateless (function tools, `text.format`); streamed as its events with "
+        "`stream: true`", _APP, {"200": _events("Response", "ResponseEvent", "response")}, _INFERENCE,
+        responses.ResponsesRequest, agent=True, harmless=responses.HARMLESS),
     ("/v1/models", "get"): _Endpoint(
         "The models of the pool", _APP, {"200": _json("ModelList", "The models, with their context length and modality.")},
         (400, 401, 503)),
@@ -424,7 +450,7 @@ def _describe(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _request_body(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
+def _request_body(model: type[BaseModel], schemas: dict[str, Any], harmless: frozenset[str]) -> dict[str, Any]:
     """Add ``model``'s schema (and the ones it uses) to ``schemas``; the request body that refers to it."""
     schema = model.model_json_schema(ref_template=_REF)
     for name, definition in schema.pop("$defs", {}).items():
@@ -432,18 +458,19 @@ def _request_body(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, 
     schema = _tweak(model.__name__, _describe(schema))
     if issubclass(model, wire.ChatCompletionRequest | wire.CompletionRequest):
         schema = _tweak("_sampling", schema)
-    schema["properties"].update({name: dict(_ANY_FIELD) for name in sorted(wire.HARMLESS)})
+    schema["properties"].update({name: dict(_ANY_FIELD) for name in sorted(harmless) if name not in schema["properties"]})
     schema["additionalProperties"] = copy.deepcopy(_EMPTY)
     schemas[model.__name__] = schema
     return {"required": True, "content": {_JSON: {"schema": _ref(model.__name__)}}}
 
 
 def _tweak(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    for field, replacement in _TWEAKS.get(name, {}).items():
+    for field, replacement in (_TWEAKS.get(name) or TWEAKS.get(name) or {}).items():
         title = schema["properties"][field].get("title")
         schema["properties"][field] = {**copy.deepcopy(replacement), **({"title": title} if title else {})}
     if name in _CONDITIONS:
         schema["allOf"] = copy.deepcopy(_CONDITIONS[name])
+    schema["required"] = [*schema.get("required", []), *REQUIRED.get(name, [])]
     return schema
 
 
@@ -470,11 +497,13 @@ def _document(app: FastAPI) -> dict[str, Any]:
     schemas = components.setdefault("schemas", {})
     for name in _UNUSED:
         schemas.pop(name, None)
-    schemas.update(copy.deepcopy(_RESPONSES))
-    components["securitySchemes"] = {"bearer": {
-        "type": "http", "scheme": "bearer",
-        "description": "An app's API key (it decides the app), or the observer key for the read-only views.",
-    }}
+    schemas.update(copy.deepcopy(_RESPONSES) | copy.deepcopy(SCHEMAS))
+    components["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer",
+                   "description": "An app's API key (it decides the app), or the observer key for the read-only views."},
+        "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                   "description": "An app's API key as Anthropic's clients send it (Messages API only)."},
+    }
     for path, operations in doc.get("paths", {}).items():
         for method, operation in operations.items():
             endpoint = _ENDPOINTS.get((path, method))
@@ -487,7 +516,7 @@ def _document(app: FastAPI) -> dict[str, Any]:
             if endpoint.access == _APP and endpoint.body is None and auth:
                 errors.discard(400)  # only a bad X-Fairagents-App (keys off) is a 400 here
             operation["summary"] = endpoint.summary
-            operation["responses"] = copy.deepcopy(endpoint.ok) | {str(s): _error(s) for s in sorted(errors)}
+            operation["responses"] = copy.deepcopy(endpoint.ok) | {str(s): _error(s, endpoint.error) for s in sorted(errors)}
             parameters = [p for p in operation.get("parameters", []) if p.get("in") != "header"]
             if endpoint.agent:
                 parameters.append(_header(HEADER_AGENT, "The agent the request is charged to (default: `default`)."))
@@ -508,9 +537,10 @@ def _document(app: FastAPI) -> dict[str, Any]:
             if parameters:
                 operation["parameters"] = parameters
             if endpoint.body is not None:
-                operation["requestBody"] = _request_body(endpoint.body, schemas)
+                operation["requestBody"] = _request_body(endpoint.body, schemas, endpoint.harmless)
             if keyed:
-                operation["security"] = [{"bearer": []}]
+                operation["security"] = [{"bearer": []}, {"apiKey": []}] if endpoint.error == "AnthropicError" \
+                    else [{"bearer": []}]
     fetch = None if gateway is None else gateway.config.server.image_fetch
     if fetch is not None:  # image URLs on allowed hosts are fetched too
         _allow_image_urls(doc, fetch.schemes, fetch.allow_hosts)

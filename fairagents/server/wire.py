@@ -26,7 +26,7 @@ from fairagents.limits import MAX_TOP_LOGPROBS
 from fairagents.openai_request import (HARMLESS, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, ChatCompletionRequest,
                                        ChatMessage, CompletionRequest, ImageGenerationRequest, StreamOptions, parse)
 from fairagents.reply import TokenLogprob
-from fairagents.tools import ToolCall, ToolCallDelta
+from fairagents.tools import ToolCall, ToolCallDelta, merge_pieces
 
 __all__ = [
     "HARMLESS",
@@ -87,9 +87,10 @@ class Usage(BaseModel):
         return usage
 
 
-def new_id(prefix: str) -> str:
-    """A response id such as ``chatcmpl-…``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A response id such as ``chatcmpl-…`` (``msg_…`` and ``resp_…`` with ``sep="_"``, as Anthropic and Responses
+    write theirs)."""
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
 
 
 def _finish(reason: str | None) -> str | None:
@@ -197,7 +198,7 @@ def chat_chunk(
     if content is not None:
         delta["content"] = content
     if tool_calls:
-        delta["tool_calls"] = [piece.as_openai() for piece in tool_calls]
+        delta["tool_calls"] = [piece.as_openai() for piece in merge_pieces(tool_calls)]  # one entry per call
     body["choices"] = [{"index": index, "delta": delta, "finish_reason": _finish(finish_reason),
                         "logprobs": None if logprobs is None else chat_logprobs(logprobs)}]
     if include_usage:

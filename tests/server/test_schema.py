@@ -35,6 +35,7 @@ from schemathesis.specs.openapi.checks import (
 import fairagents as fa
 from fairagents.engines.base import Delta, Prompt
 from fairagents.server import Config, create_app
+from fairagents.protocols import anthropic, responses
 from fairagents.server.wire import HARMLESS
 from fairagents.testing import FakeEngine
 
@@ -44,7 +45,11 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 AUTH = {"Authorization": f"Bearer {KEYS['driving']}"}
 POSTS = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
-         "/v1/images/generations": "ImageGenerationRequest"}
+         "/v1/images/generations": "ImageGenerationRequest", "/v1/messages": "MessagesRequest",
+         "/v1/messages/count_tokens": "CountTokensRequest", "/v1/responses": "ResponsesRequest"}
+HARMLESS_OF = {"MessagesRequest": anthropic.HARMLESS, "CountTokensRequest": anthropic.HARMLESS,
+               "ResponsesRequest": responses.HARMLESS}
+ANTHROPIC = ("/v1/messages", "/v1/messages/count_tokens")
 OPERATIONS = [("POST", path) for path in POSTS] + [
     ("GET", path) for path in ("/v1/models", "/v1/models/{model}", "/v1/fairness", "/metrics", "/health",
                                "/health/live", "/dashboard")]
@@ -129,7 +134,7 @@ def test_every_post_route_takes_a_required_json_body_of_its_request_model():
         assert body["required"] is True and list(body["content"]) == ["application/json"]
         assert body["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model}"}
         schema = schemas[model]
-        assert "$defs" not in schema and set(HARMLESS) <= set(schema["properties"])
+        assert "$defs" not in schema and set(HARMLESS_OF.get(model, HARMLESS)) <= set(schema["properties"])
         assert schema["additionalProperties"]["enum"] == [None, False, 0, [], {}]
     chat = schemas["ChatCompletionRequest"]["properties"]
     assert chat["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 128}
@@ -146,8 +151,9 @@ def test_every_v1_route_declares_its_errors_and_the_bearer_key():
                           "/health/live", "/dashboard"}
     for path in POSTS:
         post = paths[path]["post"]
-        assert set(post["responses"]) == {"200", "400", "401", "404", "413", "429", "503"}
-        assert post["security"] == [{"bearer": []}]
+        counting = {"429"} if path == "/v1/messages/count_tokens" else set()  # counting queues nothing
+        assert set(post["responses"]) == {"200", "400", "401", "404", "413", "429", "503"} - counting
+        assert post["security"] == ([{"bearer": []}, {"apiKey": []}] if path in ANTHROPIC else [{"bearer": []}])
         assert [p["name"] for p in post["parameters"]] == ["X-Fairagents-Agent", "X-Fairagents-Agent-Weight",
                                                            "X-Fairagents-Agent-Slo", "X-Fairagents-Run"]
         agent = jsonschema.Draft202012Validator(post["parameters"][0]["schema"])
@@ -161,7 +167,8 @@ def test_every_v1_route_declares_its_errors_and_the_bearer_key():
             assert "422" not in operation["responses"]  # a bad parameter is a 400 here
             for status, response in operation["responses"].items():
                 if int(status) >= 400 and path != "/health":
-                    assert response["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+                    shape = "AnthropicError" if path in ANTHROPIC else "ErrorResponse"
+                    assert response["content"] == {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape}"}}}
     responses = paths["/v1/chat/completions"]["post"]["responses"]
     assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
     assert responses["401"]["headers"]["WWW-Authenticate"]["required"] is True
@@ -231,6 +238,20 @@ AGREEMENT = [  # (schema, body, whether valid): where the schema can tell, it sa
     ("ChatCompletionRequest", {**CHAT, "stream_options": {"include_usage": "yes"}}, False),
     ("ChatCompletionRequest", {**CHAT, "messages": []}, False),
     ("ChatCompletionRequest", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, False),
+    ("MessagesRequest", {"model": "chat", "max_tokens": 8, "messages": MSG}, True),
+    ("MessagesRequest", {"model": "chat", "max_tokens": 8, "messages": MSG, "system": "Be brief.", "top_k": 5,
+                         "metadata": {"user_id": "u-1"}, "stop_sequences": ["\n"], "temperature": 0.5}, True),
+    ("MessagesRequest", {"model": "chat", "messages": MSG}, False),
+    ("MessagesRequest", {"model": "chat", "max_tokens": 8, "messages": MSG, "temperature": 1.5}, False),
+    ("MessagesRequest", {"model": "chat", "max_tokens": 8, "messages": []}, False),
+    ("MessagesRequest", {"model": "chat", "max_tokens": 8, "messages": MSG, "mcp_servers": [{"url": "x"}]}, False),
+    ("CountTokensRequest", {"model": "chat", "messages": MSG}, True),
+    ("ResponsesRequest", {"model": "chat", "input": "hi", "instructions": "Be brief.", "max_output_tokens": 8,
+                          "store": False, "reasoning": {"effort": "low"}}, True),
+    ("ResponsesRequest", {"model": "chat", "input": MSG, "text": {"format": {"type": "json_object"}}}, True),
+    ("ResponsesRequest", {"model": "chat", "input": "hi", "max_output_tokens": 0}, False),
+    ("ResponsesRequest", {"model": "chat", "input": []}, False),
+    ("ResponsesRequest", {"model": "chat", "input": "hi", "stream": "yes"}, False),
     ("CompletionRequest", {"model": "chat", "prompt": "a"}, True),
     ("CompletionRequest", {"model": "chat", "prompt": [1, 2]}, True),
     ("CompletionRequest", {"model": "chat", "prompt": ["a"]}, True),
@@ -299,7 +320,8 @@ def number_slots(model):
         for option in schema.get("anyOf", [schema]):
             if option.get("type") in ("integer", "number"):
                 slots[name] = "{}"
-            elif option.get("type") == "object" and option.get("additionalProperties", {}).get("type") == "number":
+            elif option.get("type") == "object" and isinstance(option.get("additionalProperties"), dict) \
+                    and option["additionalProperties"].get("type") == "number":
                 slots[name] = '{{"3": {}}}'
             elif option.get("type") == "array" and option.get("items", {}).get("type") == "integer":
                 slots[name] = "[1, {}]"
@@ -308,7 +330,8 @@ def number_slots(model):
 
 @pytest.mark.parametrize("path", POSTS)
 def test_numbers_at_the_edges_of_json_are_never_a_server_error(api_schema, server, path):
-    """Bodies from the schema whose numbers are edge literals, sent as written: a 4xx in OpenAI's shape, or served."""
+    """Bodies from the schema whose numbers are edge literals, sent as written: a 4xx in the protocol's shape, or
+    served."""
     operation = api_schema[path]["POST"]
     slots = number_slots(POSTS[path])
     marker = "edge-number-7f3a"
@@ -343,7 +366,8 @@ def test_numbers_at_the_edges_of_json_are_never_a_server_error(api_schema, serve
         assert response.status_code < 500, (text[:300], response.text[:300])
         if response.status_code >= 400:
             error = response.json()["error"]
-            assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+            fields = {"message", "type"} if path in ANTHROPIC else {"message", "type", "param", "code"}
+            assert set(error) == fields and error["message"], error
         case.validate_response(response, checks=CHECKS)
 
     never_a_server_error()

@@ -3,6 +3,8 @@
 | module | routes |
 | --- | --- |
 | :mod:`~fairagents.server.routes.openai` | OpenAI's ``/v1/chat/completions``, ``/v1/completions``, ``/v1/images/generations``, ``/v1/models`` |
+| :mod:`~fairagents.server.routes.anthropic` | Anthropic's ``/v1/messages``, ``/v1/messages/count_tokens`` |
+| :mod:`~fairagents.server.routes.responses` | OpenAI's ``/v1/responses`` |
 | :mod:`~fairagents.server.routes.views` | ``/v1/fairness``, ``/metrics``, ``/health``, ``/health/live``, ``/dashboard`` |
 
 A route reads the :class:`~fairagents.server.gateway.Gateway` from the app's state
@@ -15,15 +17,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
 
+from fairagents.limits import RequestLimits
 from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
+from fairagents.server.incoming import context, read_body
 
-__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "gateway_of", "holding"]
+__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "accepted", "gateway_of", "holding"]
+
+T = TypeVar("T")
+
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -64,3 +71,19 @@ def holding(endpoint: Callable[[Request, AgentHandle], Awaitable[Response]],
             gateway_of(request).identities.release(request)
 
     return run
+
+
+async def accepted(request: Request, who: AgentHandle, reader: Callable[[bytes, RequestLimits], T],
+                   model: Callable[[T], str] = lambda body: body.model,  # type: ignore[attr-defined]
+                   ) -> tuple[Gateway, T, float]:
+    """A request's body read (bounded in size and time) and parsed by ``reader``: ``(gateway, body, arrival)``.
+
+    ``arrival`` is when its body arrived: it keeps its place in the queue while it is parsed and
+    prepared. The request is labelled with its model (``model(body)``) for the views.
+    """
+    gateway = gateway_of(request)
+    raw = await read_body(request, gateway.config.server.body_timeout)
+    arrival = gateway.arbiter.clock()
+    body = await gateway.read(request, who, reader, raw)
+    context(request).labels = (who.identity.app.name, who.identity.name, model(body))
+    return gateway, body, arrival

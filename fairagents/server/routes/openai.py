@@ -7,6 +7,7 @@ what it goes through, cheap checks first, is told in :mod:`fairagents.server.app
 from __future__ import annotations
 
 import base64
+import functools
 import time
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ from fairagents.identity import Modality
 from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
 from fairagents.server.incoming import context, read_body, until_disconnected
-from fairagents.server.routes import Caller, CallingApp, GatewayDep, gateway_of, holding
+from fairagents.server.routes import Caller, CallingApp, GatewayDep, accepted, gateway_of, holding
 
 __all__ = ["router"]
 
@@ -30,20 +31,9 @@ router = APIRouter()
 M = TypeVar("M", wire.ChatCompletionRequest, wire.CompletionRequest)
 
 
-async def _body(request: Request) -> bytes:
-    return await read_body(request, gateway_of(request).config.server.body_timeout)
-
-
 async def _accepted(request: Request, who: AgentHandle, kind: type[M]) -> tuple[Gateway, M, float]:
-    """A chat or completion request read, parsed and its model checked: ``(gateway, body, arrival)``.
-
-    ``arrival`` is when its body arrived: it keeps its place in the queue while it is parsed and prepared.
-    """
-    gateway = gateway_of(request)
-    raw = await _body(request)
-    arrival = gateway.arbiter.clock()
-    body = await gateway.parse(request, who, kind, raw)
-    context(request).labels = (who.identity.app.name, who.identity.name, body.model)
+    """A chat or completion request read, parsed and its model checked: ``(gateway, body, arrival)``."""
+    gateway, body, arrival = await accepted(request, who, functools.partial(wire.parse, kind))
     gateway.engine(body.model)
     return gateway, body, arrival
 
@@ -52,16 +42,7 @@ async def _accepted(request: Request, who: AgentHandle, kind: type[M]) -> tuple[
 @holding
 async def chat_completions(request: Request, who: Caller) -> Response:
     gateway, body, arrival = await _accepted(request, who, wire.ChatCompletionRequest)
-    arbiter = gateway.arbiter
-    spec = body.output_spec(arbiter.limits)
-    # a full queue is a 429, tools or a format the model cannot serve a 400: before any tokenizing
-    arbiter.check_admission(body.model, who, output=spec)
-    messages = body.chat_messages(remote=gateway.fetcher is not None)
-    if gateway.fetcher is not None:
-        messages = await until_disconnected(request, gateway.fetcher.inline(messages))
-    prompt = await until_disconnected(
-        request, arbiter.prepare_chat(body.model, messages, agent=who, tools=spec.template_tools))
-    max_tokens = body.requested_max_tokens() or gateway.default_max_tokens(body.model, prompt, who.identity.app.name)
+    prompt, max_tokens = await gateway.prepare_chat(request, who, body)
     return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
 
@@ -83,7 +64,8 @@ async def completions(request: Request, who: Caller) -> Response:
 async def images(request: Request, who: Caller) -> Response:
     gateway = gateway_of(request)
     arbiter = gateway.arbiter
-    body = await gateway.parse(request, who, wire.ImageGenerationRequest, await _body(request))
+    raw = await read_body(request, gateway.config.server.body_timeout)
+    body = await gateway.parse(request, who, wire.ImageGenerationRequest, raw)
     image_models = [m for m in arbiter.models if arbiter.engine(m).profile.modality is Modality.IMAGE]
     model = body.model or (image_models[0] if len(image_models) == 1 else None)
     if model is None or model not in arbiter.models:

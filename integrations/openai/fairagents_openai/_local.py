@@ -40,6 +40,7 @@ from fairagents.identity import Agent, Modality, current_run, run_from_headers
 from fairagents.images import parse_size
 from fairagents.limits import RequestLimits
 from fairagents.openai_request import HARMLESS, ChatCompletionRequest, join_text, validate
+from fairagents.tools import merge_pieces
 from fairagents_openai._errors import openai_errors
 
 __all__ = ["IN_PROCESS_URL", "ChatCompletionStream", "ChatCompletionSyncStream", "chat_completion", "chat_request",
@@ -393,7 +394,7 @@ def _delta(delta: Delta) -> ChoiceDelta:
     if not delta.tool_calls:
         return ChoiceDelta(content=delta.text or None)
     return ChoiceDelta.model_validate({"content": delta.text or None,
-                                       "tool_calls": [p.as_openai() for p in delta.tool_calls]})
+                                       "tool_calls": [p.as_openai() for p in merge_pieces(delta.tool_calls)]})
 
 
 async def generate_image(arbiter: Arbiter, request: Mapping[str, Any], agent: AgentHandle | Agent | None = None,
