@@ -39,7 +39,6 @@ Examples:
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,21 +52,16 @@ from fairagents.runtime.arbiter import Arbiter, Restart
 from fairagents.constants import DEFAULT_D_BASE, MAX_MODEL_DEPTH, MAX_MODEL_WIDTH, MAX_TOKEN_PRICE
 from fairagents.cost import DEFAULT_W_CACHED, ModelProfile
 from fairagents.engines.base import Engine
-from fairagents.errors import InvalidParameterError, shown
-from fairagents.identity import MAX_QUOTED, SLO, SLO_RANGE, WEIGHT_RANGE, quoted
-from fairagents.labels import OTHER
+from fairagents.errors import InvalidParameterError
+from fairagents.identity import SLO, SLO_RANGE, WEIGHT_RANGE
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
 from fairagents.policies import DEFAULT_POLICY, POLICIES, make_policy
+from fairagents.server.identity_rules import IdentityRule, check_name
 
 __all__ = [
     "AgentConfig", "AppConfig", "Config", "CountersConfig", "ImageFetchConfig", "LimitsConfig", "ModelConfig", "RestartConfig", "SLOConfig", "ServerSettings", "build_arbiter",
     "load_config",
 ]
-
-#: What app, agent and model names may be: 1-64 printable ASCII characters (they travel in HTTP
-#: headers), no ``/`` (stats name agents ``app/agent``), no space at either end.
-NAME_PATTERN = re.compile(r"^[!-.0-~](?:[ -.0-~]{0,62}[!-.0-~])?$")
-
 
 #: Most agents an app may have when its configuration does not say.
 DEFAULT_MAX_AGENTS = 64
@@ -79,38 +73,6 @@ DEFAULT_MAX_TOKENS = 1024
 
 #: A default ``max_tokens``: a number of tokens, or ``"context"``: the rest of the context after the prompt.
 DefaultMaxTokens = Annotated[int, Field(ge=1)] | Literal["context"]
-
-
-def check_name(name: str, what: str, *, param: str | None = None) -> str:
-    """``name`` if it is a valid app, agent or model name, else an :class:`~fairagents.InvalidParameterError`.
-
-    No app or agent is named :data:`~fairagents.labels.OTHER` (``_other``): ``/metrics``
-    and ``/v1/fairness`` count the apps and agents past their caps together under that
-    name, which one of them would share. ``param`` is where the name came from (a header),
-    for the error.
-
-    Examples:
-        >>> from fairagents.server.config import check_name
-        >>> check_name("call model", "agent")
-        'call model'
-        >>> check_name("team/planner", "agent")
-        Traceback (most recent call last):
-        ...
-        fairagents.errors.InvalidParameterError: agent name must be 1-64 printable ASCII characters without '/' or a space at either end, got 'team/planner'
-        >>> check_name("_other", "agent")
-        Traceback (most recent call last):
-        ...
-        fairagents.errors.InvalidParameterError: agent name '_other' is reserved: /metrics and /v1/fairness count the agents past their caps together under it
-    """
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):  # match() lets a trailing "\n" pass "$"
-        raise InvalidParameterError(
-            f"{what} name must be 1-64 printable ASCII characters without '/' or a space at either end, got "
-            f"{quoted(name) if isinstance(name, str) else shown(name, MAX_QUOTED)}", param=param,
-        )
-    if name == OTHER and what in ("app", "agent"):
-        raise InvalidParameterError(f"{what} name {OTHER!r} is reserved: /metrics and /v1/fairness count the {what}s "
-                                    "past their caps together under it", param=param)
-    return name
 
 
 class _Section(BaseModel):
@@ -565,6 +527,10 @@ class ServerSettings(_Section):
     """Open ``/metrics``, ``/v1/fairness`` and ``/dashboard`` to anyone, with keys on. Off (the
     default), they need ``observer_key``; an app's own key reads its own app's ``/v1/fairness``.
     With keys off they are always open."""
+    identity: list[IdentityRule] = Field(default_factory=list, max_length=32)
+    """Rules that read a request's agent or run from what its client sends (``[[server.identity]]``: ``from``
+    a header or a body field, ``to`` agent or run, a fixed ``value`` or a ``pattern``); see
+    :mod:`fairagents.server.identity_rules` and the coding-agents guide."""
     identity_idle_seconds: float | None = Field(default=3600.0, gt=0)
     """Seconds after which an agent (or app) declared by a request, not in this configuration,
     and idle since, drops out of ``/metrics`` and ``/v1/fairness``; ``None``: never."""

@@ -28,7 +28,8 @@ from fairagents.constants import DEFAULT_AGENT, HEADER_AGENT, HEADER_AGENT_SLO, 
 from fairagents.errors import InvalidParameterError, ShutdownError, UnknownAgentError, UnknownAppError
 from fairagents.identity import Agent, agent_from_headers, run_from_headers
 from fairagents.runtime.arbiter import AgentHandle, AppHandle, Arbiter
-from fairagents.server.config import DEFAULT_MAX_AGENTS, Config, check_name
+from fairagents.server.config import DEFAULT_MAX_AGENTS, Config
+from fairagents.server.identity_rules import check_name, needs_body, resolve
 from fairagents.server.incoming import context, digest, presented_key
 
 if TYPE_CHECKING:
@@ -134,12 +135,41 @@ class Identities:
         ends without ever having queued a request, so a refused request leaves no state.
 
         The run that ``X-Fairagents-Run`` names is checked here, before anything is
-        declared (a bad one is a 400), and kept in the request's context.
+        declared (a bad one is a 400), and kept in the request's context. Without the
+        headers, the rules of ``server.identity`` that read headers may name the agent or
+        the run (those that read the body apply in :meth:`refine`).
         """
         app = await self.authenticate(request)
         ctx = context(request)
         ctx.run = run_from_headers(request.headers)
-        agent = check_name(request.headers.get(HEADER_AGENT) or DEFAULT_AGENT, "agent", param=HEADER_AGENT)
+        named = request.headers.get(HEADER_AGENT)
+        agent, run = resolve(self.config.server.identity, request.headers, in_body=False)
+        ctx.run = ctx.run or run
+        agent = check_name(named or agent or DEFAULT_AGENT, "agent", param=HEADER_AGENT if named else None)
+        return self._hold(request, app, agent)
+
+    async def refine(self, request: Request, who: AgentHandle, body: object) -> AgentHandle:
+        """The calling agent once the body is parsed: the rules of ``server.identity`` that read it may name
+        another agent, or the run (:mod:`~fairagents.server.identity_rules`).
+
+        ``X-Fairagents-Agent`` and ``X-Fairagents-Run`` still take precedence. The agent :meth:`identify`
+        held is released (undeclared again if the request declared it) and the new one held.
+        """
+        rules = self.config.server.identity
+        if not needs_body(rules):
+            return who
+        ctx = context(request)
+        agent, run = resolve(rules, request.headers, body)
+        if run is not None and run_from_headers(request.headers) is None:
+            ctx.run = run
+        if agent is None or request.headers.get(HEADER_AGENT) or agent == who.identity.name:
+            return who
+        app = who.identity.app.name
+        self.release(request)
+        return self._hold(request, app, agent)
+
+    def _hold(self, request: Request, app: str, agent: str) -> AgentHandle:
+        """Hold ``agent`` of ``app`` for the request, declaring it with the settings its headers state if new."""
         stated = agent_from_headers(app, agent, request.headers)
         key = (app, agent)
         handle = self._agents.get(key)
@@ -156,7 +186,7 @@ class Identities:
                 self._seen[key] = self.clock()
                 self.view.recall(app, agent)
         self._holds[key] = self._holds.get(key, 0) + 1
-        ctx.holds = key
+        context(request).holds = key
         return handle
 
     def release(self, request: Request) -> None:

@@ -44,7 +44,7 @@ import fairagents.server.wire as wire
 from fairagents.constants import HEADER_AGENT, HEADER_AGENT_SLO, HEADER_AGENT_WEIGHT, HEADER_APP, HEADER_RUN, RUN_PATTERN
 from fairagents.labels import OTHER
 from fairagents.protocols import anthropic, responses
-from fairagents.server.config import NAME_PATTERN
+from fairagents.server.identity_rules import NAME_PATTERN
 from fairagents.server.schema_protocols import REQUIRED, SCHEMAS, TWEAKS
 
 __all__ = ["install_openapi"]

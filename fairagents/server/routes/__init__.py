@@ -23,11 +23,12 @@ from fastapi import Depends, Request
 from fastapi.responses import Response
 
 from fairagents.limits import RequestLimits
+from fairagents.openai_request import ChatCompletionRequest
 from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
 from fairagents.server.incoming import context, read_body
 
-__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "accepted", "gateway_of", "holding"]
+__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "accepted", "as_sent", "core_model", "gateway_of", "holding"]
 
 T = TypeVar("T")
 
@@ -75,15 +76,29 @@ def holding(endpoint: Callable[[Request, AgentHandle], Awaitable[Response]],
 
 async def accepted(request: Request, who: AgentHandle, reader: Callable[[bytes, RequestLimits], T],
                    model: Callable[[T], str] = lambda body: body.model,  # type: ignore[attr-defined]
-                   ) -> tuple[Gateway, T, float]:
-    """A request's body read (bounded in size and time) and parsed by ``reader``: ``(gateway, body, arrival)``.
+                   source: Callable[[T], object] = lambda body: body,
+                   ) -> tuple[Gateway, AgentHandle, T, float]:
+    """A request's body read (bounded in size and time) and parsed by ``reader``: ``(gateway, caller, body, arrival)``.
 
     ``arrival`` is when its body arrived: it keeps its place in the queue while it is parsed and
-    prepared. The request is labelled with its model (``model(body)``) for the views.
+    prepared. The caller is the agent the identity rules that read the body (``source(body)``)
+    name, if any (:meth:`~fairagents.server.identities.Identities.refine`); the request is
+    labelled with it and its model (``model(body)``) for the views.
     """
     gateway = gateway_of(request)
     raw = await read_body(request, gateway.config.server.body_timeout)
     arrival = gateway.arbiter.clock()
     body = await gateway.read(request, who, reader, raw)
+    who = await gateway.identities.refine(request, who, source(body))
     context(request).labels = (who.identity.app.name, who.identity.name, model(body))
-    return gateway, body, arrival
+    return gateway, who, body, arrival
+
+
+def core_model(read: tuple[object, ChatCompletionRequest]) -> str:
+    """The model of a protocol's request read with its core chat request (``(as sent, core)``)."""
+    return read[1].model
+
+
+def as_sent(read: tuple[object, ChatCompletionRequest]) -> object:
+    """A protocol's request as its client sent it: where the identity rules read its fields."""
+    return read[0]

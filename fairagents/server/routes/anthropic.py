@@ -14,7 +14,7 @@ from fairagents.errors import FairAgentsError
 from fairagents.protocols import anthropic
 from fairagents.protocols.blocks import reply_blocks
 from fairagents.server.incoming import error_reply
-from fairagents.server.routes import Caller, accepted, holding
+from fairagents.server.routes import Caller, accepted, as_sent, core_model, holding
 from fairagents.server.wire import Usage, new_id
 
 __all__ = ["router"]
@@ -32,7 +32,7 @@ def failed(err: FairAgentsError) -> tuple[int, str]:
 @router.post("/v1/messages")
 @holding
 async def messages(request: Request, who: Caller) -> Response:
-    gateway, (body, chat), arrival = await accepted(request, who, anthropic.read, lambda read: read[1].model)
+    gateway, who, (body, chat), arrival = await accepted(request, who, anthropic.read, core_model, as_sent)
     gateway.engine(chat.model)
     prompt, max_tokens = await gateway.prepare_chat(request, who, chat)
     rid = new_id("msg", "_")
@@ -53,7 +53,7 @@ async def messages(request: Request, who: Caller) -> Response:
 @holding
 async def count_tokens(request: Request, who: Caller) -> JSONResponse:
     """The prompt's tokens as the model's template renders it: tokenized in the preprocessing pool, charged nothing."""
-    gateway, (_, chat), _ = await accepted(request, who, anthropic.read_count, lambda read: read[1].model)
+    gateway, who, (_, chat), _ = await accepted(request, who, anthropic.read_count, core_model, as_sent)
     gateway.engine(chat.model)
     spec = chat.output_spec(gateway.arbiter.limits)
     prompt = await gateway.render(request, who, chat, spec)

@@ -31,17 +31,17 @@ router = APIRouter()
 M = TypeVar("M", wire.ChatCompletionRequest, wire.CompletionRequest)
 
 
-async def _accepted(request: Request, who: AgentHandle, kind: type[M]) -> tuple[Gateway, M, float]:
-    """A chat or completion request read, parsed and its model checked: ``(gateway, body, arrival)``."""
-    gateway, body, arrival = await accepted(request, who, functools.partial(wire.parse, kind))
+async def _accepted(request: Request, who: AgentHandle, kind: type[M]) -> tuple[Gateway, AgentHandle, M, float]:
+    """A chat or completion request read, parsed and its model checked: ``(gateway, caller, body, arrival)``."""
+    gateway, who, body, arrival = await accepted(request, who, functools.partial(wire.parse, kind))
     gateway.engine(body.model)
-    return gateway, body, arrival
+    return gateway, who, body, arrival
 
 
 @router.post("/v1/chat/completions")
 @holding
 async def chat_completions(request: Request, who: Caller) -> Response:
-    gateway, body, arrival = await _accepted(request, who, wire.ChatCompletionRequest)
+    gateway, who, body, arrival = await _accepted(request, who, wire.ChatCompletionRequest)
     prompt, max_tokens = await gateway.prepare_chat(request, who, body)
     return await gateway.respond(request, who, body, prompt, max_tokens, arrival)
 
@@ -49,7 +49,7 @@ async def chat_completions(request: Request, who: Caller) -> Response:
 @router.post("/v1/completions")
 @holding
 async def completions(request: Request, who: Caller) -> Response:
-    gateway, body, arrival = await _accepted(request, who, wire.CompletionRequest)
+    gateway, who, body, arrival = await _accepted(request, who, wire.CompletionRequest)
     arbiter = gateway.arbiter
     arbiter.check_admission(body.model, who)
     text = body.single_prompt()

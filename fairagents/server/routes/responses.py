@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fairagents.protocols import responses
 from fairagents.protocols.blocks import reply_blocks
-from fairagents.server.routes import Caller, accepted, holding
+from fairagents.server.routes import Caller, accepted, as_sent, core_model, holding
 from fairagents.server.routes.anthropic import failed
 from fairagents.server.wire import Usage, new_id
 
@@ -25,7 +25,7 @@ router = APIRouter()
 @router.post("/v1/responses")
 @holding
 async def create_response(request: Request, who: Caller) -> Response:
-    gateway, (body, chat), arrival = await accepted(request, who, responses.read, lambda read: read[1].model)
+    gateway, who, (body, chat), arrival = await accepted(request, who, responses.read, core_model, as_sent)
     gateway.engine(chat.model)
     prompt, max_tokens = await gateway.prepare_chat(request, who, chat)
     rid = new_id("resp", "_")
