@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test test-fast system-tools bench models docs docs-sync clean
+.PHONY: demo test test-fast system-tools harnesses bench models docs docs-sync clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,8 +44,22 @@ system-tools:
 		else echo "could not install $$pkg: the tests that need it will skip"; fi; \
 	done
 
+# The coding-agent CLIs the harness tests run (tests/integrations/test_harnesses.py), pinned, installed with npm into
+# .venv/harnesses where npm is present; else one line says what will skip.
+HARNESSES := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33
+HARNESS_STAMP := $(VENV)/harnesses/.installed-$(subst /,_,$(subst @,_,$(word 1,$(HARNESSES))$(word 2,$(HARNESSES))$(word 3,$(HARNESSES))))
+
+harnesses:
+	@if [ -f "$(HARNESS_STAMP)" ]; then exit 0; fi; \
+	if ! command -v npm >/dev/null 2>&1; then echo "missing: npm (the coding-agent harness tests will skip)"; exit 0; fi; \
+	mkdir -p $(VENV)/harnesses && cd $(VENV)/harnesses && \
+	{ [ -f package.json ] || echo '{"private": true}' > package.json; } && \
+	if npm install --no-audit --no-fund --loglevel=error $(HARNESSES) >/dev/null; \
+	then touch "$(abspath $(HARNESS_STAMP))"; echo "installed the coding-agent CLIs (npm) for the harness tests"; \
+	else echo "could not install the coding-agent CLIs: the harness tests will skip"; fi
+
 # The docs build strictly first (a broken link or reference fails it), then the tests run.
-test: $(STAMP) system-tools
+test: $(STAMP) system-tools harnesses
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
 

@@ -76,19 +76,40 @@ def server():
 STANDARD, STANDARD_AGENT, STANDARD_KEY = "standard", "suite", "sk-standard"
 FRAMEWORKS, FRAMEWORKS_KEY = "frameworks", "sk-frameworks"
 
+# The coding-agent harnesses' apps (test_harnesses.py): their sessions are runs, their sub-agents one agent, as the
+# coding-agents guide configures them; answers run to the model's end of sequence (the harnesses send no limit, or one
+# past it), in a context that holds their prompts.
+HARNESS_APPS = {"claude": ("coder", "sk-coder", 2.0), "codex": ("reviewer", "sk-reviewer", 1.0),
+                "opencode": ("builder", "sk-builder", 1.0)}
+OBSERVER_KEY = "sk-observer"
+
 SERVER_CONFIG = f"""
 [server]
 drain_timeout = 5
+observer_key = "{OBSERVER_KEY}"
+identity = [
+    {{from = "header:x-claude-code-session-id", to = "run"}},
+    {{from = "header:x-claude-code-agent-id", to = "agent", value = "subagent"}},
+    {{from = "header:session-id", to = "run"}},
+    {{from = "header:x-openai-subagent", to = "agent", value = "subagent"}},
+    {{from = "header:x-session-id", to = "run"}},
+    {{from = "header:x-parent-session-id", to = "agent", value = "subagent"}},
+]
 
 [apps.{STANDARD}]
 api_key = "{STANDARD_KEY}"
 
 [apps.{FRAMEWORKS}]
 api_key = "{FRAMEWORKS_KEY}"
-
+""" + "".join(f"""
+[apps.{app}]
+api_key = "{key}"
+weight = {weight}
+default_max_tokens = "context"
+""" for app, key, weight in HARNESS_APPS.values()) + f"""
 [models.chat]
-max_model_len = 1024
-kv_cache_bytes = {64 * 2**20}
+max_model_len = 65536
+kv_cache_bytes = {192 * 2**20}
 
 [models.vision]
 engine = "vision"
