@@ -77,6 +77,8 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: _Int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
     temperature: _Float | None = Field(default=None, ge=0, le=2)
     top_p: _Float | None = Field(default=None, gt=0, le=1)
+    seed: _Int | None = None
+    """vLLM's extension, as on chat completions."""
     stream: _Bool = False
 
     @model_validator(mode="after")
@@ -100,7 +102,8 @@ class ResponsesRequest(BaseModel):
                 _item(messages, item, f"input[{i}]")
         data: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": self.max_output_tokens, "stream": self.stream,
-            "temperature": self.temperature, "top_p": self.top_p, "parallel_tool_calls": self.parallel_tool_calls,
+            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "tools": None if self.tools is None else _tools(self.tools),
             "tool_choice": _tool_choice(self.tool_choice), "response_format": _format(self.text),
         }
@@ -297,8 +300,9 @@ async def events(rid: str, body: ResponsesRequest, chat: ChatCompletionRequest, 
             if not isinstance(told, BlockEvent):
                 done = response(rid, body, chat, told.blocks, told.finish_reason, usage(told.produced, told.cached),
                                 created=created)
-                yield sse("response.completed" if done["status"] == "completed" else "response.incomplete",
-                          response=done)
+                # always response.completed, as vLLM sends it (its status may be incomplete): openai's stream helper
+                # and Codex CLI wait for that event, and read the status from the response
+                yield sse("response.completed", response=done)
                 continue
             block, where = told.block, {"output_index": told.block.index}
             item_id = _item_of(rid, block)["id"]
