@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test test-fast system-tools harnesses bench models docs docs-sync clean
+.PHONY: demo test test-fast system-tools harnesses clients bench models docs docs-sync clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,13 +58,23 @@ harnesses:
 	then touch "$(abspath $(HARNESS_STAMP))"; echo "installed the coding-agent CLIs (npm) for the harness tests"; \
 	else echo "could not install the coding-agent CLIs: the harness tests will skip"; fi
 
+# Older openai-python releases the stream tests run against besides the installed one: the project's floor (with the
+# httpx it was built for) and 3.3, whose stream helper frameworks still pin; each in a folder of its own.
+CLIENTS_STAMP := $(VENV)/clients/.installed-1.40.0-3.3.0
+
+clients: $(STAMP)
+	@if [ -f "$(CLIENTS_STAMP)" ]; then exit 0; fi; \
+	if $(BIN)/python -m pip install --quiet --no-warn-conflicts --target $(VENV)/clients/openai-1.40.0 "openai==1.40.0" "httpx<0.28" \
+		&& $(BIN)/python -m pip install --quiet --no-warn-conflicts --target $(VENV)/clients/openai-3.3.0 "openai==3.3.0"; \
+	then touch "$(CLIENTS_STAMP)"; else echo "could not install the older openai clients: their stream tests will skip"; fi
+
 # The docs build strictly first (a broken link or reference fails it), then the tests run.
-test: $(STAMP) system-tools harnesses
+test: $(STAMP) system-tools harnesses clients
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
 
 # Only the tests that start no real vLLM or diffusers engine, with few property examples (and no docs build).
-test-fast: $(STAMP) system-tools
+test-fast: $(STAMP) system-tools clients
 	$(BIN)/python -m pytest -m "not engine" --hypothesis-profile=fast
 
 bench: $(STAMP)
