@@ -144,7 +144,7 @@ async def _sweep_point(engine: Engine, in_flight: int, victim_callers: int, per_
 
 
 async def _run(engine: Engine, default: Engine, callers: int, per_caller: int, max_tokens: int, rounds: int,
-               sweep: Sequence[int]) -> dict[str, Any]:
+               sweep: Sequence[int], sweep_load: tuple[int, int, int] = (6, 2, 32)) -> dict[str, Any]:
     await engine.start()
     await default.start()
     await _direct(engine, callers, 1, 8)  # warm up
@@ -159,7 +159,7 @@ async def _run(engine: Engine, default: Engine, callers: int, per_caller: int, m
             acc[0] += result[0]
             acc[1] += result[1]
             acc[2].extend(result[2])
-    points = {str(limit): await _sweep_point(engine, limit, 6, 2, 32) for limit in sweep}
+    points = {str(limit): await _sweep_point(engine, limit, *sweep_load) for limit in sweep}
     best = max(p["tokens_per_s"] for p in points.values())
     chosen = min(int(k) for k, p in points.items() if p["tokens_per_s"] >= 0.97 * best)
 
@@ -306,9 +306,14 @@ def run(
     kv_seconds: float = 20.0,
     kv_flood_callers: int = 30,
     kv_victim_callers: int = 3,
+    sweep_load: tuple[int, int, int] = (6, 2, 32),
 ) -> dict[str, Any]:
     """Measure overhead and the in-flight sweep on a real vLLM engine (the embedded model by default),
-    then KV pressure on a second engine (always the embedded model), ``kv_seconds`` per admission mode."""
+    then KV pressure on a second engine (always the embedded model), ``kv_seconds`` per admission mode.
+
+    ``sweep_load``: each sweep point's victim callers (the flood has ten times as many), requests per
+    caller, and tokens per request.
+    """
     from fairagents.engines.vllm import VLLMEngine
 
     length = 1024 if model is None else None
@@ -317,7 +322,7 @@ def run(
 
     async def main() -> dict[str, Any]:
         try:
-            result = await _run(engine, default, callers, per_caller, max_tokens, rounds, sweep)
+            result = await _run(engine, default, callers, per_caller, max_tokens, rounds, sweep, sweep_load)
         finally:
             await engine.stop()
             await default.stop()

@@ -55,12 +55,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import fairagents.server.wire as wire
 from fairagents._logging import get_logger
 from fairagents.errors import EngineError, FairAgentsError, OverloadedError
+from fairagents.protocols import anthropic as anthropic_protocol
 from fairagents.runtime.arbiter import Arbiter
 from fairagents.server.config import Config
 from fairagents.server.gateway import Gateway
 from fairagents.server.identities import DEFAULT_APP
 from fairagents.server.incoming import ClientGone, context, error_reply
-from fairagents.protocols import anthropic as anthropic_protocol
 from fairagents.server.routes import anthropic, openai, responses, views
 from fairagents.server.schema import install_openapi
 

@@ -30,7 +30,6 @@ from fairagents.errors import InvalidParameterError
 from fairagents.identity import Modality
 from fairagents.limits import RequestLimits
 from fairagents.reply import Reply
-from fairagents.tools import OutputSpec
 from fairagents.runtime.arbiter import AgentHandle, Arbiter
 from fairagents.server.config import Config
 from fairagents.server.fairness import FairnessView
@@ -39,6 +38,7 @@ from fairagents.server.identities import Identities
 from fairagents.server.incoming import context, until_disconnected
 from fairagents.server.metrics import Metrics
 from fairagents.server.streaming import EventStream, sse_events
+from fairagents.tools import OutputSpec
 
 __all__ = ["Gateway", "INLINE_PARSE_BYTES"]
 

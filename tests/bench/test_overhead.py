@@ -8,7 +8,8 @@ from fairagents.bench import overhead
 
 
 def test_overhead_reports_both_paths_the_sweep_and_kv_pressure():
-    result = overhead.run(callers=4, per_caller=1, max_tokens=8, rounds=1, sweep=(2, 4), kv_seconds=1.5)
+    result = overhead.run(callers=4, per_caller=1, max_tokens=8, rounds=1, sweep=(2, 4), kv_seconds=1.5,
+                          sweep_load=(1, 1, 8))
     assert result["default_in_flight"] == result["default_max_num_seqs"] == 128  # vLLM's own batch on a CPU
     for path in ("direct", "arbiter"):
         assert result[path]["tokens_per_s"] > 0 and result[path]["ttft_p50_s"] > 0

@@ -49,8 +49,9 @@ class Server(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def fair_server(tmp_path_factory):
-    """The guide's CPU command, run by a shell as written, with the embedded model, an address and one batch slot."""
+def servers(tmp_path_factory):
+    """The guide's CPU command, run by a shell as written, with the embedded model, an address and one batch slot
+    (``fair``); and, starting at the same time, a plain ``vllm serve`` of one batch slot (``plain``)."""
     from fairagents.models import ensure_default_models
 
     command = guide_cpu_command()
@@ -61,16 +62,25 @@ def fair_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fair-vllm")
     env = {**os.environ, "TMPDIR": str(tmp), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log = tmp / "server.log"
+    log, plain_log = tmp / "server.log", tmp / "plain.log"
     with log.open("w") as sink:  # its own process group: the engine process goes with it
         proc = subprocess.Popen(["bash", "-c", command], stdout=sink, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+    plain, plain_url = start_server(plain_log, "--max-num-seqs", "1")
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_healthy(proc, url, log)
-        yield Server(url, log)
+        wait_healthy(plain, plain_url, plain_log)
+        yield {"fair": Server(url, log), "plain": Server(plain_url, plain_log)}
     finally:
+        stop_server(plain)
         stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def fair_server(servers):
+    """The guide's server (see :func:`servers`)."""
+    return servers["fair"]
 
 CLIENT = """
 import json, re, runpy, sys, threading, time
@@ -108,17 +118,8 @@ def clients(url):
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["vllm-default", "fair"])
-def test_two_client_processes_over_http(fair, tmp_path, request):
-    if fair:
-        flood, victim = clients(request.getfixturevalue("fair_server").url)
-    else:
-        log = tmp_path / "server.log"
-        proc, url = start_server(log, "--max-num-seqs", "1")
-        try:
-            wait_healthy(proc, url, log)
-            flood, victim = clients(url)
-        finally:
-            stop_server(proc)
+def test_two_client_processes_over_http(fair, servers):
+    flood, victim = clients(servers["fair" if fair else "plain"].url)
     before_victim_done = sum(t < max(victim) for t in flood)
     if fair:
         assert before_victim_done <= 8  # served alongside the flood's backlog
@@ -231,19 +232,19 @@ def total_service(url: str) -> float:
     return sum(v for (name, _), v in fair_samples(url).items() if name == "fairagents_service_unified_tokens_total")
 
 
-@pytest.mark.parametrize(("xargs", "reason"), REFUSED, ids=[x for x, _ in REFUSED])
-def test_invalid_arguments_are_answered_400(fair_server, xargs, reason):
+def test_invalid_arguments_are_answered_400(fair_server):
     before = total_service(fair_server.url)
-    for path, body in (("completions", '"prompt": "hi"'),
-                       ("chat/completions", '"messages": [{"role": "user", "content": "hi"}]')):
-        raw = f'{{"model": "chat", {body}, "max_tokens": 4, "vllm_xargs": {xargs}}}'
-        reply = httpx.post(f"{fair_server.url}/{path}", content=raw, headers={"Content-Type": "application/json"},
-                           timeout=60)
-        assert reply.status_code == 400, reply.text
-        if reason is not None:
-            assert reason in reply.json()["error"]["message"]
+    for xargs, reason in REFUSED:
+        for path, body in (("completions", '"prompt": "hi"'),
+                           ("chat/completions", '"messages": [{"role": "user", "content": "hi"}]')):
+            raw = f'{{"model": "chat", {body}, "max_tokens": 4, "vllm_xargs": {xargs}}}'
+            reply = httpx.post(f"{fair_server.url}/{path}", content=raw, headers={"Content-Type": "application/json"},
+                               timeout=60)
+            assert reply.status_code == 400, (xargs, reply.text)
+            if reason is not None:
+                assert reason in reply.json()["error"]["message"], xargs
     time.sleep(0.6)  # past the publication interval: a request that ran would show
-    assert total_service(fair_server.url) == before  # neither queued nor charged
+    assert total_service(fair_server.url) == before  # none queued nor charged
 
 
 def test_valid_arguments_are_served(fair_server):

@@ -298,3 +298,19 @@ def test_every_commented_line_of_a_configuration_in_the_docs_is_toml_once_uncomm
                 except tomllib.TOMLDecodeError as err:
                     raise AssertionError(f"{page.relative_to(docs)}: not TOML once uncommented: {line!r} ({err})") from None
     assert seen > 10
+
+
+def test_the_coding_agents_guides_configuration_loads(tmp_path, monkeypatch):
+    """The server configuration the coding-agents guide shows loads as written, with its identity rules."""
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "coding-agents.md").read_text()
+    toml = re.search(r"```toml\n(\[server\].*?)```", guide, re.S).group(1)
+    (tmp_path / "serve.toml").write_text(toml)
+    for name in re.findall(r'api_key_env = "(\w+)"', toml):
+        monkeypatch.setenv(name, f"sk-{name.lower()}")
+    config = load_config(tmp_path / "serve.toml")
+    assert [(r.source, r.to, r.value) for r in config.server.identity][:2] == [
+        ("header:x-claude-code-session-id", "run", None), ("header:x-claude-code-agent-id", "agent", "subagent")]
+    assert config.models["chat"].max_model_len == 65536 and config.apps["payments"].default_max_tokens == "context"

@@ -6,6 +6,7 @@ SDKs (``anthropic``, ``openai.responses``), that tool calls go round, and that b
 a 4xx in the protocol's own shape that charges nothing. The real engine is in test_real.py.
 """
 
+import asyncio
 import json
 
 import anthropic
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 
 from fairagents.testing import FakeEngine
 
-from ._support import KEYS, client, live, make_config
+from ._support import KEYS, client, live, make_config, wait_until
 from .test_openai_surface import CALL_TEXT, Recording, nothing_charged, serve
 
 WEATHER_A = {"name": "weather", "description": "Weather of a city",
@@ -281,3 +282,24 @@ async def test_a_codex_request_is_served_and_a_namespaced_call_carries_its_names
     assert call.type == "function_call" and call.name == "spawn_agent" and call.namespace == "multi_agent_v1"
     assert [t["function"]["name"] for t in engine.tools[0]] == ["exec_command", "spawn_agent"]  # no web_search
     assert [m["role"] for m in engine.messages[0]] == ["developer", "user"]
+
+
+async def test_a_full_queue_is_a_429_with_retry_after_in_each_protocols_shape_and_the_views_count_it():
+    engine = FakeEngine(tokens_per_reply=10, token_time=0.02)
+    arbiter = serve(engine, in_flight=1)
+    config = make_config(apps={"driving": {"api_key": KEYS["driving"], "max_queued": 1}})
+    async with live(arbiter, config) as (url, gateway), claude(url) as c, client(url) as gpt:
+        running = asyncio.create_task(c.messages.create(model="chat", max_tokens=10, messages=ASK))
+        await wait_until(lambda: arbiter.stats().apps["driving"].in_flight == 1)
+        queued = asyncio.create_task(gpt.responses.create(model="chat", input="hi", max_output_tokens=10))
+        await wait_until(lambda: arbiter.stats().apps["driving"].queued == 1)
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            await c.messages.create(model="chat", max_tokens=10, messages=ASK)
+        assert refused.value.body["error"]["type"] == "rate_limit_error"
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        with pytest.raises(openai.RateLimitError) as also:
+            await gpt.responses.create(model="chat", input="hi", max_output_tokens=10)
+        assert also.value.code == "queue_full"
+        await asyncio.gather(running, queued)
+        assert gateway.identities.rejected[("driving", "default")] == 2
+    assert arbiter.stats().apps["driving"].done == 2

@@ -22,13 +22,15 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request
 from fastapi.responses import Response
 
+from fairagents.errors import FairAgentsError
 from fairagents.limits import RequestLimits
 from fairagents.openai_request import ChatCompletionRequest
 from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
-from fairagents.server.incoming import context, read_body
+from fairagents.server.incoming import context, error_reply, read_body
 
-__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "accepted", "as_sent", "core_model", "gateway_of", "holding"]
+__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "accepted", "as_sent", "core_model", "failed", "gateway_of",
+           "holding"]
 
 T = TypeVar("T")
 
@@ -102,3 +104,10 @@ def core_model(read: tuple[object, ChatCompletionRequest]) -> str:
 def as_sent(read: tuple[object, ChatCompletionRequest]) -> object:
     """A protocol's request as its client sent it: where the identity rules read its fields."""
     return read[0]
+
+
+def failed(err: FairAgentsError) -> tuple[int, str]:
+    """An error's status and the message a client sees (no server paths or addresses): a protocol's stream tells
+    it in its own last event."""
+    status, body, _ = error_reply(err)
+    return status, body["error"]["message"]

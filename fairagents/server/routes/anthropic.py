@@ -10,11 +10,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from fairagents.errors import FairAgentsError
 from fairagents.protocols import anthropic
 from fairagents.protocols.blocks import reply_blocks
-from fairagents.server.incoming import error_reply
-from fairagents.server.routes import Caller, accepted, as_sent, core_model, holding
+from fairagents.server.routes import Caller, accepted, as_sent, core_model, failed, holding
 from fairagents.server.wire import Usage, new_id
 
 __all__ = ["router"]
@@ -23,16 +21,11 @@ router = APIRouter()
 """The routes of Anthropic's Messages API."""
 
 
-def failed(err: FairAgentsError) -> tuple[int, str]:
-    """An error's status and the message a client sees (no server paths or addresses)."""
-    status, body, _ = error_reply(err)
-    return status, body["error"]["message"]
-
-
 @router.post("/v1/messages")
 @holding
 async def messages(request: Request, who: Caller) -> Response:
-    gateway, who, (body, chat), arrival = await accepted(request, who, anthropic.read, core_model, as_sent)
+    """A Messages request: its message, or Anthropic's events with ``stream: true``."""
+    gateway, who, (_, chat), arrival = await accepted(request, who, anthropic.read, core_model, as_sent)
     gateway.engine(chat.model)
     prompt, max_tokens = await gateway.prepare_chat(request, who, chat)
     rid = new_id("msg", "_")

@@ -12,8 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fairagents.protocols import responses
 from fairagents.protocols.blocks import reply_blocks
-from fairagents.server.routes import Caller, accepted, as_sent, core_model, holding
-from fairagents.server.routes.anthropic import failed
+from fairagents.server.routes import Caller, accepted, as_sent, core_model, failed, holding
 from fairagents.server.wire import Usage, new_id
 
 __all__ = ["router"]
@@ -25,6 +24,7 @@ router = APIRouter()
 @router.post("/v1/responses")
 @holding
 async def create_response(request: Request, who: Caller) -> Response:
+    """A Responses request: its response object, or the Responses API's events with ``stream: true``."""
     gateway, who, (body, chat), arrival = await accepted(request, who, responses.read, core_model, as_sent)
     gateway.engine(chat.model)
     prompt, max_tokens = await gateway.prepare_chat(request, who, chat)
