@@ -49,9 +49,8 @@ class Server(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """The guide's CPU command, run by a shell as written, with the embedded model, an address and one batch slot
-    (``fair``); and, starting at the same time, a plain ``vllm serve`` of one batch slot (``plain``)."""
+def fair_server(tmp_path_factory):
+    """The guide's CPU command, run by a shell as written, with the embedded model, an address and one batch slot."""
     from fairagents.models import ensure_default_models
 
     command = guide_cpu_command()
@@ -62,25 +61,16 @@ def servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fair-vllm")
     env = {**os.environ, "TMPDIR": str(tmp), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log, plain_log = tmp / "server.log", tmp / "plain.log"
+    log = tmp / "server.log"
     with log.open("w") as sink:  # its own process group: the engine process goes with it
         proc = subprocess.Popen(["bash", "-c", command], stdout=sink, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    plain, plain_url = start_server(plain_log, "--max-num-seqs", "1")
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_healthy(proc, url, log)
-        wait_healthy(plain, plain_url, plain_log)
-        yield {"fair": Server(url, log), "plain": Server(plain_url, plain_log)}
+        yield Server(url, log)
     finally:
-        stop_server(plain)
         stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def fair_server(servers):
-    """The guide's server (see :func:`servers`)."""
-    return servers["fair"]
 
 CLIENT = """
 import json, re, runpy, sys, threading, time
@@ -118,8 +108,17 @@ def clients(url):
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["vllm-default", "fair"])
-def test_two_client_processes_over_http(fair, servers):
-    flood, victim = clients(servers["fair" if fair else "plain"].url)
+def test_two_client_processes_over_http(fair, tmp_path, request):
+    if fair:
+        flood, victim = clients(request.getfixturevalue("fair_server").url)
+    else:
+        log = tmp_path / "server.log"
+        proc, url = start_server(log, "--max-num-seqs", "1")
+        try:
+            wait_healthy(proc, url, log)
+            flood, victim = clients(url)
+        finally:
+            stop_server(proc)
     before_victim_done = sum(t < max(victim) for t in flood)
     if fair:
         assert before_victim_done <= 8  # served alongside the flood's backlog

@@ -189,7 +189,7 @@ async def test_two_servers_on_redis_hold_four_to_one_through_an_outage(replica, 
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1)
-            recovered = await window(urls, 10)
+            recovered = await window(urls, 20)
             metrics = httpx.get(f"{urls[0]}/metrics", headers=OBSERVER, timeout=5).text
     print(f"heavy : light over HTTP, shared {shared:.2f}, after the outage {recovered:.2f}")
     assert not callers.errors, callers.errors[:3]
