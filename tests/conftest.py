@@ -1,4 +1,3 @@
-import gc
 import importlib.util
 import itertools
 import logging
@@ -32,15 +31,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    """Before the session's last teardown stops the shared engines, freeze what the run left on the heap: each engine
-    stop collects garbage, and a full collection over the whole run's objects takes seconds that buy nothing."""
-    if nextitem is None:
-        gc.freeze()
-    return (yield)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from fairagents.bench import isolation
 
 
 def test_isolation_measures_the_victim_idle_and_under_each_flood_with_and_without_the_cap():
-    result = isolation.run(seconds=0.5, victim_tokens=4, flood_clients=8, flood_tokens=32, flood_queue=2, in_flight=4,
+    result = isolation.run(seconds=1.0, victim_tokens=4, flood_clients=8, flood_tokens=32, flood_queue=2, in_flight=4,
                            share=0.5)
     runs = result["runs"]
     assert [(r["flood"], r["share"], r["policy"], r["calls"]) for r in runs] == [
