@@ -60,6 +60,7 @@ __all__ = [
     "StreamOptions",
     "join_text",
     "parse",
+    "refuse_unsupported",
     "validate",
 ]
 
@@ -178,14 +179,33 @@ def _limits(info: ValidationInfo) -> RequestLimits:
     return (info.context or {}).get("limits", DEFAULT_LIMITS)
 
 
+def refuse_unsupported(extra: Mapping[str, Any] | None, harmless: frozenset[str],
+                       refused: Mapping[str, str] | None = None) -> None:
+    """Refuse the fields of a request body its model does not declare, unless harmless or empty.
+
+    ``refused`` names fields refused even when empty (``None`` aside), with the reason.
+
+    Examples:
+        >>> from fairagents.openai_request import refuse_unsupported
+        >>> refuse_unsupported({"user": "u-1", "echo": False}, frozenset({"user"}))
+        >>> refuse_unsupported({"echo": True}, frozenset())
+        Traceback (most recent call last):
+        ...
+        fairagents.errors.InvalidParameterError: 'echo' is not supported by fairagents; remove it
+    """
+    for name, value in (extra or {}).items():
+        if refused and name in refused and value is not None:
+            raise InvalidParameterError(f"{name}: {refused[name]}", param=name)
+        if name not in harmless and value not in (None, False, 0, [], {}):
+            raise InvalidParameterError(f"{name!r} is not supported by fairagents; remove it", param=name)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     @model_validator(mode="after")
     def _no_unsupported_fields(self) -> _Body:
-        for name, value in (self.model_extra or {}).items():
-            if name not in HARMLESS and value not in (None, False, 0, [], {}):
-                raise InvalidParameterError(f"{name!r} is not supported by fairagents; remove it", param=name)
+        refuse_unsupported(self.model_extra, HARMLESS)
         return self
 
 

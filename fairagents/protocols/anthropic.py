@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from fairagents.choices import Choices
 from fairagents.constants import MAX_TOKEN_COUNT
 from fairagents.engines.base import Delta
 from fairagents.errors import FairAgentsError, InvalidParameterError
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
-from fairagents.openai_request import ChatCompletionRequest, parse, validate
+from fairagents.openai_request import ChatCompletionRequest, parse, refuse_unsupported, validate
 from fairagents.protocols.blocks import Block, BlockEvent, Used, Ended, answer_events
 
 __all__ = ["HARMLESS", "CountTokensRequest", "MessageParam", "MessagesRequest", "error_body", "error_type", "events", "message", "read", "read_count",
@@ -47,9 +47,6 @@ __all__ = ["HARMLESS", "CountTokensRequest", "MessageParam", "MessagesRequest", 
 HARMLESS = frozenset({"metadata", "service_tier", "thinking", "cache_control", "context_management", "container",
                       "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id"})
 
-_Int = Annotated[int, Strict()]
-_Float = Annotated[float, Strict()]
-_Bool = Annotated[bool, Strict()]
 
 
 class MessageParam(BaseModel):
@@ -66,15 +63,15 @@ class MessagesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
     model: str = Field(min_length=1)
-    max_tokens: _Int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
     """Most output tokens: required by ``/v1/messages``."""
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None
-    temperature: _Float | None = Field(default=None, ge=0, le=1)
-    top_p: _Float | None = Field(default=None, gt=0, le=1)
-    top_k: _Int | None = Field(default=None, ge=0)
-    stream: _Bool = False
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=1)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
+    top_k: StrictInt | None = Field(default=None, ge=0)
+    stream: StrictBool = False
     tools: list[dict[str, Any]] | None = None
     """Tools as ``{"name", "description", "input_schema"}``."""
     tool_choice: dict[str, Any] | None = None
@@ -85,9 +82,7 @@ class MessagesRequest(BaseModel):
 
     @model_validator(mode="after")
     def _no_unsupported_fields(self) -> MessagesRequest:
-        for name, value in (self.model_extra or {}).items():
-            if name not in HARMLESS and value not in (None, False, 0, [], {}):
-                raise InvalidParameterError(f"{name!r} is not supported by fairagents; remove it", param=name)
+        refuse_unsupported(self.model_extra, HARMLESS)
         return self
 
     @property

@@ -31,16 +31,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from fairagents.choices import Choices
 from fairagents.constants import MAX_TOKEN_COUNT
 from fairagents.engines.base import Delta
 from fairagents.errors import FairAgentsError, InvalidParameterError
 from fairagents.limits import DEFAULT_LIMITS, RequestLimits
-from fairagents.openai_request import ChatCompletionRequest, parse, validate
+from fairagents.openai_request import ChatCompletionRequest, parse, refuse_unsupported, validate
 from fairagents.protocols.blocks import Block, BlockEvent, Used, answer_events
 
 __all__ = ["HARMLESS", "OPTIONAL_HOSTED_TOOLS", "ResponsesRequest", "events", "namespaces", "read", "response",
@@ -53,9 +53,6 @@ HARMLESS = frozenset({"metadata", "user", "store", "service_tier", "safety_ident
 #: and a request offering them is served as if it had not (Codex CLI offers ``web_search`` by default).
 OPTIONAL_HOSTED_TOOLS = frozenset({"web_search", "web_search_preview"})
 
-_Int = Annotated[int, Strict()]
-_Float = Annotated[float, Strict()]
-_Bool = Annotated[bool, Strict()]
 _REFUSED = {"previous_response_id": "responses are not stored here: send the whole input with each request",
             "conversation": "conversations are not stored here: send the whole input with each request"}
 
@@ -71,23 +68,19 @@ class ResponsesRequest(BaseModel):
     """Function tools, ``{"type": "function", "name", "description", "parameters", "strict"}``."""
     tool_choice: str | dict[str, Any] | None = None
     """``"auto"``, ``"none"``, ``"required"``, or ``{"type": "function", "name"}``."""
-    parallel_tool_calls: _Bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     text: dict[str, Any] | None = None
     """``{"format": {"type": "text" | "json_object" | "json_schema", "name", "schema", "strict"}}``."""
-    max_output_tokens: _Int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
-    temperature: _Float | None = Field(default=None, ge=0, le=2)
-    top_p: _Float | None = Field(default=None, gt=0, le=1)
-    seed: _Int | None = None
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
+    seed: StrictInt | None = None
     """vLLM's extension, as on chat completions."""
-    stream: _Bool = False
+    stream: StrictBool = False
 
     @model_validator(mode="after")
     def _no_unsupported_fields(self) -> ResponsesRequest:
-        for name, value in (self.model_extra or {}).items():
-            if name in _REFUSED and value is not None:
-                raise InvalidParameterError(f"{name}: {_REFUSED[name]}", param=name)
-            if name not in HARMLESS and value not in (None, False, 0, [], {}):
-                raise InvalidParameterError(f"{name!r} is not supported by fairagents; remove it", param=name)
+        refuse_unsupported(self.model_extra, HARMLESS, _REFUSED)
         return self
 
     def chat(self, limits: RequestLimits = DEFAULT_LIMITS) -> ChatCompletionRequest:

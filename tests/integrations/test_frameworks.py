@@ -103,9 +103,8 @@ async def test_openais_stream_helper_reads_a_strict_call_and_a_response_format(c
 # -- the OpenAI Agents SDK -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
-async def test_openai_agents_sdk_calls_a_function_tool_and_answers_in_its_output_type(connect, streamed):
-    agents = pytest.importorskip("agents")
+async def run_forecaster(agents, model, streamed, **settings):
+    """The Agents SDK's forecaster on ``model``, run (or streamed) to its answer; the tool's calls."""
     calls = []
 
     @agents.function_tool
@@ -115,19 +114,25 @@ async def test_openai_agents_sdk_calls_a_function_tool_and_answers_in_its_output
         return get_weather(metric)
 
     forecaster = agents.Agent(
-        name="forecaster", instructions="Answer with the forecast.", tools=[weather], output_type=Forecast,
-        model=agents.OpenAIChatCompletionsModel(model="chat", openai_client=connect("forecaster").aio),
+        name="forecaster", instructions="Answer with the forecast.", tools=[weather], output_type=Forecast, model=model,
         # The first turn must call the tool; the SDK then resets the choice to auto, and the answer is constrained.
         model_settings=agents.ModelSettings(max_tokens=MAX_TOKENS, tool_choice="required", parallel_tool_calls=False,
-                                            extra_args={"seed": SEED}),
+                                            **settings),
     )
     config = agents.RunConfig(tracing_disabled=True)
     if streamed:
         result = agents.Runner.run_streamed(forecaster, ASK, run_config=config, max_turns=3)
-        events = [event.type async for event in result.stream_events()]
-        assert "raw_response_event" in events
+        assert "raw_response_event" in [event.type async for event in result.stream_events()]
     else:
         result = await agents.Runner.run(forecaster, ASK, run_config=config, max_turns=3)
+    return result, calls
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_openai_agents_sdk_calls_a_function_tool_and_answers_in_its_output_type(connect, streamed):
+    agents = pytest.importorskip("agents")
+    model = agents.OpenAIChatCompletionsModel(model="chat", openai_client=connect("forecaster").aio)
+    result, calls = await run_forecaster(agents, model, streamed, extra_args={"seed": SEED})
     assert isinstance(result.final_output, Forecast)
     assert len(calls) == 1 and isinstance(calls[0], bool)
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.integrations.conftest import FRAMEWORKS_KEY
-from tests.integrations.test_frameworks import ASK, MAX_TOKENS, SEED, Forecast, get_weather
+from tests.integrations.test_frameworks import ASK, MAX_TOKENS, SEED, Forecast, run_forecaster
 
 pytestmark = pytest.mark.engine
 
@@ -69,25 +69,7 @@ async def test_openai_responses_create_stream_and_parse(gpt):
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 async def test_openai_agents_sdk_on_its_default_responses_model(gpt, streamed):
     agents = pytest.importorskip("agents")
-    calls = []
-
-    @agents.function_tool
-    def weather(metric: bool) -> str:
-        """The weather in Oslo now."""
-        calls.append(metric)
-        return get_weather(metric)
-
-    forecaster = agents.Agent(
-        name="forecaster", instructions="Answer with the forecast.", tools=[weather], output_type=Forecast,
-        model=agents.OpenAIResponsesModel(model="chat", openai_client=gpt),
-        model_settings=agents.ModelSettings(max_tokens=MAX_TOKENS, tool_choice="required", parallel_tool_calls=False,
-                                            extra_body={"seed": SEED}),
-    )
-    config = agents.RunConfig(tracing_disabled=True)
-    if streamed:
-        result = agents.Runner.run_streamed(forecaster, ASK, run_config=config, max_turns=3)
-        assert "raw_response_event" in [event.type async for event in result.stream_events()]
-    else:
-        result = await agents.Runner.run(forecaster, ASK, run_config=config, max_turns=3)
+    model = agents.OpenAIResponsesModel(model="chat", openai_client=gpt)
+    result, calls = await run_forecaster(agents, model, streamed, extra_body={"seed": SEED})
     assert isinstance(result.final_output, Forecast)
     assert len(calls) == 1 and isinstance(calls[0], bool)

@@ -148,21 +148,27 @@ def test_exported_names_are_sorted_and_documented():
             assert "Examples:" in (obj.__doc__ or ""), name
 
 
-def test_the_guides_configuration_validates_and_builds_every_engine_kind(tmp_path, monkeypatch):
+def guide_config(page, tmp_path, monkeypatch, start=""):
+    """The first TOML block of ``docs/guides/<page>`` (that starts with ``start``), loaded as written, its keys set."""
     import re
     from pathlib import Path
 
-    from fairagents.engines.diffusion import DiffusionEngine
-    from fairagents.engines.vision import VisionEngine
-    from fairagents.engines.vllm import VLLMEngine
     from fairagents.server import load_config
 
-    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "server.md").read_text()
-    toml = re.search(r"```toml\n(.*?)```", guide, re.S).group(1)
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / page).read_text()
+    toml = re.search(rf"```toml\n({re.escape(start)}.*?)```", guide, re.S).group(1)
     (tmp_path / "serve.toml").write_text(toml)
     for name in re.findall(r'api_key_env = "(\w+)"', toml):
         monkeypatch.setenv(name, f"sk-{name.lower()}")
-    config = load_config(tmp_path / "serve.toml")
+    return load_config(tmp_path / "serve.toml")
+
+
+def test_the_guides_configuration_validates_and_builds_every_engine_kind(tmp_path, monkeypatch):
+    from fairagents.engines.diffusion import DiffusionEngine
+    from fairagents.engines.vision import VisionEngine
+    from fairagents.engines.vllm import VLLMEngine
+
+    config = guide_config("server.md", tmp_path, monkeypatch)
     engines = {name: model.build() for name, model in config.models.items()}  # built, not started
     assert type(engines["chat"]) is VLLMEngine and engines["chat"].max_num_seqs == 32
     assert isinstance(engines["vision"], VisionEngine) and isinstance(engines["image"], DiffusionEngine)
@@ -302,15 +308,7 @@ def test_every_commented_line_of_a_configuration_in_the_docs_is_toml_once_uncomm
 
 def test_the_coding_agents_guides_configuration_loads(tmp_path, monkeypatch):
     """The server configuration the coding-agents guide shows loads as written, with its identity rules."""
-    import re
-    from pathlib import Path
-
-    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "coding-agents.md").read_text()
-    toml = re.search(r"```toml\n(\[server\].*?)```", guide, re.S).group(1)
-    (tmp_path / "serve.toml").write_text(toml)
-    for name in re.findall(r'api_key_env = "(\w+)"', toml):
-        monkeypatch.setenv(name, f"sk-{name.lower()}")
-    config = load_config(tmp_path / "serve.toml")
+    config = guide_config("coding-agents.md", tmp_path, monkeypatch, start="[server]")
     assert [(r.source, r.to, r.value) for r in config.server.identity][:2] == [
         ("header:x-claude-code-session-id", "run", None), ("header:x-claude-code-agent-id", "agent", "subagent")]
     assert config.models["chat"].max_model_len == 65536 and config.apps["payments"].default_max_tokens == "context"

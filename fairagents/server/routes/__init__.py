@@ -16,23 +16,28 @@ loop before it: :data:`Caller` (the calling agent), :data:`CallingApp` (the call
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
+from fairagents.choices import Choices
+from fairagents.engines.base import Delta
 from fairagents.errors import FairAgentsError
 from fairagents.limits import RequestLimits
 from fairagents.openai_request import ChatCompletionRequest
+from fairagents.reply import Reply
 from fairagents.runtime.arbiter import AgentHandle
 from fairagents.server.gateway import Gateway
 from fairagents.server.incoming import context, error_reply, read_body
+from fairagents.server.wire import Usage, new_id
 
-__all__ = ["Caller", "CallingApp", "GatewayDep", "Observer", "accepted", "as_sent", "core_model", "failed", "gateway_of",
-           "holding"]
+__all__ = ["Caller", "CallingApp", "Events", "GatewayDep", "Observer", "Whole", "accepted", "failed", "gateway_of",
+           "holding", "translated"]
 
 T = TypeVar("T")
+B = TypeVar("B")
 
 
 
@@ -96,14 +101,33 @@ async def accepted(request: Request, who: AgentHandle, reader: Callable[[bytes, 
     return gateway, who, body, arrival
 
 
-def core_model(read: tuple[object, ChatCompletionRequest]) -> str:
-    """The model of a protocol's request read with its core chat request (``(as sent, core)``)."""
-    return read[1].model
+#: What a protocol's route renders a whole answer with: ``(id, request as sent, core request, reply, usage)``.
+Whole = Callable[[str, B, ChatCompletionRequest, Reply, Usage], dict[str, Any]]
+#: What it renders a stream with: ``(id, request as sent, core request, choices, head, prompt tokens, usage, failed)``.
+Events = Callable[[str, B, ChatCompletionRequest, Choices, list[tuple[int, Delta | None]], int,
+                   Callable[[int, int], Usage], Callable[[FairAgentsError], tuple[int, str]]],
+                  AsyncGenerator[str, None]]
 
 
-def as_sent(read: tuple[object, ChatCompletionRequest]) -> object:
-    """A protocol's request as its client sent it: where the identity rules read its fields."""
-    return read[0]
+async def translated(request: Request, who: AgentHandle,
+                     reader: Callable[[bytes, RequestLimits], tuple[B, ChatCompletionRequest]], prefix: str,
+                     whole: Whole[B], events: Events[B]) -> Response:
+    """Serve a request of another protocol than chat completions: read into its core chat request, run as a chat,
+    answered in the protocol's shape by ``whole`` or, streamed, ``events``; ``prefix`` starts its id."""
+    gateway, who, (body, chat), arrival = await accepted(request, who, reader, lambda read: read[1].model,
+                                                         lambda read: read[0])  # the rules read it as sent
+    gateway.engine(chat.model)
+    prompt, max_tokens = await gateway.prepare_chat(request, who, chat)
+    rid = new_id(prefix, "_")
+    if not chat.stream:
+        [reply] = await gateway.replies(request, who, chat, prompt, max_tokens, arrival)
+        return JSONResponse(whole(rid, body, chat, reply, gateway.reply_usage(prompt, [reply])))
+    streams, head = await gateway.streams(request, who, chat, prompt, max_tokens, arrival)
+
+    def usage(produced: int, cached: int) -> Usage:
+        return gateway.usage(chat.model, prompt, [produced], [cached])
+
+    return gateway.event_stream(events(rid, body, chat, streams, head, prompt.n_tokens, usage, failed), streams)
 
 
 def failed(err: FairAgentsError) -> tuple[int, str]:
