@@ -158,10 +158,12 @@ def _item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output" and isinstance(item, Mapping) and isinstance(item.get("call_id"), str):
         output = item.get("output", "")
-        text = output if isinstance(output, str) else _parts(output, f"{where}.output")
-        if not isinstance(text, str):
-            text = "\n".join(p["text"] for p in text if p["type"] == "text")
+        parts = output if isinstance(output, str) else _parts(output, f"{where}.output")
+        images = [] if isinstance(parts, str) else [p for p in parts if p["type"] == "image_url"]
+        text = parts if isinstance(parts, str) else "\n".join(p["text"] for p in parts if p["type"] == "text")
         messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+        if images:  # a tool message carries text: its images follow as the user's, as for Anthropic's tool results
+            messages.append({"role": "user", "content": images})
     elif kind != "reasoning":  # the served models reason nothing to send back
         raise InvalidParameterError(f"{where}: an input item is a message, function_call or function_call_output "
                                     f"(with its fields), not {kind!r}", param=where)

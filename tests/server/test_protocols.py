@@ -303,3 +303,26 @@ async def test_a_full_queue_is_a_429_with_retry_after_in_each_protocols_shape_an
         await asyncio.gather(running, queued)
         assert gateway.identities.rejected[("driving", "default")] == 2
     assert arbiter.stats().apps["driving"].done == 2
+
+
+def test_images_a_tool_returns_follow_its_result_as_the_users_in_both_protocols():
+    from fairagents.protocols import anthropic as messages_api
+    from fairagents.protocols import responses as responses_api
+
+    image = "data:image/png;base64,iVBORw0KGgo="
+    _, chat = responses_api.read(json.dumps({"model": "chat", "input": [
+        {"role": "user", "content": "look"},
+        {"type": "function_call", "call_id": "c1", "name": "view", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "a frame"}, {"type": "input_image", "image_url": image}]}]}).encode())
+    assert [m.role for m in chat.messages] == ["user", "assistant", "tool", "user"]
+    assert chat.messages[2].content == "a frame" and chat.messages[3].content[0]["image_url"]["url"] == image
+    _, chat = messages_api.read(json.dumps({"model": "chat", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "view", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "a frame"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
+    ]}).encode())
+    assert [m.role for m in chat.messages] == ["user", "assistant", "tool", "user"]
+    assert chat.messages[2].content == "a frame" and chat.messages[3].content[0]["image_url"]["url"] == image
