@@ -12,7 +12,7 @@ OpenAI's ``auto``/``required``/named/``none`` (``disable_parallel_tool_use``:
 :func:`error_body`.
 
 ``thinking`` is accepted: the served models produce no thinking blocks, and those a client sends
-back are dropped. ``metadata.user_id`` is kept for the identity rules of the server.
+back are dropped. ``metadata`` changes nothing, but the server's identity rules may read it (``body:metadata.user_id``).
 
 Examples:
     >>> from fairagents.protocols.anthropic import read
@@ -84,13 +84,6 @@ class MessagesRequest(BaseModel):
     def _no_unsupported_fields(self) -> MessagesRequest:
         refuse_unsupported(self.model_extra, HARMLESS)
         return self
-
-    @property
-    def user_id(self) -> str | None:
-        """``metadata.user_id``, if the request carries one as a string."""
-        metadata = (self.model_extra or {}).get("metadata")
-        found = metadata.get("user_id") if isinstance(metadata, Mapping) else None
-        return found if isinstance(found, str) else None
 
     def chat(self, limits: RequestLimits = DEFAULT_LIMITS, *, counting: bool = False) -> ChatCompletionRequest:
         """The core chat request this one stands for (``counting``: for ``count_tokens``, no ``max_tokens`` needed)."""
