@@ -311,4 +311,4 @@ def test_the_coding_agents_guides_configuration_loads(tmp_path, monkeypatch):
     config = guide_config("coding-agents.md", tmp_path, monkeypatch, start="[server]")
     assert [(r.source, r.to, r.value) for r in config.server.identity][:2] == [
         ("header:x-claude-code-session-id", "run", None), ("header:x-claude-code-agent-id", "agent", "subagent")]
-    assert config.models["chat"].max_model_len == 65536 and config.apps["payments"].default_max_tokens == "context"
+    assert config.models["chat"].max_model_len == 98304 and config.apps["payments"].default_max_tokens == "context"
