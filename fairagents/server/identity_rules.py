@@ -49,7 +49,6 @@ __all__ = ["NAME_PATTERN", "IdentityRule", "check_name", "needs_body", "resolve"
 NAME_PATTERN = re.compile(r"^[!-.0-~](?:[ -.0-~]{0,62}[!-.0-~])?$")
 
 
-
 def check_name(name: str, what: str, *, param: str | None = None) -> str:
     """``name`` if it is a valid app, agent or model name, else an :class:`~fairagents.InvalidParameterError`.
 
